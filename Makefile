@@ -1,0 +1,122 @@
+# sandkit — build, test and install.
+#
+# Nothing here needs editing: every path comes from pkg-config or a variable you can override.
+#   make                     builds build/<lua>/sandkit/core.so and build/sandkit-agent
+#   make check               installs missing Debian packages, builds, runs the busted suite
+#   make check-asan          the same suite with the C core and the agent under ASan + UBSan
+#   make demo                runs examples/quickstart.lua against a local session
+#   make bench               runs the benchmarks in bench/
+#   make install             PREFIX=/usr/local, DESTDIR honoured
+#   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers
+
+LUA_VERSION ?= 5.4
+LUA_PC      ?= lua$(LUA_VERSION)
+LUA         ?= lua$(LUA_VERSION)
+PKG_CONFIG  ?= pkg-config
+BUSTED      ?= busted
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BINDIR  ?= $(PREFIX)/bin
+LUA_CMOD ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
+LUA_LMOD ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+# The warnings are part of the contract, not a suggestion: they stay on whatever CFLAGS says.
+STRICT  := -std=c99 -Wall -Wextra -Werror -Werror=implicit-function-declaration -D_GNU_SOURCE -fPIC
+LIBFLAG ?= -shared
+
+# LuaRocks passes LUA_INCDIR; by hand it comes from pkg-config.
+ifdef LUA_INCDIR
+LUA_CFLAGS ?= -I$(LUA_INCDIR)
+else
+LUA_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags $(LUA_PC))
+endif
+CURL_CFLAGS    ?= $(shell $(PKG_CONFIG) --cflags libcurl)
+CURL_LIBS      ?= $(shell $(PKG_CONFIG) --libs libcurl)
+OPENSSL_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcrypto)
+OPENSSL_LIBS   ?= $(shell $(PKG_CONFIG) --libs libcrypto)
+EVENT_CFLAGS   ?= $(shell $(PKG_CONFIG) --cflags libevent)
+EVENT_LIBS     ?= $(shell $(PKG_CONFIG) --libs libevent)
+
+BUILD ?= build
+MODDIR := $(BUILD)/$(LUA_PC)
+
+CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
+            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c
+CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
+CORE_SO  := $(MODDIR)/sandkit/core.so
+
+AGENT_SRC := $(wildcard src/agent/*.c) src/base64.c src/json.c
+AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
+AGENT_BIN := $(BUILD)/sandkit-agent
+
+LUA_FILES := $(shell find lua -name '*.lua' | sort)
+
+.PHONY: all deps test check check-asan demo bench install clean lint
+
+all: $(CORE_SO) $(AGENT_BIN)
+
+$(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) | $(MODDIR)/obj
+	$(CC) $(CFLAGS) $(STRICT) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
+
+$(CORE_SO): $(CORE_OBJ) | $(MODDIR)/sandkit
+	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) -lm
+
+$(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/*.h src/agent/*.h) | $(BUILD)/agent-obj/agent
+	$(CC) $(CFLAGS) $(STRICT) $(EVENT_CFLAGS) -c $< -o $@
+
+$(AGENT_BIN): $(AGENT_OBJ)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS)
+
+$(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent:
+	mkdir -p $@
+
+deps:
+	@sh tools/bootstrap.sh
+
+# The suite runs against the build tree: the C module from $(MODDIR), the agent from $(BUILD).
+# TEST_PRELOAD and TEST_ENV_EXTRA are set by check-asan.
+test:
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_TEST_LUA=$(LUA) SANDKIT_TEST_CPATH='$(abspath $(MODDIR))/?.so' \
+	  $(if $(TEST_PRELOAD),LD_PRELOAD="$(TEST_PRELOAD)") $(TEST_ENV_EXTRA) \
+	  $(BUSTED) --lua=$(LUA) --cpath='$(MODDIR)/?.so' $(BUSTED_ARGS)
+
+check: deps
+	$(MAKE) all
+	$(MAKE) test
+
+# Lua itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking is off
+# because the interpreter keeps its own allocations alive until exit.
+ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+check-asan: deps
+	$(MAKE) all BUILD=build/asan CFLAGS='$(ASAN_FLAGS)' LDFLAGS='-fsanitize=address,undefined'
+	$(MAKE) test BUILD=build/asan \
+	  TEST_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+	  TEST_ENV_EXTRA='ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
+
+demo: deps
+	$(MAKE) all
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
+	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) examples/quickstart.lua
+
+bench: deps
+	$(MAKE) all
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
+	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
+
+lint:
+	luacheck lua spec bin examples bench
+
+install: all
+	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)
+	install -m 0755 $(CORE_SO) $(DESTDIR)$(LUA_CMOD)/sandkit/core.so
+	for f in $(LUA_FILES); do \
+	  d=$(DESTDIR)$(LUA_LMOD)/$$(dirname $${f#lua/}); install -d $$d && install -m 0644 $$f $$d/; \
+	done
+	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent
+	install -m 0755 bin/sandkit $(DESTDIR)$(BINDIR)/sandkit
+
+clean:
+	rm -rf build

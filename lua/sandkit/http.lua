@@ -1,0 +1,91 @@
+--- HTTP requests over the C core, with sandkit's waiting policy. This module reports facts —
+-- whether a request left, whether headers came, the status, whether a body ended cleanly,
+-- within which bounds — and never decides what they mean: the agent protocol and each cloud
+-- client classify them.
+--
+-- Every transfer in a Lua state shares one core client: one pool of connections and one
+-- pollable, so a scheduler can wait on all of them at once.
+
+local core = require "sandkit.core"
+local wait = require "sandkit.wait"
+
+local http = {}
+
+local VERSION = core._VERSION
+local shared_client
+
+--- The client every request in this Lua state goes through, made on first use (never at
+-- require time: an nginx master must not own it across fork).
+function http.client()
+  if not shared_client then
+    shared_client = core.client{ user_agent = "sandkit/" .. VERSION }
+  end
+  return shared_client
+end
+
+local response_mt = {}
+response_mt.__index = response_mt
+
+--- Starts a request and waits for its response headers, at most until `header_deadline`.
+-- spec: method, url, headers, body, fresh_connect, ca_file, proxy, connect_timeout,
+--       max_body, max_error_body, buffer_size, header_deadline (absolute, core.now clock)
+-- Returns a response, or nil and a failure: { kind = "refused" (nothing was sent) |
+-- "timeout" (no headers in time) | "failed" (the connection failed after sending),
+-- sent = bool, detail = libcurl's sentence }.
+function http.send(spec)
+  local client = http.client()
+  local t = client:request(spec)
+  local deadline = spec.header_deadline
+  while true do
+    client:step()
+    local st = t:state()
+    if st.headers then
+      return setmetatable({ transfer = t, status = st.status, client = client }, response_mt)
+    end
+    if st.done then
+      t:close()
+      return nil, { kind = st.sent and "failed" or "refused", sent = st.sent, detail = st.error }
+    end
+    if deadline and core.now() >= deadline then
+      t:close()
+      return nil, { kind = "timeout", sent = st.sent }
+    end
+    wait.ready(client, deadline)
+  end
+end
+
+function response_mt:headers()
+  if not self.header_table then self.header_table = self.transfer:headers() end
+  return self.header_table
+end
+
+function response_mt:close()
+  self.transfer:close()
+end
+
+--- Reads the rest of the body, at most until deadline. Returns the body, or nil and a
+-- failure: { kind = "too_long" (past the transfer's bound) | "stalled" (not over by the
+-- deadline) | "failed" (the connection failed), detail = …, partial = bytes read }.
+-- The transfer is closed either way.
+function response_mt:read_all(deadline)
+  local t, chunks = self.transfer, {}
+  while true do
+    local chunk = t:read()
+    if chunk then
+      chunks[#chunks + 1] = chunk
+    elseif chunk == nil then
+      local st = t:state()
+      t:close()
+      local body = table.concat(chunks)
+      if st.ok then return body end
+      return nil, { kind = st.too_long and "too_long" or "failed", detail = st.error, partial = body }
+    elseif deadline and core.now() >= deadline then
+      t:close()
+      return nil, { kind = "stalled", partial = table.concat(chunks) }
+    else
+      wait.ready(self.client, deadline)
+    end
+  end
+end
+
+return http

@@ -1,0 +1,53 @@
+--- sandkit: run commands and move files in sandboxes — local ones, and remote ones on AWS
+-- Lambda MicroVMs, Azure and Kubernetes — through the sandbox agent protocol.
+--
+--   local sandkit = require "sandkit"
+--   local sandbox = assert(sandkit.sandbox{ provider = "local" })
+--   local session = assert(sandbox:create{})
+--   for frame in session:run({ "echo", "hi" }, { timeout = 10 }) do … end
+
+local core = require "sandkit.core"
+local errors = require "sandkit.errors"
+local sandbox = require "sandkit.sandbox"
+
+local sandkit = {}
+
+--- The C core and this Lua layer are released together; a mismatch is a broken install.
+local ABI = 1
+if core._ABI ~= ABI then
+  error(string.format("sandkit: the C core (ABI %s) does not match the Lua layer (ABI %d)",
+    tostring(core._ABI), ABI))
+end
+
+sandkit.VERSION = core._VERSION
+sandkit.errors = errors
+
+local PROVIDERS = {
+  ["local"] = "sandkit.providers.local",
+  agent = "sandkit.providers.agent",
+  aws = "sandkit.providers.aws",
+  azure = "sandkit.providers.azure",
+  kubernetes = "sandkit.providers.kubernetes",
+}
+
+--- Makes a sandbox for a provider: `local` (the default), `agent`, `aws`, `azure`,
+-- `kubernetes`. Returns the sandbox, or nil and an error.
+function sandkit.sandbox(options)
+  options = options or {}
+  if type(options) ~= "table" then error("sandkit.sandbox takes an options table", 2) end
+  local name = options.provider or "local"
+  local module_name = PROVIDERS[name]
+  if not module_name then
+    return nil, errors.invalid_input("sandkit.sandbox", "provider", "unknown provider " .. tostring(name))
+  end
+  local ok, module = pcall(require, module_name)
+  if not ok then
+    return nil, errors.not_supported("sandkit.sandbox", "the " .. name
+      .. " provider is not available: " .. tostring(module))
+  end
+  local provider, err = module.new(options)
+  if not provider then return nil, err end
+  return sandbox.new(provider, options)
+end
+
+return sandkit

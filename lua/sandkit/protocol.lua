@@ -1,0 +1,494 @@
+--- The sandbox agent protocol (PROTOCOL.md §3–4), written once over a transport.
+--
+-- A connection `conn` says where requests go and how long to wait:
+--   conn.transport:prepare(method, path, operation) -> { url =, headers = {…}, ca_file = } | nil, err
+--     (the only thing providers disagree on: how a request to a session's agent is authorized)
+--   conn.header_timeout, conn.grace, conn.error_body_timeout, conn.body_timeout,
+--   conn.connect_timeout (seconds), conn.features (set of health `features`)
+--
+-- Classification (§4): no headers, a 5xx, an unreadable non-2xx body or a failed 2xx body is
+-- *unanswered* — SANDBOX_OUTCOME_UNKNOWN for the two operations that may start a command,
+-- SANDBOX_UNREACHABLE (retryable) for the rest; a 4xx is the agent refusing.
+
+local cjson = require "cjson.safe"
+local core = require "sandkit.core"
+local errors = require "sandkit.errors"
+local http = require "sandkit.http"
+local wait = require "sandkit.wait"
+
+local protocol = {}
+
+local RUN = "sandbox.runCommand"
+local JOB_START = "sandbox.jobStart"
+local JOB_POLL = "sandbox.jobPoll"
+local JOB_CANCEL = "sandbox.jobCancel"
+local READ_FILE = "sandbox.readFile"
+local WRITE_FILES = "sandbox.writeFiles"
+local MKDIR = "sandbox.mkdir"
+local HEALTH = "sandbox.health"
+local ACTIVATE = "sandbox.activate"
+
+protocol.PROTOCOL_VERSION = 1
+
+--- Limits (PROTOCOL.md §5). Each is a bound on what one answer can make this process hold.
+protocol.MAX_ERROR_BODY = 4096            -- an error body longer than this is not an answer
+protocol.MAX_FILE_BYTES = 32 * 1024 * 1024
+-- A file read's JSON envelope: the file's base64 plus room for the member name.
+local MAX_READ_BODY = math.floor(protocol.MAX_FILE_BYTES / 3) * 4 + 4 + 4096
+-- Polls return every frame after the cursor: two streams at the default 4 MiB cap, inflated
+-- by base64 and JSON framing, fit in 16 MiB; an agent configured far higher is refused here.
+local MAX_POLL_BODY = 16 * 1024 * 1024
+-- Health, activation, job start and cancel answers are a few hundred bytes.
+local MAX_SMALL_BODY = 64 * 1024
+-- Milliseconds a timeout saturates at: past 10^14 (about 3,000 years) lua-cjson would write
+-- the number in exponent form, which is not an integer on the wire.
+local MAX_TIMEOUT_MS = 99999999999999
+
+protocol.DEFAULTS = {
+  header_timeout = 60,      -- seconds for response headers (never cuts a body)
+  grace = 60,               -- seconds an exec body may outlive its command's timeout
+  error_body_timeout = 10,  -- seconds to read a non-2xx body (at most 4096 bytes)
+  body_timeout = 120,       -- seconds to read a 2xx body that is not a stream
+  connect_timeout = 30,
+}
+
+local function to_integer(v)
+  if type(v) ~= "number" or v ~= v or v % 1 ~= 0 then return nil end
+  return math.tointeger and math.tointeger(v) or v
+end
+
+--- Converts a timeout in seconds to the wire's milliseconds: saturated, not wrapped, and
+-- refused when it is not positive once converted (a sub-millisecond timeout floors to 0).
+function protocol.timeout_ms(timeout, operation)
+  local ms = type(timeout) == "number" and timeout == timeout and math.floor(timeout * 1000) or 0
+  if ms <= 0 then
+    return nil, errors.command_failed("invalidRequest", "a command must carry a non-zero timeout",
+      { operation = operation })
+  end
+  if ms > MAX_TIMEOUT_MS then ms = MAX_TIMEOUT_MS end
+  return to_integer(ms) or ms
+end
+
+local function header_timeout_text(conn)
+  return string.format("the agent did not answer within %gs", conn.header_timeout)
+end
+
+--- Sends one request and waits for its headers. A 2xx comes back as the response; anything
+-- else becomes the error §4 says it is, with the agent's own text kept.
+local function send(conn, operation, method, path, body, max_body)
+  local target, err = conn.transport:prepare(method, path, operation)
+  if not target then return nil, err end
+  local headers = {}
+  for k, v in pairs(target.headers or {}) do headers[k] = v end
+  if body then headers["Content-Type"] = "application/json" end
+  local resp, failure = http.send{
+    method = method,
+    url = target.url,
+    headers = headers,
+    body = body,
+    fresh_connect = not errors.is_idempotent(operation),
+    ca_file = target.ca_file,
+    connect_timeout = math.min(conn.connect_timeout, conn.header_timeout),
+    max_body = max_body,
+    max_error_body = protocol.MAX_ERROR_BODY,
+    header_deadline = core.now() + conn.header_timeout,
+  }
+  if not resp then
+    local reason
+    if failure.kind == "timeout" then
+      reason = header_timeout_text(conn)
+    elseif failure.kind == "refused" then
+      reason = "the request never reached the agent: " .. tostring(failure.detail)
+    else
+      reason = "the connection failed before the agent answered: " .. tostring(failure.detail)
+    end
+    return nil, errors.unanswered(operation, reason, { sent = failure.sent })
+  end
+  local status = resp.status
+  if status >= 200 and status < 300 then return resp end
+
+  -- The agent puts the cause in the body; a bare status would turn a specific refusal into a
+  -- guess. A body that cannot be read in full is not an empty body: it is no answer at all.
+  local text, bad = resp:read_all(core.now() + conn.error_body_timeout)
+  if not text then
+    local reason
+    if bad.kind == "too_long" then
+      reason = string.format("%s returned %d and its body exceeded %d bytes", operation, status,
+        protocol.MAX_ERROR_BODY)
+    elseif bad.kind == "stalled" then
+      reason = string.format("%s returned %d and its body stalled: not complete within %gs",
+        operation, status, conn.error_body_timeout)
+    else
+      reason = string.format("%s returned %d and its body could not be read: %s", operation,
+        status, tostring(bad.detail))
+    end
+    return nil, errors.unanswered(operation, reason, { status = status, sent = true })
+  end
+  -- A 4xx is the agent refusing before it did anything. Anything else — a 5xx above all —
+  -- proves nothing: proxies write 5xx pages too, and a 504 means the request reached the guest.
+  if status >= 400 and status < 500 then
+    return nil, errors.command_failed("agentRefused",
+      string.format("%s returned %d: %s", operation, status, text),
+      { operation = operation, status = status, body = text })
+  end
+  return nil, errors.unanswered(operation,
+    string.format("the sandbox host returned %d: %s", status, text),
+    { status = status, sent = true, body = text })
+end
+
+--- Reads and decodes a 2xx JSON body; `unreadable` is what an unreadable body means for
+-- this operation (a reason for errors.unanswered).
+local function read_json(conn, resp, operation, unreadable)
+  local text, bad = resp:read_all(core.now() + conn.body_timeout)
+  if not text then
+    local detail = bad.kind == "stalled" and "it stalled" or bad.kind == "too_long"
+      and "it was larger than this operation allows" or tostring(bad.detail)
+    return nil, errors.unanswered(operation, unreadable .. ": " .. detail, { sent = true })
+  end
+  local value, jerr = cjson.decode(text)
+  if type(value) ~= "table" then
+    return nil, errors.unexpected(operation, "body", "not a JSON object: " .. tostring(jerr))
+  end
+  return value
+end
+
+local function encode(value)
+  local s, err = cjson.encode(value)
+  if not s then error("sandkit: cannot encode request: " .. tostring(err), 3) end
+  return s
+end
+
+local function check_argv(argv)
+  if type(argv) ~= "table" then error("sandkit: a command is an argv table", 3) end
+  local n = #argv
+  for k, v in pairs(argv) do
+    if type(k) ~= "number" or k < 1 or k > n or k % 1 ~= 0 then
+      error("sandkit: argv must be a sequence of strings", 3)
+    end
+    if type(v) ~= "string" then error("sandkit: argv entries must be strings", 3) end
+  end
+  return n > 0
+end
+
+local function check_string_map(map, what)
+  if map == nil then return end
+  if type(map) ~= "table" then error("sandkit: " .. what .. " must be a table", 3) end
+  for k, v in pairs(map) do
+    if type(k) ~= "string" or type(v) ~= "string" then
+      error("sandkit: " .. what .. " must map strings to strings", 3)
+    end
+  end
+end
+
+--- The body /v1/exec and /v1/jobs/start both take.
+local function command_body(operation, argv, opts)
+  if not check_argv(argv) then
+    return nil, errors.invalid_input(operation, "command", "a command needs at least a program")
+  end
+  check_string_map(opts.env, "env")
+  if opts.cwd ~= nil and type(opts.cwd) ~= "string" then error("sandkit: cwd must be a string", 3) end
+  local ms, err = protocol.timeout_ms(opts.timeout, operation)
+  if not ms then return nil, err end
+  local body = { command = argv, timeoutMs = ms, cwd = opts.cwd }
+  if opts.env and next(opts.env) then body.env = opts.env end
+  if opts.job_id then body.jobId = opts.job_id end
+  return encode(body)
+end
+
+-- Output streams ----------------------------------------------------------------------------
+
+local stream_mt = {}
+stream_mt.__index = stream_mt
+
+function stream_mt:close()
+  if not self.finished then
+    self.finished = true
+    -- Closing mid-body drops the connection, which the agent takes as cancellation.
+    self.transfer:close()
+    self.decoder:close()
+  end
+end
+stream_mt.__close = stream_mt.close
+stream_mt.__gc = stream_mt.close
+
+local function end_stream(self, err)
+  self:close()
+  self.failed = err
+  return nil, err
+end
+
+--- The next frame: a table (stdout/stderr with seq and data, or the exit frame), nil when the
+-- stream ended with its exit frame, or nil and an error. After an error, or once the exit
+-- frame was delivered, it returns nil (and the same error) for ever.
+function stream_mt:next()
+  if self.finished then return nil, self.failed end
+  local t, client = self.transfer, self.client
+  while true do
+    local frame, kind, detail = t:decode(self.decoder)
+    if frame then
+      local ftype = frame.type
+      if ftype == "exit" then
+        self:close()
+        return frame
+      elseif ftype == "error" then
+        -- The command's own ending: it surfaces as a failure, never as a stream that stopped.
+        return end_stream(self, errors.command_failed(frame.code, frame.message,
+          { operation = RUN }))
+      end
+      return frame
+    elseif frame == false then
+      if core.now() >= self.deadline then
+        return end_stream(self, errors.unanswered(RUN, string.format(
+          "no terminal frame arrived within %gs of the command's timeout", self.grace)))
+      end
+      wait.ready(client, self.deadline)
+    elseif kind then
+      -- A frame arrived, so the command ran: a frame that cannot be read leaves its outcome
+      -- unknown — reported as a format problem it would look safe to repeat.
+      local what = kind == "undecodable" and "an output frame did not decode"
+        or "an output frame did not parse"
+      local cause = errors.unexpected(RUN, kind == "undecodable" and "data" or "frame", detail)
+      return end_stream(self, errors.unanswered(RUN, what, { cause = cause }))
+    else
+      local st = t:state()
+      if st.ok then
+        return end_stream(self, errors.unanswered(RUN,
+          "the output stream ended without a terminal frame"))
+      end
+      return end_stream(self, errors.unanswered(RUN,
+        "the output stream failed: " .. tostring(st.error)))
+    end
+  end
+end
+
+--- Starts a command and returns its output stream once the agent's headers arrived.
+function protocol.exec(conn, argv, opts)
+  local body, err = command_body(RUN, argv, opts)
+  if not body then return nil, err end
+  local started = core.now()
+  local resp
+  resp, err = send(conn, RUN, "POST", "/v1/exec", body)
+  if not resp then return nil, err end
+  return setmetatable({
+    transfer = resp.transfer,
+    client = resp.client,
+    decoder = core.decoder(),
+    -- The whole body is bounded by the command's timeout plus a grace: a sandbox frozen
+    -- mid-command must not hold its caller for ever.
+    deadline = started + opts.timeout + conn.grace,
+    grace = conn.grace,
+    finished = false,
+  }, stream_mt)
+end
+
+-- Jobs --------------------------------------------------------------------------------------
+
+function protocol.job_start(conn, argv, opts)
+  if opts.id ~= nil and (type(opts.id) ~= "string" or not opts.id:match("^[%w_%-]+$")
+      or #opts.id > 64) then
+    return nil, errors.invalid_input(JOB_START, "id", "a job id is 1 to 64 of [A-Za-z0-9_-]")
+  end
+  local body, err = command_body(JOB_START, argv, { timeout = opts.timeout, cwd = opts.cwd,
+    env = opts.env, job_id = opts.id })
+  if not body then return nil, err end
+  -- Resending a start is safe only when it names its job and the agent promised to start a
+  -- named job once (§6 jobIdempotency).
+  local resendable = opts.id ~= nil and conn.features and conn.features.jobIdempotency
+  local resp
+  resp, err = send(conn, JOB_START, "POST", "/v1/jobs/start", body, MAX_SMALL_BODY)
+  if resp then
+    local value
+    value, err = read_json(conn, resp, JOB_START, "the job started and its id could not be read")
+    if value then
+      if type(value.jobId) == "string" and value.jobId ~= "" then return value.jobId end
+      -- The job is running and nothing can now poll or cancel it: its end is unknown, not
+      -- merely unreadable.
+      err = errors.unanswered(JOB_START, "the job started and its id could not be read",
+        { cause = errors.unexpected(JOB_START, "jobId", "missing from the answer") })
+    elseif err.code == "UNEXPECTED_RESPONSE_FORMAT" then
+      err = errors.unanswered(JOB_START, "the job started and its id could not be read",
+        { cause = err })
+    end
+  end
+  if resendable and err.code == "SANDBOX_OUTCOME_UNKNOWN" then err.retryable = true end
+  return nil, err
+end
+
+local function poll_frame(raw)
+  if type(raw) ~= "table" or (raw.t ~= "stdout" and raw.t ~= "stderr") then
+    return nil, "a frame that is not stdout or stderr"
+  end
+  local seq = to_integer(raw.seq)
+  if not seq or seq < 0 or type(raw.data) ~= "string" then return nil, "a frame without seq or data" end
+  local data, at = core.b64decode(raw.data)
+  if not data then return nil, "data was not valid base64 (at symbol " .. at .. ")" end
+  return { type = raw.t, seq = seq, data = data }
+end
+
+function protocol.job_poll(conn, job_id, since)
+  if type(job_id) ~= "string" then error("sandkit: a job id is a string", 2) end
+  if since ~= nil and (not to_integer(since) or since < 0) then
+    error("sandkit: since is a non-negative integer seq", 2)
+  end
+  local body = since == nil and encode{ jobId = job_id, sinceSeq = cjson.null }
+    or encode{ jobId = job_id, sinceSeq = since }
+  local resp, err = send(conn, JOB_POLL, "POST", "/v1/jobs/poll", body, MAX_POLL_BODY)
+  if not resp then return nil, err end
+  local value
+  value, err = read_json(conn, resp, JOB_POLL, "the poll's body could not be read")
+  if not value then
+    -- Nothing about the job changed; the same poll can simply be sent again.
+    if err.code == "UNEXPECTED_RESPONSE_FORMAT" then
+      err = errors.unanswered(JOB_POLL, "the poll's body could not be read", { cause = err })
+    end
+    return nil, err
+  end
+  if type(value.running) ~= "boolean" then
+    return nil, errors.unanswered(JOB_POLL, "the poll's body could not be read",
+      { cause = errors.unexpected(JOB_POLL, "running", "missing or not a boolean") })
+  end
+  local page = { running = value.running, frames = {} }
+  if type(value.frames) == "table" then
+    for i, raw in ipairs(value.frames) do
+      local frame, why = poll_frame(raw)
+      if not frame then
+        return nil, errors.unanswered(JOB_POLL, "a frame in the poll could not be read",
+          { cause = errors.unexpected(JOB_POLL, "frames", why) })
+      end
+      page.frames[i] = frame
+    end
+  end
+  local code = to_integer(value.exitCode)
+  if code then
+    page.exit = { code = code, truncated = value.truncated == true, signal = to_integer(value.signal) }
+  end
+  if type(value.error) == "table" then
+    page.error = { code = tostring(value.error.code), message = tostring(value.error.message) }
+  end
+  return page
+end
+
+function protocol.job_cancel(conn, job_id)
+  if type(job_id) ~= "string" then error("sandkit: a job id is a string", 2) end
+  local resp, err = send(conn, JOB_CANCEL, "POST", "/v1/jobs/cancel", encode{ jobId = job_id },
+    MAX_SMALL_BODY)
+  if not resp then return nil, err end
+  resp:close()
+  return true
+end
+
+-- Files -------------------------------------------------------------------------------------
+
+local function check_path(path)
+  if type(path) ~= "string" then error("sandkit: a path is a string", 3) end
+end
+
+local function query_escape(s)
+  return (s:gsub("[^%w%-%._~/]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+function protocol.read_file(conn, path)
+  check_path(path)
+  local resp, err = send(conn, READ_FILE, "GET", "/v1/files?path=" .. query_escape(path), nil,
+    MAX_READ_BODY)
+  if not resp then return nil, err end
+  local value
+  value, err = read_json(conn, resp, READ_FILE, "the file's body could not be read")
+  if not value then return nil, err end
+  if type(value.contentsBase64) ~= "string" then
+    return nil, errors.unexpected(READ_FILE, "contentsBase64", "missing from the answer")
+  end
+  local bytes, at = core.b64decode(value.contentsBase64)
+  if not bytes then
+    return nil, errors.unexpected(READ_FILE, "contentsBase64",
+      "contentsBase64 was not valid base64 (at symbol " .. at .. ")")
+  end
+  return bytes
+end
+
+--- One PUT per path, in sorted path order, stopping at the first failure: which files landed
+-- is then predictable from the error alone.
+function protocol.write_files(conn, files)
+  if type(files) ~= "table" then error("sandkit: write_files takes a { [path] = bytes } table", 2) end
+  local paths = {}
+  for path, bytes in pairs(files) do
+    if type(path) ~= "string" or type(bytes) ~= "string" then
+      error("sandkit: write_files takes a { [path] = bytes } table", 2)
+    end
+    if #bytes > protocol.MAX_FILE_BYTES then
+      return nil, errors.invalid_input(WRITE_FILES, "files",
+        path .. " is larger than the 33554432-byte file limit")
+    end
+    paths[#paths + 1] = path
+  end
+  table.sort(paths)
+  for _, path in ipairs(paths) do
+    local body = encode{ path = path, contentsBase64 = core.b64encode(files[path]) }
+    local resp, err = send(conn, WRITE_FILES, "PUT", "/v1/files", body, MAX_SMALL_BODY)
+    if not resp then
+      err.path = path
+      return nil, err
+    end
+    resp:close()
+  end
+  return true
+end
+
+function protocol.mkdir(conn, path)
+  check_path(path)
+  local resp, err = send(conn, MKDIR, "POST", "/v1/mkdir", encode{ path = path }, MAX_SMALL_BODY)
+  if not resp then return nil, err end
+  resp:close()
+  return true
+end
+
+-- Health and activation ---------------------------------------------------------------------
+
+--- The agent's health: { protocolVersion = 1, bootId =, status =, imageCommand =, features = {set} }.
+function protocol.health(conn)
+  local resp, err = send(conn, HEALTH, "GET", "/v1/health?version=1", nil, MAX_SMALL_BODY)
+  if not resp then return nil, err end
+  local value
+  value, err = read_json(conn, resp, HEALTH, "the health body could not be read")
+  if not value then return nil, err end
+  if to_integer(value.protocolVersion) ~= protocol.PROTOCOL_VERSION then
+    return nil, errors.unexpected(HEALTH, "protocolVersion",
+      "the agent speaks protocol version " .. tostring(value.protocolVersion) .. ", not 1")
+  end
+  local features = {}
+  if type(value.features) == "table" then
+    for _, name in ipairs(value.features) do
+      if type(name) == "string" then features[name] = true end
+    end
+  end
+  value.features = features
+  if type(value.imageCommand) ~= "table" then value.imageCommand = nil end
+  return value
+end
+
+function protocol.activate(conn)
+  local resp, err = send(conn, ACTIVATE, "POST", "/v1/activate", "{}", MAX_SMALL_BODY)
+  if not resp then return nil, err end
+  resp:close()
+  return true
+end
+
+--- Fills the timing fields of a connection from options, with the protocol's defaults.
+function protocol.connection(transport, options)
+  options = options or {}
+  local conn = { transport = transport, features = {} }
+  for name, default in pairs(protocol.DEFAULTS) do
+    local v = options[name]
+    if v ~= nil and (type(v) ~= "number" or v <= 0) then
+      error("sandkit: " .. name .. " must be a positive number of seconds", 3)
+    end
+    conn[name] = v or default
+  end
+  return conn
+end
+
+protocol.OPERATIONS = { run = RUN, job_start = JOB_START, job_poll = JOB_POLL,
+  job_cancel = JOB_CANCEL, read_file = READ_FILE, write_files = WRITE_FILES, mkdir = MKDIR,
+  health = HEALTH, activate = ACTIVATE }
+
+return protocol

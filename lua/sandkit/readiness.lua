@@ -1,0 +1,64 @@
+--- Waiting until an agent can serve: its health answers protocol version 1 with status
+-- `ready`, and any image command it supervises has not failed. An agent that waits for its
+-- first activation is activated (unless the caller owns that step, as the Azure route does).
+
+local errors = require "sandkit.errors"
+local protocol = require "sandkit.protocol"
+local wait = require "sandkit.wait"
+
+local readiness = {}
+
+readiness.DEFAULT_TIMEOUT = 60  -- seconds a fresh sandbox gets to become servable
+readiness.DEFAULT_INTERVAL = 0.5
+
+local function describe(health)
+  local text = "status " .. tostring(health.status)
+  if health.imageCommand then text = text .. ", image command " .. tostring(health.imageCommand.status) end
+  return text
+end
+
+--- Returns the health table once the agent is ready, or nil and an error naming what it
+-- last saw. opts: timeout, interval, activate (default true), operation (for errors).
+function readiness.wait(conn, opts)
+  opts = opts or {}
+  local timeout = opts.timeout or readiness.DEFAULT_TIMEOUT
+  local interval = opts.interval or readiness.DEFAULT_INTERVAL
+  local operation = opts.operation or "sandbox.create"
+  local deadline = wait.now() + timeout
+  local last
+  while true do
+    -- One probe may not outlast the whole wait.
+    local probe = setmetatable({ header_timeout = math.max(0.001,
+      math.min(conn.header_timeout, deadline - wait.now())) }, { __index = conn })
+    local health, err = protocol.health(probe)
+    if health then
+      local status = health.status
+      if status == "awaiting-network-verification" and opts.activate ~= false then
+        local ok, aerr = protocol.activate(probe)
+        if not ok and aerr.code == "SANDBOX_COMMAND_FAILED" then return nil, aerr end
+        last = ok and "activated; waiting for ready" or tostring(aerr)
+      elseif (status == nil or status == "ready")
+          and not (health.imageCommand and health.imageCommand.status == "failed") then
+        return health
+      else
+        last = describe(health)
+      end
+    elseif err.code == "SANDBOX_COMMAND_FAILED" or err.code == "UNEXPECTED_RESPONSE_FORMAT" then
+      -- The agent answered and refused (a credential, a version): waiting will not change it.
+      return nil, err
+    else
+      last = err.message
+    end
+    if wait.now() + interval >= deadline then
+      return nil, errors.new("SANDBOX_UNREACHABLE", {
+        operation = operation,
+        message = string.format("%s: the agent did not become ready within %gs; last seen: %s",
+          operation, timeout, tostring(last)),
+        cause = errors.is_error(err) and err or nil,
+      })
+    end
+    wait.sleep(interval)
+  end
+end
+
+return readiness

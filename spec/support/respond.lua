@@ -1,0 +1,61 @@
+--- Writing HTTP responses byte by byte from a fake server's scenario (see fake_http_server.lua).
+local cjson = require "cjson"
+
+local respond = {}
+
+function respond.raw(conn, bytes)
+  conn:write(bytes)
+end
+
+--- A complete response with a Content-Length body.
+function respond.status(conn, status, body, content_type)
+  body = body or ""
+  conn:write(string.format("HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s",
+    status, content_type or "text/plain", #body, body))
+end
+
+function respond.json(conn, status, value)
+  respond.status(conn, status, cjson.encode(value), "application/json")
+end
+
+function respond.chunked_start(conn, status, content_type)
+  conn:write(string.format("HTTP/1.1 %s\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n",
+    status, content_type or "application/x-ndjson"))
+end
+
+function respond.chunk(conn, bytes)
+  conn:write(string.format("%x\r\n%s\r\n", #bytes, bytes))
+end
+
+function respond.chunked_end(conn)
+  conn:write("0\r\n\r\n")
+end
+
+--- An NDJSON exec body: each element of chunks is written as one chunk, in order.
+function respond.frames(conn, chunks, pause)
+  respond.chunked_start(conn, "200 OK")
+  for _, c in ipairs(chunks) do
+    if pause then conn:sleep(pause) end
+    respond.chunk(conn, c)
+  end
+  respond.chunked_end(conn)
+end
+
+--- The health answer of a ready agent.
+function respond.health(conn, fields)
+  local body = { protocolVersion = 1, bootId = "boot-1", status = "ready", features = { "jobIdempotency" } }
+  for k, v in pairs(fields or {}) do body[k] = v end
+  respond.json(conn, "200 OK", body)
+end
+
+--- A scenario for a fake agent: health answers ready; every other request goes to route.
+function respond.agent(route)
+  return {
+    handle = function(req, conn)
+      if req.path == "/v1/health" then return respond.health(conn) end
+      return route(req, conn)
+    end,
+  }
+end
+
+return respond

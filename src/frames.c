@@ -1,0 +1,264 @@
+/* frames.c — see frames.h. */
+#include "frames.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base64.h"
+#include "json.h"
+
+struct sk_frames {
+	size_t max_line;
+	/* A line split across reads, until its newline arrives; never more than max_line. */
+	char *line;
+	size_t line_len, line_cap;
+	/* Decoded payloads and unescaped strings of the current frame; at most max_line. */
+	unsigned char *scratch;
+	size_t scratch_cap;
+	enum sk_frames_failure failure;
+	char error[160];
+};
+
+sk_frames *sk_frames_new(size_t max_line)
+{
+	sk_frames *d = calloc(1, sizeof *d);
+	if (d == NULL)
+		return NULL;
+	d->max_line = max_line ? max_line : SK_FRAMES_MAX_LINE;
+	return d;
+}
+
+void sk_frames_free(sk_frames *d)
+{
+	if (d == NULL)
+		return;
+	free(d->line);
+	free(d->scratch);
+	free(d);
+}
+
+enum sk_frames_failure sk_frames_failure(const sk_frames *d)
+{
+	return d->failure;
+}
+
+const char *sk_frames_error(const sk_frames *d)
+{
+	return d->failure ? d->error : NULL;
+}
+
+size_t sk_frames_pending(const sk_frames *d)
+{
+	return d->line_len;
+}
+
+static int fail(sk_frames *d, enum sk_frames_failure why, const char *fmt, const char *detail,
+                long at)
+{
+	d->failure = why;
+	if (at >= 0)
+		snprintf(d->error, sizeof d->error, fmt, detail, at);
+	else
+		snprintf(d->error, sizeof d->error, fmt, detail);
+	/* Nothing held back may surface after a failure. */
+	d->line_len = 0;
+	return SK_FRAMES_FAILED;
+}
+
+/* Grows a buffer to at least need bytes, geometrically; the callers bound need by max_line. */
+static int reserve(void **buf, size_t *cap, size_t need)
+{
+	if (need <= *cap)
+		return 0;
+	size_t n = *cap ? *cap : 4096;
+	while (n < need)
+		n *= 2;
+	void *p = realloc(*buf, n);
+	if (p == NULL)
+		return -1;
+	*buf = p;
+	*cap = n;
+	return 0;
+}
+
+/* The members a frame may carry; the JSON is scanned once and typed after `t` is known. */
+struct fields {
+	sk_json_str t, data, message, code_str;
+	uint64_t seq;
+	int64_t code_num, signal;
+	int truncated;
+	unsigned has_t : 1, has_seq : 1, has_data : 1, has_message : 1, has_code_str : 1,
+		has_code_num : 1, has_signal : 1, has_truncated : 1;
+};
+
+static int scan_fields(sk_json *j, struct fields *f)
+{
+	sk_json_str key;
+	int r;
+	if (sk_json_object_begin(j) < 0)
+		return -1;
+	while ((r = sk_json_object_key(j, &key)) == 1) {
+		if (sk_json_str_is(&key, "t")) {
+			f->has_t = sk_json_string(j, &f->t) == 0;
+		} else if (sk_json_str_is(&key, "data")) {
+			f->has_data = sk_json_string(j, &f->data) == 0;
+		} else if (sk_json_str_is(&key, "seq")) {
+			f->has_seq = sk_json_u64(j, &f->seq) == 0;
+		} else if (sk_json_str_is(&key, "code")) {
+			/* An exit's code is a number and an error's a string; which one `t` decides. */
+			f->has_code_num = f->has_code_str = 0;
+			if (sk_json_peek(j) == SK_JSON_STRING)
+				f->has_code_str = sk_json_string(j, &f->code_str) == 0;
+			else
+				f->has_code_num = sk_json_i64(j, &f->code_num) == 0;
+		} else if (sk_json_str_is(&key, "message")) {
+			f->has_message = sk_json_string(j, &f->message) == 0;
+		} else if (sk_json_str_is(&key, "truncated")) {
+			f->has_truncated = sk_json_bool(j, &f->truncated) == 0;
+		} else if (sk_json_str_is(&key, "signal")) {
+			f->has_signal = sk_json_i64(j, &f->signal) == 0;
+		} else if (sk_json_skip(j) < 0) {
+			return -1;
+		}
+		if (j->err)
+			return -1;
+	}
+	if (r < 0)
+		return -1;
+	return sk_json_finish(j);
+}
+
+/* Unescaped copy of s into the scratch buffer at offset at; returns the length or -1. */
+static long unescape_into(sk_frames *d, const sk_json_str *s, size_t at)
+{
+	if (reserve((void **)&d->scratch, &d->scratch_cap, at + s->len) < 0)
+		return -1;
+	return (long)sk_json_unescape(s, (char *)d->scratch + at);
+}
+
+static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
+{
+	sk_json j;
+	struct fields f;
+	memset(&f, 0, sizeof f);
+	sk_json_init(&j, line, len);
+	if (scan_fields(&j, &f) < 0)
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s at byte %ld",
+		            j.err ? j.err : "malformed JSON", (long)(j.p - line));
+	if (!f.has_t)
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+		            "missing field `t`", -1);
+
+	memset(out, 0, sizeof *out);
+	if (sk_json_str_is(&f.t, "stdout") || sk_json_str_is(&f.t, "stderr")) {
+		out->type = f.t.p[3] == 'o' ? SK_FRAME_STDOUT : SK_FRAME_STDERR;
+		if (!f.has_seq || !f.has_data)
+			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+			            f.has_seq ? "missing field `data`" : "missing field `seq`", -1);
+		/* Lua 5.4 integers are signed 64-bit; a larger counter cannot be handed on exactly. */
+		if (f.seq > (uint64_t)INT64_MAX)
+			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+			            "seq out of range", -1);
+		out->seq = f.seq;
+		const char *b64 = f.data.p;
+		size_t b64_len = f.data.len;
+		size_t base = 0;
+		if (f.data.escaped) {
+			/* Only a writer that escapes '/' gets here; unescape, then decode after it. */
+			long n = unescape_into(d, &f.data, 0);
+			if (n < 0)
+				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+			b64 = (const char *)d->scratch;
+			b64_len = (size_t)n;
+			base = (size_t)n;
+		}
+		if (reserve((void **)&d->scratch, &d->scratch_cap,
+		            base + SK_B64_DECODED_MAX(b64_len)) < 0)
+			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+		b64 = f.data.escaped ? (const char *)d->scratch : b64;
+		size_t n;
+		if (sk_b64_decode(b64, b64_len, d->scratch + base, &n) < 0)
+			return fail(d, SK_FRAMES_UNDECODABLE,
+			            "an output frame did not decode: %s (at symbol %ld)",
+			            "data was not valid base64", (long)n);
+		out->data = d->scratch + base;
+		out->data_len = n;
+	} else if (sk_json_str_is(&f.t, "exit")) {
+		out->type = SK_FRAME_EXIT;
+		if (!f.has_code_num || f.code_num < INT32_MIN || f.code_num > INT32_MAX)
+			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+			            "an exit frame needs an integer `code`", -1);
+		out->code = (int32_t)f.code_num;
+		out->truncated = f.has_truncated && f.truncated;
+		if (f.has_signal && f.signal >= 0 && f.signal <= INT32_MAX) {
+			out->has_signal = 1;
+			out->signal = (int32_t)f.signal;
+		}
+	} else if (sk_json_str_is(&f.t, "error")) {
+		out->type = SK_FRAME_ERROR;
+		if (!f.has_code_str || !f.has_message)
+			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+			            "an error frame needs string `code` and `message`", -1);
+		long cn = unescape_into(d, &f.code_str, 0);
+		long mn = cn < 0 ? -1 : unescape_into(d, &f.message, (size_t)cn);
+		if (mn < 0)
+			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+		out->error_code = (const char *)d->scratch;
+		out->error_code_len = (size_t)cn;
+		out->message = (const char *)d->scratch + cn;
+		out->message_len = (size_t)mn;
+	} else {
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+		            "unknown frame type", -1);
+	}
+	return SK_FRAMES_FRAME;
+}
+
+static int blank(const char *p, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r')
+			return 0;
+	return 1;
+}
+
+int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out)
+{
+	if (d->failure)
+		return SK_FRAMES_FAILED;
+	while (*in_len > 0) {
+		const char *nl = memchr(*in, '\n', *in_len);
+		size_t take = nl ? (size_t)(nl - *in) + 1 : *in_len;
+		if (d->line_len + take > d->max_line)
+			return fail(d, SK_FRAMES_TOO_LONG, "an output frame did not parse: %s (%ld bytes)",
+			            "a line exceeded the decoder's limit", (long)d->max_line);
+		const char *line;
+		size_t len;
+		if (d->line_len == 0 && nl) {
+			line = *in; /* the whole line is in the caller's buffer: no copy */
+			len = take - 1;
+		} else {
+			if (reserve((void **)&d->line, &d->line_cap, d->line_len + take) < 0)
+				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+			memcpy(d->line + d->line_len, *in, take);
+			d->line_len += take;
+			if (!nl) {
+				*in += take;
+				*in_len -= take;
+				return SK_FRAMES_AGAIN;
+			}
+			line = d->line;
+			len = d->line_len - 1;
+		}
+		*in += take;
+		*in_len -= take;
+		int held = line == d->line;
+		int r = blank(line, len) ? SK_FRAMES_AGAIN : parse_line(d, line, len, out);
+		if (held && r != SK_FRAMES_FAILED)
+			d->line_len = 0;
+		if (r != SK_FRAMES_AGAIN)
+			return r;
+	}
+	return SK_FRAMES_AGAIN;
+}

@@ -1,0 +1,75 @@
+/*
+ * frames.h — incremental decoder for the agent's NDJSON output stream (PROTOCOL.md §3.3, §4).
+ * Sans-I/O with a plain C ABI, so the Lua C module and an FFI binding can share it:
+ * hand it bytes as they arrive, take frames out.
+ *
+ * Input is consumed straight from the caller's buffer when a whole line is in it; only a line
+ * split across reads is copied, into a buffer that never holds more than one line.
+ *
+ * After the first failure the decoder delivers nothing more: a frame buffered behind a line
+ * that did not parse must not answer the question that failure left open.
+ */
+#ifndef SANDKIT_FRAMES_H
+#define SANDKIT_FRAMES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * Longest line accepted, newline included. A full 64 KiB data frame is about 87.4 KiB of base64
+ * plus ~60 bytes of JSON; 1 MiB leaves room for a writer that escapes every '/' or sends long
+ * error messages, and still bounds what one peer can make this process hold.
+ */
+#define SK_FRAMES_MAX_LINE ((size_t)1 << 20)
+
+enum sk_frame_type { SK_FRAME_STDOUT = 1, SK_FRAME_STDERR, SK_FRAME_EXIT, SK_FRAME_ERROR };
+
+typedef struct sk_frame {
+	enum sk_frame_type type;
+	uint64_t seq;               /* stdout/stderr: at most INT64_MAX (larger is refused) */
+	const unsigned char *data;  /* stdout/stderr: decoded bytes, valid until the next call */
+	size_t data_len;
+	int32_t code;               /* exit */
+	int truncated;              /* exit: 0 when absent */
+	int has_signal;             /* exit: the `signal` extension was present */
+	int32_t signal;
+	const char *error_code;     /* error: the frame's code, valid until the next call */
+	size_t error_code_len;
+	const char *message;        /* error: the frame's message, valid until the next call */
+	size_t message_len;
+} sk_frame;
+
+/* What went wrong: a line that is not a frame, a payload that is not base64, or a limit. */
+enum sk_frames_failure {
+	SK_FRAMES_NO_FAILURE = 0,
+	SK_FRAMES_UNPARSABLE,  /* not JSON, unknown `t`, a missing or mistyped field */
+	SK_FRAMES_UNDECODABLE, /* `data` is not strict standard base64 */
+	SK_FRAMES_TOO_LONG,    /* a line over the decoder's limit */
+	SK_FRAMES_NO_MEMORY
+};
+
+/* Return values of sk_frames_decode. */
+#define SK_FRAMES_FRAME 1
+#define SK_FRAMES_AGAIN 0
+#define SK_FRAMES_FAILED (-1)
+
+typedef struct sk_frames sk_frames;
+
+/* max_line 0 means SK_FRAMES_MAX_LINE. Returns NULL when out of memory. */
+sk_frames *sk_frames_new(size_t max_line);
+void sk_frames_free(sk_frames *d);
+
+/*
+ * Consumes input from *in (advancing *in and *in_len) until one frame is complete or the input
+ * is used up. Returns SK_FRAMES_FRAME with *out filled, SK_FRAMES_AGAIN when it needs more
+ * input (everything was consumed), or SK_FRAMES_FAILED — then and ever after.
+ */
+int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out);
+
+enum sk_frames_failure sk_frames_failure(const sk_frames *d);
+/* A sentence naming the failure, e.g. "an output frame did not parse: expected ':' at byte 9". */
+const char *sk_frames_error(const sk_frames *d);
+/* Bytes of an unterminated line held back; a body that ends with some left ended mid-frame. */
+size_t sk_frames_pending(const sk_frames *d);
+
+#endif

@@ -1,0 +1,202 @@
+/*
+ * lua_frames.c — Lua glue for frames.c and base64.c.
+ *
+ *   local dec = core.decoder([max_line])
+ *   dec:feed(chunk)            -- hand over bytes; call after next() returned false
+ *   dec:next()                 -- frame table | false (needs more) | nil, kind, message
+ *   dec:pending()              -- bytes of an unterminated line held back
+ *   core.b64encode(s)          -- string
+ *   core.b64decode(s)          -- string | nil, offset-of-first-bad-symbol
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base64.h"
+#include "frames.h"
+#include "sandkit_core.h"
+
+#define DECODER_MT "sandkit.decoder"
+
+struct decoder {
+	sk_frames *d;
+	const char *input; /* the unread part of the last fed chunk, anchored in the user value */
+	size_t input_len;
+};
+
+static struct decoder *check(lua_State *L, int idx)
+{
+	struct decoder *u = luaL_checkudata(L, idx, DECODER_MT);
+	if (u->d == NULL)
+		luaL_argerror(L, idx, "decoder is closed");
+	return u;
+}
+
+sk_frames *skl_check_decoder(lua_State *L, int idx)
+{
+	return check(L, idx)->d;
+}
+
+void skl_push_frame(lua_State *L, const sk_frame *f)
+{
+	switch (f->type) {
+	case SK_FRAME_STDOUT:
+	case SK_FRAME_STDERR:
+		lua_createtable(L, 0, 3);
+		if (f->type == SK_FRAME_STDOUT)
+			lua_pushliteral(L, "stdout");
+		else
+			lua_pushliteral(L, "stderr");
+		lua_setfield(L, -2, "type");
+		skc_pushu64(L, f->seq);
+		lua_setfield(L, -2, "seq");
+		lua_pushlstring(L, (const char *)f->data, f->data_len);
+		lua_setfield(L, -2, "data");
+		break;
+	case SK_FRAME_EXIT:
+		lua_createtable(L, 0, 4);
+		lua_pushliteral(L, "exit");
+		lua_setfield(L, -2, "type");
+		lua_pushinteger(L, f->code);
+		lua_setfield(L, -2, "code");
+		lua_pushboolean(L, f->truncated);
+		lua_setfield(L, -2, "truncated");
+		if (f->has_signal) {
+			lua_pushinteger(L, f->signal);
+			lua_setfield(L, -2, "signal");
+		}
+		break;
+	case SK_FRAME_ERROR:
+		lua_createtable(L, 0, 3);
+		lua_pushliteral(L, "error");
+		lua_setfield(L, -2, "type");
+		lua_pushlstring(L, f->error_code, f->error_code_len);
+		lua_setfield(L, -2, "code");
+		lua_pushlstring(L, f->message, f->message_len);
+		lua_setfield(L, -2, "message");
+		break;
+	}
+}
+
+int skl_push_decoder_failure(lua_State *L, const sk_frames *d)
+{
+	static const char *const kinds[] = { "none", "unparsable", "undecodable", "too_long",
+		                             "no_memory" };
+	lua_pushnil(L);
+	lua_pushstring(L, kinds[sk_frames_failure(d)]);
+	lua_pushstring(L, sk_frames_error(d));
+	return 3;
+}
+
+static int decoder_new(lua_State *L)
+{
+	lua_Integer max_line = lua_isnoneornil(L, 1) ? 0 : skc_checkinteger(L, 1);
+	luaL_argcheck(L, max_line >= 0, 1, "max_line must not be negative");
+	struct decoder *u = skc_newuserdata(L, sizeof *u);
+	memset(u, 0, sizeof *u);
+	luaL_setmetatable(L, DECODER_MT);
+	u->d = sk_frames_new((size_t)max_line);
+	if (u->d == NULL)
+		return luaL_error(L, "out of memory");
+	return 1;
+}
+
+static int decoder_feed(lua_State *L)
+{
+	struct decoder *u = check(L, 1);
+	size_t len;
+	const char *s = luaL_checklstring(L, 2, &len);
+	if (u->input_len > 0)
+		return luaL_error(L, "feed() before next() has used up the previous chunk");
+	lua_pushvalue(L, 2);
+	skc_setuservalue(L, 1);
+	u->input = s;
+	u->input_len = len;
+	return 0;
+}
+
+static int decoder_next(lua_State *L)
+{
+	struct decoder *u = check(L, 1);
+	sk_frame f;
+	int r = sk_frames_decode(u->d, &u->input, &u->input_len, &f);
+	if (r == SK_FRAMES_FRAME) {
+		skl_push_frame(L, &f);
+		return 1;
+	}
+	if (r == SK_FRAMES_FAILED)
+		return skl_push_decoder_failure(L, u->d);
+	lua_pushboolean(L, 0);
+	return 1;
+}
+
+static int decoder_pending(lua_State *L)
+{
+	struct decoder *u = check(L, 1);
+	lua_pushinteger(L, (lua_Integer)(sk_frames_pending(u->d) + u->input_len));
+	return 1;
+}
+
+static int decoder_close(lua_State *L)
+{
+	struct decoder *u = luaL_checkudata(L, 1, DECODER_MT);
+	sk_frames_free(u->d);
+	u->d = NULL;
+	u->input_len = 0;
+	return 0;
+}
+
+static int b64encode(lua_State *L)
+{
+	size_t len;
+	const char *s = luaL_checklstring(L, 1, &len);
+	if (len > ((size_t)-1) / 4 * 3 - 3)
+		return luaL_error(L, "string too long to encode");
+	skc_buffer b;
+	char *out = skc_buffinitsize(L, &b, SK_B64_ENCODED_LEN(len));
+	sk_b64_encode((const unsigned char *)s, len, out);
+	skc_pushresultsize(&b, SK_B64_ENCODED_LEN(len));
+	return 1;
+}
+
+static int b64decode(lua_State *L)
+{
+	size_t len, n;
+	const char *s = luaL_checklstring(L, 1, &len);
+	skc_buffer b;
+	unsigned char *out = (unsigned char *)skc_buffinitsize(L, &b, SK_B64_DECODED_MAX(len) + 1);
+	if (sk_b64_decode(s, len, out, &n) < 0) {
+		lua_pushnil(L);
+		lua_pushinteger(L, (lua_Integer)n);
+		return 2;
+	}
+	skc_pushresultsize(&b, n);
+	return 1;
+}
+
+void skl_open_frames(lua_State *L)
+{
+	static const luaL_Reg methods[] = {
+		{ "feed", decoder_feed },
+		{ "next", decoder_next },
+		{ "pending", decoder_pending },
+		{ "close", decoder_close },
+		{ NULL, NULL },
+	};
+	if (luaL_newmetatable(L, DECODER_MT)) {
+		lua_newtable(L);
+		skc_setfuncs(L, methods);
+		lua_setfield(L, -2, "__index");
+		lua_pushcfunction(L, decoder_close);
+		lua_setfield(L, -2, "__gc");
+		lua_pushcfunction(L, decoder_close);
+		lua_setfield(L, -2, "__close");
+	}
+	lua_pop(L, 1);
+	static const luaL_Reg functions[] = {
+		{ "decoder", decoder_new },
+		{ "b64encode", b64encode },
+		{ "b64decode", b64decode },
+		{ NULL, NULL },
+	};
+	skc_setfuncs(L, functions);
+}

@@ -1,0 +1,131 @@
+/*
+ * sandkit_core.c — the sandkit.core module: registration, clocks, randomness and core.wait,
+ * the only call in the C core that blocks.
+ *
+ *   core.now()                 -- monotonic seconds (a number)
+ *   core.random(n)             -- n bytes from the OpenSSL CSPRNG
+ *   core.wait(pollable, s)     -- poll(2) on pollable:pollfd() for pollable:events(), at most
+ *                                 min(s, pollable:timeout()) seconds; pollable may be nil (a
+ *                                 sleep) and s nil (no bound). true when ready, false on time.
+ */
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <string.h>
+#include <time.h>
+
+#include <openssl/rand.h>
+
+#include "sandkit_core.h"
+
+/* The most randomness one call hands out; tokens and ids need 16–32 bytes. */
+#define MAX_RANDOM_BYTES 4096
+
+static double monotonic_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int core_now(lua_State *L)
+{
+	lua_pushnumber(L, monotonic_now());
+	return 1;
+}
+
+static int core_random(lua_State *L)
+{
+	lua_Integer n = skc_checkinteger(L, 1);
+	luaL_argcheck(L, n > 0 && n <= MAX_RANDOM_BYTES, 1, "between 1 and 4096 bytes");
+	unsigned char buf[MAX_RANDOM_BYTES];
+	if (RAND_bytes(buf, (int)n) != 1)
+		return luaL_error(L, "the system's random generator failed");
+	lua_pushlstring(L, (const char *)buf, (size_t)n);
+	return 1;
+}
+
+/* Calls pollable:name() and leaves its first result on the stack. */
+static void call_method(lua_State *L, int obj, const char *name)
+{
+	lua_getfield(L, obj, name);
+	if (lua_type(L, -1) != LUA_TFUNCTION)
+		luaL_error(L, "a pollable needs a %s method", name);
+	lua_pushvalue(L, obj);
+	lua_call(L, 1, 1);
+}
+
+static int core_wait(lua_State *L)
+{
+	double limit = -1;
+	if (!lua_isnoneornil(L, 2)) {
+		limit = luaL_checknumber(L, 2);
+		if (limit < 0)
+			limit = 0;
+	}
+	struct pollfd pfd = { .fd = -1, .events = 0, .revents = 0 };
+	if (!lua_isnoneornil(L, 1)) {
+		call_method(L, 1, "pollfd");
+		pfd.fd = (int)luaL_checkinteger(L, -1);
+		lua_pop(L, 1);
+		call_method(L, 1, "events");
+		const char *ev = luaL_optstring(L, -1, "r");
+		if (strchr(ev, 'r'))
+			pfd.events |= POLLIN;
+		if (strchr(ev, 'w'))
+			pfd.events |= POLLOUT;
+		lua_pop(L, 1);
+		call_method(L, 1, "timeout");
+		if (!lua_isnil(L, -1)) {
+			double t = luaL_checknumber(L, -1);
+			if (t < 0)
+				t = 0;
+			if (limit < 0 || t < limit)
+				limit = t;
+		}
+		lua_pop(L, 1);
+	}
+	double deadline = limit < 0 ? -1 : monotonic_now() + limit;
+	for (;;) {
+		int ms = -1;
+		if (deadline >= 0) {
+			double left = deadline - monotonic_now();
+			/* Rounded up: a wait cut short by rounding would spin on zero-length polls. */
+			ms = left <= 0 ? 0 : left > 2e9 / 1000 ? 2000000000 : (int)ceil(left * 1000);
+		}
+		int r = poll(&pfd, pfd.fd >= 0 ? 1 : 0, ms);
+		if (r > 0) {
+			lua_pushboolean(L, 1);
+			return 1;
+		}
+		if (r == 0) {
+			lua_pushboolean(L, 0);
+			return 1;
+		}
+		if (errno != EINTR)
+			return luaL_error(L, "poll: %s", strerror(errno));
+	}
+}
+
+int luaopen_sandkit_core(lua_State *L);
+
+int luaopen_sandkit_core(lua_State *L)
+{
+	static const luaL_Reg functions[] = {
+		{ "now", core_now },
+		{ "random", core_random },
+		{ "wait", core_wait },
+		{ NULL, NULL },
+	};
+	lua_newtable(L);
+	skc_setfuncs(L, functions);
+	skl_open_frames(L);
+	skl_open_transfer(L);
+	skl_open_process(L);
+	skl_open_sigv4(L);
+	lua_pushliteral(L, SANDKIT_VERSION);
+	lua_setfield(L, -2, "_VERSION");
+	lua_pushinteger(L, SANDKIT_ABI);
+	lua_setfield(L, -2, "_ABI");
+	return 1;
+}

@@ -1,0 +1,29 @@
+/*
+ * sandkit_core.h — how the pieces of the sandkit.core Lua module register themselves.
+ * Each skl_open_* adds its functions to the module table on top of the stack.
+ */
+#ifndef SANDKIT_CORE_H
+#define SANDKIT_CORE_H
+
+#include "compat.h"
+
+#define SANDKIT_VERSION "0.1.0"
+/* Bumped whenever the Lua layer and the C core stop fitting each other; init.lua checks it. */
+#define SANDKIT_ABI 1
+
+void skl_open_frames(lua_State *L);   /* frames.c glue: decoder, base64 */
+void skl_open_transfer(lua_State *L); /* transfer.c glue: client, request, wait */
+void skl_open_process(lua_State *L);  /* process.c: spawn, signals, files */
+void skl_open_sigv4(lua_State *L);    /* sigv4.c glue: sigv4 */
+
+struct sk_frame;
+struct sk_frames;
+/* Pushes one decoded frame as the table the Lua layer hands to callers. */
+void skl_push_frame(lua_State *L, const struct sk_frame *f);
+/* The decoder userdata at idx (raises when it is not one, or is closed). */
+struct sk_frames *skl_check_decoder(lua_State *L, int idx);
+/* Pushes nil, the failure kind ("unparsable", "undecodable", "too_long", "no_memory") and the
+ * decoder's sentence: the three results of a decode that failed. */
+int skl_push_decoder_failure(lua_State *L, const struct sk_frames *d);
+
+#endif

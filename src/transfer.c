@@ -1,0 +1,512 @@
+/* transfer.c — see transfer.h. */
+#include "transfer.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+struct header_span {
+	uint16_t name, name_len, value, value_len;
+};
+
+struct sk_transfer {
+	sk_client *client;
+	sk_transfer *prev, *next;
+	CURL *easy;
+	struct curl_slist *request_headers;
+	int in_multi;
+
+	int sent, headers, done, too_long, paused;
+	long status;
+	CURLcode result;
+	uint64_t received;
+	size_t max_body, max_error_body;
+	char errbuf[CURL_ERROR_SIZE];
+
+	/* Unread body bytes are buf[start, start + len); cap is the bound (see transfer.h). */
+	char *buf;
+	size_t cap, start, len, buffer_size;
+
+	struct header_span header[SK_TRANSFER_MAX_HEADERS];
+	int header_count;
+	size_t header_used;
+	char header_bytes[SK_TRANSFER_MAX_HEADER_BYTES];
+};
+
+struct sk_client {
+	CURLM *multi;
+	int epfd;
+	int64_t timer_deadline_ms; /* monotonic; -1 when libcurl wants no timer */
+	sk_transfer *transfers;
+	int transfer_count;
+	char *user_agent;
+};
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static char *dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+/* libcurl tells us which sockets it wants watched; they all live in one epoll set. */
+static int on_socket(CURL *easy, curl_socket_t s, int what, void *clientp, void *socketp)
+{
+	sk_client *c = clientp;
+	(void)easy;
+	(void)socketp;
+	if (what == CURL_POLL_REMOVE) {
+		epoll_ctl(c->epfd, EPOLL_CTL_DEL, s, NULL);
+		return 0;
+	}
+	struct epoll_event ev;
+	memset(&ev, 0, sizeof ev);
+	ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0u) | ((what & CURL_POLL_OUT) ? EPOLLOUT : 0u);
+	ev.data.fd = s;
+	/* A descriptor number can come back after a close that epoll already forgot, or still
+	 * be registered from before; try both verbs rather than trust a cached belief. */
+	if (epoll_ctl(c->epfd, EPOLL_CTL_MOD, s, &ev) < 0 && errno == ENOENT)
+		epoll_ctl(c->epfd, EPOLL_CTL_ADD, s, &ev);
+	return 0;
+}
+
+static int on_timer(CURLM *multi, long timeout_ms, void *clientp)
+{
+	sk_client *c = clientp;
+	(void)multi;
+	c->timer_deadline_ms = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+	return 0;
+}
+
+sk_client *sk_client_new(const struct sk_client_options *opt, char *err, size_t errlen)
+{
+	static const struct sk_client_options none = { NULL };
+	if (opt == NULL)
+		opt = &none;
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+		snprintf(err, errlen, "libcurl could not be initialised");
+		return NULL;
+	}
+	sk_client *c = calloc(1, sizeof *c);
+	if (c == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	c->epfd = -1;
+	c->timer_deadline_ms = -1;
+	c->user_agent = dup_or_null(opt->user_agent);
+	if (opt->user_agent && !c->user_agent) {
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	c->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (c->epfd < 0) {
+		snprintf(err, errlen, "epoll_create1: %s", strerror(errno));
+		goto fail;
+	}
+	c->multi = curl_multi_init();
+	if (c->multi == NULL) {
+		snprintf(err, errlen, "curl_multi_init failed");
+		goto fail;
+	}
+	curl_multi_setopt(c->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
+	curl_multi_setopt(c->multi, CURLMOPT_SOCKETDATA, c);
+	curl_multi_setopt(c->multi, CURLMOPT_TIMERFUNCTION, on_timer);
+	curl_multi_setopt(c->multi, CURLMOPT_TIMERDATA, c);
+	return c;
+fail:
+	if (c->epfd >= 0)
+		close(c->epfd);
+	free(c->user_agent);
+	free(c);
+	return NULL;
+}
+
+static void detach(sk_transfer *t)
+{
+	sk_client *c = t->client;
+	if (c == NULL)
+		return;
+	if (t->in_multi)
+		curl_multi_remove_handle(c->multi, t->easy);
+	t->in_multi = 0;
+	if (t->prev)
+		t->prev->next = t->next;
+	else
+		c->transfers = t->next;
+	if (t->next)
+		t->next->prev = t->prev;
+	c->transfer_count--;
+	t->client = NULL;
+	t->prev = t->next = NULL;
+}
+
+void sk_client_free(sk_client *c)
+{
+	if (c == NULL)
+		return;
+	/* The transfers' own owners free them later; here they only lose their connection. */
+	while (c->transfers) {
+		sk_transfer *t = c->transfers;
+		detach(t);
+		if (!t->done) {
+			t->done = 1;
+			t->result = CURLE_ABORTED_BY_CALLBACK;
+			snprintf(t->errbuf, sizeof t->errbuf, "the client was closed");
+		}
+	}
+	curl_multi_cleanup(c->multi);
+	close(c->epfd);
+	free(c->user_agent);
+	free(c);
+}
+
+int sk_client_fd(const sk_client *c)
+{
+	return c->epfd;
+}
+
+int sk_client_transfers(const sk_client *c)
+{
+	return c->transfer_count;
+}
+
+long sk_client_timeout_ms(sk_client *c)
+{
+	if (c->timer_deadline_ms < 0)
+		return -1;
+	int64_t left = c->timer_deadline_ms - now_ms();
+	return left < 0 ? 0 : (long)left;
+}
+
+static void collect_done(sk_client *c)
+{
+	CURLMsg *msg;
+	int queued;
+	while ((msg = curl_multi_info_read(c->multi, &queued)) != NULL) {
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		sk_transfer *t = NULL;
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&t);
+		if (t == NULL)
+			continue;
+		t->done = 1;
+		t->result = msg->data.result;
+		if (t->result != CURLE_OK && t->errbuf[0] == '\0')
+			snprintf(t->errbuf, sizeof t->errbuf, "%s", curl_easy_strerror(t->result));
+		/* Out of the multi at once, so its connection goes back to the pool for reuse. */
+		curl_multi_remove_handle(c->multi, t->easy);
+		t->in_multi = 0;
+	}
+}
+
+int sk_client_step(sk_client *c)
+{
+	struct epoll_event ev[64];
+	int running, rc = 0;
+	int n = epoll_wait(c->epfd, ev, 64, 0);
+	for (int i = 0; i < n; i++) {
+		int flags = 0;
+		if (ev[i].events & (EPOLLIN | EPOLLHUP))
+			flags |= CURL_CSELECT_IN;
+		if (ev[i].events & EPOLLOUT)
+			flags |= CURL_CSELECT_OUT;
+		if (ev[i].events & EPOLLERR)
+			flags |= CURL_CSELECT_ERR;
+		if (curl_multi_socket_action(c->multi, ev[i].data.fd, flags, &running) != CURLM_OK)
+			rc = -1;
+	}
+	if (c->timer_deadline_ms >= 0 && now_ms() >= c->timer_deadline_ms) {
+		c->timer_deadline_ms = -1;
+		if (curl_multi_socket_action(c->multi, CURL_SOCKET_TIMEOUT, 0, &running) != CURLM_OK)
+			rc = -1;
+	}
+	collect_done(c);
+	return rc;
+}
+
+static int on_prereq(void *ud, char *primary_ip, char *local_ip, int primary_port, int local_port)
+{
+	sk_transfer *t = ud;
+	(void)primary_ip;
+	(void)local_ip;
+	(void)primary_port;
+	(void)local_port;
+	t->sent = 1;
+	return CURL_PREREQFUNC_OK;
+}
+
+static void keep_header(sk_transfer *t, const char *line, size_t len)
+{
+	while (len > 0 && (line[len - 1] == '\r' || line[len - 1] == '\n'))
+		len--;
+	const char *colon = memchr(line, ':', len);
+	if (colon == NULL || t->header_count >= SK_TRANSFER_MAX_HEADERS ||
+	    len > SK_TRANSFER_MAX_HEADER_BYTES - t->header_used)
+		return;
+	size_t name_len = (size_t)(colon - line);
+	const char *value = colon + 1;
+	const char *end = line + len;
+	while (value < end && (*value == ' ' || *value == '\t'))
+		value++;
+	struct header_span *h = &t->header[t->header_count++];
+	memcpy(t->header_bytes + t->header_used, line, len);
+	h->name = (uint16_t)t->header_used;
+	h->name_len = (uint16_t)name_len;
+	h->value = (uint16_t)(t->header_used + (size_t)(value - line));
+	h->value_len = (uint16_t)(end - value);
+	t->header_used += len;
+}
+
+static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
+{
+	sk_transfer *t = ud;
+	size_t len = size * nitems;
+	if (t->headers)
+		return len; /* trailers: not part of what a caller classifies */
+	if (len >= 5 && memcmp(line, "HTTP/", 5) == 0) {
+		/* A new status line starts a new response (after a 1xx): forget the last one's. */
+		t->header_count = 0;
+		t->header_used = 0;
+		return len;
+	}
+	if (len <= 2 && (line[0] == '\r' || line[0] == '\n')) {
+		long status = 0;
+		curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+		if (status >= 200) {
+			t->status = status;
+			t->headers = 1;
+		}
+		return len;
+	}
+	keep_header(t, line, len);
+	return len;
+}
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
+{
+	sk_transfer *t = ud;
+	size_t n = size * nmemb;
+	int success = t->status >= 200 && t->status < 300;
+	size_t bound = success ? t->max_body : t->max_error_body;
+	if (bound && t->received + n > bound) {
+		t->too_long = 1;
+		snprintf(t->errbuf, sizeof t->errbuf, "the response body exceeded %zu bytes", bound);
+		return 0; /* aborts the transfer: CURLE_WRITE_ERROR */
+	}
+	if (t->buf == NULL) {
+		t->cap = t->buffer_size > n ? t->buffer_size : n;
+		t->buf = malloc(t->cap);
+		if (t->buf == NULL) {
+			snprintf(t->errbuf, sizeof t->errbuf, "out of memory for the response body");
+			return 0;
+		}
+	}
+	if (n > t->cap - t->start - t->len && t->start > 0) {
+		memmove(t->buf, t->buf + t->start, t->len);
+		t->start = 0;
+	}
+	if (n > t->cap - t->len) {
+		if (t->len > 0) {
+			/* Full: libcurl keeps this chunk and stops reading the socket until resumed. */
+			t->paused = 1;
+			return CURL_WRITEFUNC_PAUSE;
+		}
+		/* An empty buffer always takes one whole chunk, so a transfer can never stall on a
+		 * chunk larger than its buffer; libcurl's chunks are at most CURL_MAX_WRITE_SIZE. */
+		char *bigger = realloc(t->buf, n);
+		if (bigger == NULL) {
+			snprintf(t->errbuf, sizeof t->errbuf, "out of memory for the response body");
+			return 0;
+		}
+		t->buf = bigger;
+		t->cap = n;
+	}
+	memcpy(t->buf + t->start + t->len, data, n);
+	t->len += n;
+	t->received += n;
+	return n;
+}
+
+/* Methods libcurl knows by option rather than by CUSTOMREQUEST. */
+static void set_method(CURL *e, const struct sk_request *req)
+{
+	if (strcmp(req->method, "GET") == 0 && req->body == NULL) {
+		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+		return;
+	}
+	if (strcmp(req->method, "HEAD") == 0) {
+		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+		return;
+	}
+	if (req->body != NULL || strcmp(req->method, "POST") == 0) {
+		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body_len);
+		curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body ? req->body : "");
+	}
+	if (strcmp(req->method, "POST") != 0)
+		curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
+}
+
+sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char *err, size_t errlen)
+{
+	if (req->header_count > SK_TRANSFER_MAX_REQUEST_HEADERS) {
+		snprintf(err, errlen, "more than %d request headers", SK_TRANSFER_MAX_REQUEST_HEADERS);
+		return NULL;
+	}
+	sk_transfer *t = calloc(1, sizeof *t);
+	if (t == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	t->max_body = req->max_body;
+	t->max_error_body = req->max_error_body;
+	t->buffer_size = req->buffer_size ? req->buffer_size : SK_TRANSFER_BUFFER;
+	if (t->buffer_size < SK_TRANSFER_MIN_BUFFER)
+		t->buffer_size = SK_TRANSFER_MIN_BUFFER;
+	t->easy = curl_easy_init();
+	if (t->easy == NULL) {
+		snprintf(err, errlen, "curl_easy_init failed");
+		free(t);
+		return NULL;
+	}
+	for (size_t i = 0; i < req->header_count; i++) {
+		struct curl_slist *l = curl_slist_append(t->request_headers, req->headers[i]);
+		if (l == NULL)
+			goto nomem;
+		t->request_headers = l;
+	}
+	/* A body of any size goes at once: "Expect: 100-continue" would add a round trip and a
+	 * second place where a request can be half sent. */
+	struct curl_slist *l = curl_slist_append(t->request_headers, "Expect:");
+	if (l == NULL)
+		goto nomem;
+	t->request_headers = l;
+
+	CURL *e = t->easy;
+	curl_easy_setopt(e, CURLOPT_PRIVATE, (char *)t);
+	curl_easy_setopt(e, CURLOPT_URL, req->url);
+	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	/* A redirect could carry a request (and its credentials) somewhere it was never meant to
+	 * go; the protocol has none, so any 3xx is reported as it is. */
+	curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+	/* The retry and pause reasoning in this file is about HTTP/1.1's one-request-per-
+	 * connection-at-a-time semantics, so that is what is spoken. */
+	curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+	curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L);
+	curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+	/* libcurl copies both strings, and matches them before it reuses a pooled connection. */
+	if (req->ca_file)
+		curl_easy_setopt(e, CURLOPT_CAINFO, req->ca_file);
+	/* An empty string disables the proxy environment variables too: proxies only when asked. */
+	curl_easy_setopt(e, CURLOPT_PROXY, req->proxy ? req->proxy : "");
+	if (c->user_agent)
+		curl_easy_setopt(e, CURLOPT_USERAGENT, c->user_agent);
+	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->request_headers);
+	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
+	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
+	curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
+	if (req->fresh_connect)
+		curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+	if (req->connect_timeout_ms > 0)
+		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
+	set_method(e, req);
+
+	CURLMcode mc = curl_multi_add_handle(c->multi, e);
+	if (mc != CURLM_OK) {
+		snprintf(err, errlen, "curl_multi_add_handle: %s", curl_multi_strerror(mc));
+		curl_slist_free_all(t->request_headers);
+		curl_easy_cleanup(e);
+		free(t);
+		return NULL;
+	}
+	t->in_multi = 1;
+	t->client = c;
+	t->next = c->transfers;
+	if (c->transfers)
+		c->transfers->prev = t;
+	c->transfers = t;
+	c->transfer_count++;
+	return t;
+nomem:
+	snprintf(err, errlen, "out of memory");
+	curl_slist_free_all(t->request_headers);
+	curl_easy_cleanup(t->easy);
+	free(t);
+	return NULL;
+}
+
+void sk_transfer_free(sk_transfer *t)
+{
+	if (t == NULL)
+		return;
+	detach(t);
+	curl_easy_cleanup(t->easy);
+	curl_slist_free_all(t->request_headers);
+	free(t->buf);
+	free(t);
+}
+
+void sk_transfer_state(const sk_transfer *t, struct sk_transfer_state *st)
+{
+	st->sent = t->sent;
+	st->headers = t->headers;
+	st->status = t->status;
+	st->done = t->done;
+	st->ok = t->done && t->result == CURLE_OK && !t->too_long;
+	st->too_long = t->too_long;
+	st->result = (int)t->result;
+	st->error = t->done && !st->ok ? t->errbuf : NULL;
+	st->received = t->received;
+}
+
+int sk_transfer_header(const sk_transfer *t, int i, const char **name, size_t *name_len,
+                       const char **value, size_t *value_len)
+{
+	if (i < 0 || i >= t->header_count)
+		return 0;
+	const struct header_span *h = &t->header[i];
+	*name = t->header_bytes + h->name;
+	*name_len = h->name_len;
+	*value = t->header_bytes + h->value;
+	*value_len = h->value_len;
+	return 1;
+}
+
+const char *sk_transfer_peek(const sk_transfer *t, size_t *len)
+{
+	*len = t->len;
+	return t->buf ? t->buf + t->start : "";
+}
+
+void sk_transfer_consume(sk_transfer *t, size_t n)
+{
+	if (n > t->len)
+		n = t->len;
+	t->start += n;
+	t->len -= n;
+	if (t->len == 0)
+		t->start = 0;
+	/* Resume below half full, not at the first free byte: fewer pause/resume round trips. */
+	if (t->paused && t->in_multi && t->len <= t->cap / 2) {
+		t->paused = 0;
+		curl_easy_pause(t->easy, CURLPAUSE_CONT);
+	}
+}

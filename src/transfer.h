@@ -1,0 +1,102 @@
+/*
+ * transfer.h — HTTP transfers on one libcurl multi handle, with no Lua in sight.
+ *
+ * A client owns one multi handle (connections are pooled and reused across its transfers) and
+ * one epoll descriptor that gathers every socket libcurl watches, so a caller can wait on all
+ * transfers at once through a single pollable descriptor plus sk_client_timeout_ms().
+ *
+ * Nothing here blocks or waits: sk_client_step() does whatever I/O is ready and returns.
+ * Deadlines are the caller's policy; this layer reports facts a caller needs to classify an
+ * outcome: whether the request left (libcurl's pre-request callback ran), whether response
+ * headers arrived, the status, and whether the body ended cleanly.
+ *
+ * Memory: a transfer's body sits in a buffer of at most buffer_size bytes (default
+ * SK_TRANSFER_BUFFER). When a chunk does not fit, the write callback pauses the transfer
+ * (CURL_WRITEFUNC_PAUSE): libcurl stops reading the socket, TCP's window closes, and the
+ * sender is slowed. Consuming bytes resumes it. So a slow reader costs a bounded amount of RAM.
+ */
+#ifndef SANDKIT_TRANSFER_H
+#define SANDKIT_TRANSFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Per-transfer body buffer. Three 64 KiB output frames (base64-inflated) fit in it, and 128
+ * concurrent streams stay within 32 MiB of buffers. */
+#define SK_TRANSFER_BUFFER ((size_t)256 * 1024)
+/* libcurl hands the write callback at most CURL_MAX_WRITE_SIZE (16 KiB) at once; a buffer
+ * must hold at least one such chunk or a paused transfer could never resume. */
+#define SK_TRANSFER_MIN_BUFFER ((size_t)16 * 1024)
+/* Response headers kept per transfer, names and values together; more is dropped, not kept. */
+#define SK_TRANSFER_MAX_HEADER_BYTES ((size_t)16 * 1024)
+#define SK_TRANSFER_MAX_HEADERS 64
+/* Request headers a caller may add. */
+#define SK_TRANSFER_MAX_REQUEST_HEADERS 64
+
+typedef struct sk_client sk_client;
+typedef struct sk_transfer sk_transfer;
+
+struct sk_client_options {
+	const char *user_agent;
+};
+
+struct sk_request {
+	const char *method; /* GET, POST, PUT, DELETE, … */
+	const char *url;
+	const char *const *headers; /* "Name: value" lines */
+	size_t header_count;
+	const char *body; /* not copied: must outlive the transfer; NULL for none */
+	size_t body_len;
+	/* Never send this request on a pooled connection. libcurl silently resends a request
+	 * whose reused connection turns out dead; for a request that may start a command, that
+	 * resend could run it twice. A fresh connection has no such retry. */
+	int fresh_connect;
+	const char *ca_file;     /* NULL: the system's trust store */
+	const char *proxy;       /* NULL: no proxy at all, whatever the environment says */
+	long connect_timeout_ms; /* 0: libcurl's default */
+	size_t max_body;         /* bytes a 2xx body may have; 0: unbounded (streamed) */
+	size_t max_error_body;   /* bytes a non-2xx body may have; 0: unbounded */
+	size_t buffer_size;      /* 0: SK_TRANSFER_BUFFER */
+};
+
+struct sk_transfer_state {
+	int sent;         /* the request went out on a connection */
+	int headers;      /* a final status line and its headers arrived */
+	long status;      /* HTTP status, 0 before headers */
+	int done;         /* libcurl finished with the transfer */
+	int ok;           /* done, and the body ended cleanly */
+	int too_long;     /* the body passed its bound (max_body or max_error_body) */
+	int result;       /* libcurl's CURLcode when done */
+	const char *error; /* libcurl's message when done and not ok */
+	uint64_t received; /* body bytes accepted so far */
+};
+
+/* Returns NULL and fills err (errlen bytes) when the client cannot be made. */
+sk_client *sk_client_new(const struct sk_client_options *opt, char *err, size_t errlen);
+/* Ends every transfer still open, then frees the client. */
+void sk_client_free(sk_client *c);
+
+/* The descriptor that is readable whenever a step() may make progress. */
+int sk_client_fd(const sk_client *c);
+/* Milliseconds until libcurl's next timer must run; -1 when none is due. */
+long sk_client_timeout_ms(sk_client *c);
+/* Performs ready I/O and due timers without blocking. Returns 0, or -1 on a multi error. */
+int sk_client_step(sk_client *c);
+int sk_client_transfers(const sk_client *c);
+
+/* Starts a request; returns NULL and fills err when it cannot be started. */
+sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char *err, size_t errlen);
+/* Stops the transfer (closing its connection if it is mid-body) and frees it. */
+void sk_transfer_free(sk_transfer *t);
+
+void sk_transfer_state(const sk_transfer *t, struct sk_transfer_state *st);
+/* Response header i (0-based) as name/value spans, or 0 when there is no such header. */
+int sk_transfer_header(const sk_transfer *t, int i, const char **name, size_t *name_len,
+                       const char **value, size_t *value_len);
+
+/* The unread body bytes: a view valid until the next call on this transfer or its client. */
+const char *sk_transfer_peek(const sk_transfer *t, size_t *len);
+/* Marks n bytes of the view as read; resumes a paused transfer once there is room. */
+void sk_transfer_consume(sk_transfer *t, size_t n);
+
+#endif

@@ -1,0 +1,29 @@
+#!/bin/sh
+# Installs the Debian packages sandkit builds, tests and runs with, when any is missing.
+# Run by `make check`, `make demo` and `make bench`; a no-op once everything is there.
+set -eu
+
+packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-socket lua-cqueues
+libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit libluajit-5.1-dev nginx-light
+bubblewrap curl procps"
+
+missing=""
+for p in $packages; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing="$missing $p"
+	fi
+done
+[ -z "$missing" ] && exit 0
+
+echo "sandkit: installing missing Debian packages:$missing" >&2
+if [ "$(id -u)" -eq 0 ]; then
+	sudo=""
+elif command -v sudo >/dev/null 2>&1; then
+	sudo="sudo"
+else
+	echo "sandkit: need root (or sudo) to install:$missing" >&2
+	exit 1
+fi
+# A stale package list makes apt-get miss packages that exist; refresh it once per bootstrap.
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
