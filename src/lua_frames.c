@@ -123,8 +123,10 @@ static int decoder_next(lua_State *L)
 		skl_push_frame(L, &f);
 		return 1;
 	}
-	if (r == SK_FRAMES_FAILED)
+	if (r == SK_FRAMES_FAILED) {
+		u->input_len = 0; /* nothing after a failure is ever read */
 		return skl_push_decoder_failure(L, u->d);
+	}
 	lua_pushboolean(L, 0);
 	return 1;
 }

@@ -1,0 +1,180 @@
+-- The frame decoder and base64 of the C core, fed bytes directly (sans-I/O).
+
+local core = require "sandkit.core"
+
+--- Feeds chunks and returns everything the decoder produced: frames, then a failure as
+-- { failed = kind, message = … } if one came.
+local function decode(chunks, max_line)
+  local d = core.decoder(max_line)
+  local out = {}
+  for _, chunk in ipairs(chunks) do
+    d:feed(chunk)
+    while true do
+      local frame, kind, message = d:next()
+      if frame then
+        out[#out + 1] = frame
+      elseif frame == false then
+        break
+      else
+        out[#out + 1] = { failed = kind, message = message }
+        return out, d
+      end
+    end
+  end
+  return out, d
+end
+
+describe("the frame decoder", function()
+  it("takes many frames from one read", function()
+    local out = decode{ '{"t":"stdout","seq":0,"data":"YQ=="}\n{"t":"stdout","seq":1,"data":"Yg=="}\n{"t":"exit","code":0}\n' }
+    assert.equal(3, #out)
+    assert.equal("a", out[1].data)
+    assert.equal("b", out[2].data)
+    assert.equal("exit", out[3].type)
+  end)
+
+  it("reassembles a frame fed one byte at a time", function()
+    local line = '{"t":"stderr","seq":41,"data":"aGVsbG8="}\n'
+    local chunks = {}
+    for i = 1, #line do chunks[i] = line:sub(i, i) end
+    local out = decode(chunks)
+    assert.same({ { type = "stderr", seq = 41, data = "hello" } }, out)
+  end)
+
+  it("hands binary data over unchanged, NUL bytes included", function()
+    local bytes = "\0\1\2\255\254\n\r"
+    local out = decode{ '{"t":"stdout","seq":0,"data":"' .. core.b64encode(bytes) .. '"}\n' }
+    assert.equal(bytes, out[1].data)
+  end)
+
+  it("decodes a full 64 KiB frame", function()
+    local bytes = string.rep("\171", 65536)
+    local out = decode{ '{"t":"stdout","seq":7,"data":"' .. core.b64encode(bytes) .. '"}\n' }
+    assert.equal(65536, #out[1].data)
+    assert.equal(bytes, out[1].data)
+  end)
+
+  it("accepts a writer that escapes '/' in base64 and unicode in messages", function()
+    local out = decode{ '{"t":"stdout","seq":0,"data":"\\/w=="}\n',
+      '{"t":"error","code":"spawnFailed","message":"caf\\u00e9 \\ud83d\\ude00 \\"q\\""}\n' }
+    assert.equal("\255", out[1].data)
+    assert.equal("error", out[2].type)
+    assert.equal("caf\195\169 \240\159\152\128 \"q\"", out[2].message)
+  end)
+
+  it("skips empty and whitespace-only lines", function()
+    local out = decode{ '\n\r\n  \n{"t":"exit","code":3,"truncated":true}\n' }
+    assert.same({ { type = "exit", code = 3, truncated = true } }, out)
+  end)
+
+  it("reads the signal of a killed command", function()
+    local out = decode{ '{"t":"exit","code":137,"signal":9}\n' }
+    assert.same({ type = "exit", code = 137, truncated = false, signal = 9 }, out[1])
+  end)
+
+  it("takes members in any order", function()
+    local out = decode{ '{"data":"YQ==","seq":5,"t":"stdout"}\n' }
+    assert.same({ type = "stdout", seq = 5, data = "a" }, out[1])
+  end)
+
+  for _, case in ipairs({
+    { "not JSON", "{not json}" },
+    { "a trailing comma", '{"t":"exit","code":0,}' },
+    { "a missing comma", '{"t":"exit" "code":0}' },
+    { "trailing bytes", '{"t":"exit","code":0} x' },
+    { "an unknown type", '{"t":"stdin","seq":0,"data":""}' },
+    { "a missing type", '{"seq":0,"data":""}' },
+    { "a missing seq", '{"t":"stdout","data":"YQ=="}' },
+    { "a negative seq", '{"t":"stdout","seq":-1,"data":"YQ=="}' },
+    { "a fractional seq", '{"t":"stdout","seq":1.5,"data":"YQ=="}' },
+    { "a seq past 2^63-1", '{"t":"stdout","seq":9223372036854775808,"data":"YQ=="}' },
+    { "an exit code past 32 bits", '{"t":"exit","code":2147483648}' },
+    { "an exit without code", '{"t":"exit"}' },
+    { "an error without message", '{"t":"error","code":"x"}' },
+    { "a string code on exit", '{"t":"exit","code":"0"}' },
+    { "a non-boolean truncated", '{"t":"exit","code":0,"truncated":1}' },
+    { "a lone surrogate", '{"t":"error","code":"x","message":"\\ud800"}' },
+    { "a raw control character", '{"t":"error","code":"x","message":"a\tb"}' },
+    { "an array", '[1,2]' },
+    { "nesting past the reader's depth", '{"t":"exit","code":0,"x":' .. string.rep("[", 40) .. string.rep("]", 40) .. '}' },
+  }) do
+    it("refuses " .. case[1] .. " as a line that does not parse", function()
+      local out = decode{ case[2] .. "\n" }
+      assert.equal(1, #out)
+      assert.equal("unparsable", out[1].failed)
+      assert.matches("did not parse", out[1].message, 1, true)
+    end)
+  end
+
+  for _, case in ipairs({
+    { "a length that is not a multiple of four", "YQ=" },
+    { "the URL-safe alphabet", "-_-_" },
+    { "padding in the middle", "YQ==YQ==" },
+    { "missing padding", "YQ" },
+    { "non-zero unused bits", "YR==" },
+    { "three padding symbols", "Y===" },
+    { "whitespace", "YQ= =" },
+  }) do
+    it("refuses " .. case[1] .. " as data that does not decode", function()
+      local out = decode{ '{"t":"stdout","seq":0,"data":"' .. case[2] .. '"}\n' }
+      assert.equal("undecodable", out[1].failed)
+      assert.matches("did not decode", out[1].message, 1, true)
+    end)
+  end
+
+  it("delivers nothing after its first failure, not even a later exit", function()
+    local d = core.decoder()
+    d:feed('{"t":"stdout","seq":0,"data":"!"}\n{"t":"exit","code":0}\n')
+    local frame, kind = d:next()
+    assert.is_nil(frame)
+    assert.equal("undecodable", kind)
+    assert.is_nil((d:next()))
+    d:feed('{"t":"exit","code":0}\n')
+    assert.is_nil((d:next()), "a later feed must not revive it")
+  end)
+
+  it("refuses a line longer than its limit, even before the newline arrives", function()
+    local out = decode({ '{"t":"stdout","seq":0,"data":"' .. string.rep("A", 200) }, 100)
+    assert.equal("too_long", out[1].failed)
+  end)
+
+  it("holds a line well above a 64 KiB frame by default", function()
+    local data = core.b64encode(string.rep("x", 65536))
+    -- Escaping every '/' doubles the line; still under the default limit.
+    local escaped = ('{"t":"stdout","seq":0,"data":"' .. data .. '"}'):gsub("/", "\\/")
+    local out = decode{ escaped .. "\n" }
+    assert.equal(65536, #out[1].data)
+  end)
+
+  it("counts an unterminated tail as pending bytes", function()
+    local _, d = decode{ '{"t":"exit","code":0}\n{"t":"ex' }
+    assert.equal(8, d:pending())
+  end)
+end)
+
+describe("base64", function()
+  it("round-trips every byte value and every length remainder", function()
+    local all = {}
+    for i = 0, 255 do all[#all + 1] = string.char(i) end
+    local bytes = table.concat(all)
+    for n = 0, 6 do
+      local s = bytes:sub(1, 250 + n)
+      assert.equal(s, core.b64decode(core.b64encode(s)))
+    end
+  end)
+
+  it("matches RFC 4648's test vectors", function()
+    local vectors = { [""] = "", f = "Zg==", fo = "Zm8=", foo = "Zm9v", foob = "Zm9vYg==",
+      fooba = "Zm9vYmE=", foobar = "Zm9vYmFy" }
+    for plain, encoded in pairs(vectors) do
+      assert.equal(encoded, core.b64encode(plain))
+      assert.equal(plain, core.b64decode(encoded))
+    end
+  end)
+
+  it("names the offset of the first bad symbol", function()
+    local bytes, at = core.b64decode("Zm9v*m8=")
+    assert.is_nil(bytes)
+    assert.equal(4, at)
+  end)
+end)

@@ -1,0 +1,162 @@
+-- The C core's transfers on one libcurl multi handle, against fake servers over real sockets.
+
+local core = require "sandkit.core"
+local fake_http = require "support.fake_http"
+
+local function run_until(client, t, pred, limit)
+  local deadline = core.now() + (limit or 10)
+  while not pred() do
+    if core.now() > deadline then error("condition not reached in time") end
+    client:step()
+    core.wait(client, 0.05)
+  end
+end
+
+describe("a transfer", function()
+  local server
+  after_each(function() if server then server:stop() end end)
+
+  it("pauses a body its reader does not take, holding at most its buffer, then resumes it whole", function()
+    -- 64 MiB of a repeating pattern: far more than every buffer between the two processes.
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn)
+        local block = string.rep("0123456789abcdef", 4096)
+        respond.raw(conn, "HTTP/1.1 200 OK\r\nContent-Length: " .. (#block * 1024) .. "\r\n\r\n")
+        for _ = 1, 1024 do conn:write(block) end
+      end }
+    ]])
+    local client = core.client()
+    local buffer = 64 * 1024
+    local t = client:request{ method = "GET", url = server.url .. "/big", buffer_size = buffer }
+    run_until(client, t, function() return t:state().received > 0 end)
+    -- Keep driving the transfer without reading: whatever time passes, what it accepted must
+    -- stay within its buffer (plus one libcurl chunk), not race to 64 MiB.
+    local deadline = core.now() + 0.5
+    while core.now() < deadline do
+      client:step()
+      core.wait(client, 0.05)
+    end
+    assert.is_true(t:state().received <= buffer + 16384,
+      "accepted " .. t:state().received .. " bytes without a reader")
+    assert.is_false(t:state().done)
+    local total, bad = 0, false
+    local pattern = "0123456789abcdef"
+    while true do
+      local chunk = t:read()
+      if chunk then
+        if not bad then
+          local offset = total % 16
+          local expect = (pattern:sub(offset + 1) .. string.rep(pattern, #chunk // 16 + 2)):sub(1, #chunk)
+          bad = chunk ~= expect
+        end
+        total = total + #chunk
+      elseif chunk == nil then
+        break
+      else
+        core.wait(client, 1)
+      end
+    end
+    assert.is_true(t:state().ok)
+    assert.is_false(bad, "the bytes arrived in order, none lost or repeated")
+    assert.equal(64 * 1024 * 1024, total)
+  end)
+
+  it("stops a body past its bound and says so", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn) respond.status(conn, "200 OK", string.rep("x", 5000)) end }
+    ]])
+    local client = core.client()
+    local t = client:request{ method = "GET", url = server.url .. "/", max_body = 4096 }
+    run_until(client, t, function() return t:state().done end)
+    local st = t:state()
+    assert.is_true(st.too_long)
+    assert.is_false(st.ok)
+  end)
+
+  it("bounds an error body separately from a success body", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn) respond.status(conn, "404 Not Found", string.rep("x", 5000)) end }
+    ]])
+    local client = core.client()
+    local t = client:request{ method = "GET", url = server.url .. "/", max_error_body = 4096 }
+    run_until(client, t, function() return t:state().done end)
+    assert.is_true(t:state().too_long)
+    assert.equal(404, t:state().status)
+  end)
+
+  it("never follows a redirect", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn)
+        if req.path == "/elsewhere" then return respond.status(conn, "200 OK", "followed") end
+        respond.raw(conn, "HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n")
+      end }
+    ]])
+    local client = core.client()
+    local t = client:request{ method = "GET", url = server.url .. "/start" }
+    run_until(client, t, function() return t:state().done end)
+    assert.equal(302, t:state().status)
+    assert.equal(0, #server:requests_to("/elsewhere"))
+  end)
+
+  it("reports response headers by lower-case name", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn)
+        respond.raw(conn, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nX-Amzn-ErrorType: ThrottlingException\r\nContent-Length: 0\r\n\r\n")
+      end }
+    ]])
+    local client = core.client()
+    local t = client:request{ method = "GET", url = server.url .. "/" }
+    run_until(client, t, function() return t:state().headers end)
+    local h = t:headers()
+    assert.equal("7", h["retry-after"])
+    assert.equal("ThrottlingException", h["x-amzn-errortype"])
+  end)
+
+  it("sends its method, headers and body as given", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn) respond.status(conn, "204 No Content", "") end }
+    ]])
+    local client = core.client()
+    local t = client:request{ method = "PUT", url = server.url .. "/files",
+      headers = { ["Content-Type"] = "application/json", ["X-Test"] = "yes" }, body = '{"a":1}' }
+    run_until(client, t, function() return t:state().done end)
+    local req = server:requests()[1]
+    assert.equal("PUT", req.method)
+    assert.equal('{"a":1}', req.body)
+    assert.equal("yes", req.headers["x-test"])
+    assert.is_nil(req.headers.expect, "no 100-continue round trip")
+  end)
+
+  it("refuses a header that would smuggle another header", function()
+    local client = core.client()
+    assert.has_error(function()
+      client:request{ method = "GET", url = "http://127.0.0.1:1/", headers = { X = "a\r\nEvil: 1" } }
+    end)
+  end)
+
+  it("keeps many transfers apart on one client", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn)
+        conn:sleep(0.05)
+        respond.status(conn, "200 OK", req.path)
+      end }
+    ]])
+    local client = core.client()
+    local transfers = {}
+    for i = 1, 20 do
+      transfers[i] = client:request{ method = "GET", url = server.url .. "/t" .. i }
+    end
+    run_until(client, nil, function()
+      for _, t in ipairs(transfers) do if not t:state().done then return false end end
+      return true
+    end)
+    for i, t in ipairs(transfers) do assert.equal("/t" .. i, t:read()) end
+  end)
+end)
