@@ -6,6 +6,7 @@
 -- Every transfer in a Lua state shares one core client: one pool of connections and one
 -- pollable, so a scheduler can wait on all of them at once.
 
+local cjson = require "cjson.safe"
 local core = require "sandkit.core"
 local wait = require "sandkit.wait"
 
@@ -86,6 +87,37 @@ function response_mt:read_all(deadline)
       wait.ready(self.client, deadline)
     end
   end
+end
+
+--- Bytes a control-plane answer may have by default: every AWS and Azure answer sandkit reads
+-- is a small JSON document.
+http.MAX_EXCHANGE_BODY = 1024 * 1024
+
+--- A whole request and answer, for control-plane APIs whose answers are small documents:
+-- spec as for http.send, plus `deadline` (absolute) bounding the exchange from start to end,
+-- and `max_body` (default http.MAX_EXCHANGE_BODY) bounding the answer whatever its status.
+-- Returns { status =, headers =, body =, json = <decoded table, or nil when not JSON> },
+-- or nil and a failure as http.send and response:read_all describe it.
+function http.exchange(spec)
+  local limit = spec.max_body or http.MAX_EXCHANGE_BODY
+  local request = {}
+  for k, v in pairs(spec) do request[k] = v end
+  request.max_body = limit
+  request.max_error_body = limit
+  request.header_deadline = spec.deadline
+  local resp, failure = http.send(request)
+  if not resp then return nil, failure end
+  local headers = resp:headers()
+  local body
+  body, failure = resp:read_all(spec.deadline)
+  if not body then
+    failure.sent = true
+    failure.status = resp.status
+    return nil, failure
+  end
+  local json = body ~= "" and cjson.decode(body) or nil
+  return { status = resp.status, headers = headers, body = body,
+    json = type(json) == "table" and json or nil }
 end
 
 return http

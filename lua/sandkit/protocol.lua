@@ -3,6 +3,10 @@
 -- A connection `conn` says where requests go and how long to wait:
 --   conn.transport:prepare(method, path, operation) -> { url =, headers = {…}, ca_file = } | nil, err
 --     (the only thing providers disagree on: how a request to a session's agent is authorized)
+--   conn.transport:settle(operation, err, target) -> "replay" | nil     (optional)
+--     called with every failed attempt before it is returned; a transport that caches routes
+--     drops a bad one here, and may ask for the request to be sent once more — only where it
+--     can prove the first attempt was not delivered.
 --   conn.header_timeout, conn.grace, conn.error_body_timeout, conn.body_timeout,
 --   conn.connect_timeout (seconds), conn.features (set of health `features`)
 --
@@ -73,11 +77,9 @@ local function header_timeout_text(conn)
   return string.format("the agent did not answer within %gs", conn.header_timeout)
 end
 
---- Sends one request and waits for its headers. A 2xx comes back as the response; anything
--- else becomes the error §4 says it is, with the agent's own text kept.
-local function send(conn, operation, method, path, body, max_body)
-  local target, err = conn.transport:prepare(method, path, operation)
-  if not target then return nil, err end
+--- One attempt: sends the request and waits for its headers. A 2xx comes back as the
+-- response; anything else becomes the error §4 says it is, with the agent's own text kept.
+local function attempt(conn, target, operation, method, body, max_body)
   local headers = {}
   for k, v in pairs(target.headers or {}) do headers[k] = v end
   if body then headers["Content-Type"] = "application/json" end
@@ -134,6 +136,24 @@ local function send(conn, operation, method, path, body, max_body)
   return nil, errors.unanswered(operation,
     string.format("the sandbox host returned %d: %s", status, text),
     { status = status, sent = true, body = text })
+end
+
+--- Sends a request, letting the transport settle a failure; at most one replay, and only at
+-- the transport's word.
+local function send(conn, operation, method, path, body, max_body)
+  local transport = conn.transport
+  local replayed = false
+  while true do
+    local target, err = transport:prepare(method, path, operation)
+    if not target then return nil, err end
+    local resp
+    resp, err = attempt(conn, target, operation, method, body, max_body)
+    if resp then return resp end
+    if replayed or not transport.settle or transport:settle(operation, err, target) ~= "replay" then
+      return nil, err
+    end
+    replayed = true
+  end
 end
 
 --- Reads and decodes a 2xx JSON body; `unreadable` is what an unreadable body means for

@@ -161,13 +161,22 @@ local function ops(conn)
   return conn.ops or protocol
 end
 
---- A command's options with the sandbox's default timeout filled in.
-local function command_options(session, opts)
+--- A command's options with the sandbox's default timeout and the session's default
+-- environment (conn.default_env, from create{ env = … }) filled in; the command's own wins.
+local function command_options(session, opts, conn)
   if opts ~= nil and type(opts) ~= "table" then error("sandkit: command options are a table", 3) end
   opts = opts or {}
   local filled = {}
   for k, v in pairs(opts) do filled[k] = v end
   if filled.timeout == nil then filled.timeout = session.sandbox.options.command_timeout end
+  if conn.default_env and next(conn.default_env) then
+    local env = {}
+    for k, v in pairs(conn.default_env) do env[k] = v end
+    if type(opts.env) == "table" then
+      for k, v in pairs(opts.env) do env[k] = v end
+    end
+    filled.env = env
+  end
   return filled
 end
 
@@ -175,7 +184,7 @@ end
 function session_mt:stream(argv, opts)
   local conn, err = connection(self)
   if not conn then return nil, err end
-  return ops(conn).exec(conn, argv, command_options(self, opts))
+  return ops(conn).exec(conn, argv, command_options(self, opts, conn))
 end
 
 local function next_frame(stream)
@@ -203,7 +212,8 @@ local DEFAULT_MAX_OUTPUT = 1024 * 1024
 
 --- Runs a command to its end: { code =, stdout =, stderr =, truncated =, signal = } or nil, err.
 function session_mt:exec(argv, opts)
-  opts = command_options(self, opts)
+  if opts ~= nil and type(opts) ~= "table" then error("sandkit: command options are a table", 2) end
+  opts = opts or {}
   local limit = opts.max_output or DEFAULT_MAX_OUTPUT
   if type(limit) ~= "number" or limit < 0 then error("sandkit: max_output must be a byte count", 2) end
   local stream, err = self:stream(argv, opts)
@@ -247,9 +257,8 @@ function session_mt:start_job(argv, opts)
   if refusal then return nil, refusal end
   local conn, err = connection(self)
   if not conn then return nil, err end
-  opts = command_options(self, opts)
   local id
-  id, err = ops(conn).job_start(conn, argv, opts)
+  id, err = ops(conn).job_start(conn, argv, command_options(self, opts, conn))
   if not id then return nil, err end
   return setmetatable({ id = id, session = self }, job_mt)
 end
