@@ -1,0 +1,403 @@
+--- The `local` provider, the default: each session is a directory on this machine served by
+-- its own sandkit-agent process on 127.0.0.1 with a fresh per-boot token.
+--
+--   sandkit.sandbox{ provider = "local", root = nil, isolate = nil, agent_path = nil,
+--                    output_cap = nil, ready_timeout = 10, header_timeout = 60, grace = 60,
+--                    command_timeout = nil }
+--
+-- root      the state folder; default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit
+-- isolate   nil, or "bwrap": commands run under bubblewrap with only the session's files
+--           writable, no network and a private /tmp
+--
+-- Layout of a session, all under <root>/sessions/<id> (mode 0700):
+--   record.json  { id, pid, port, boot_id, generation, isolate, env, created_at }
+--   token        the agent's bearer token, mode 0600
+--   files/       the sandbox root the agent serves: what commands and file calls see
+--   agent.log    the agent's stderr
+-- The record is what lets get, list and terminate work from another process.
+
+local cjson = require "cjson.safe"
+local core = require "sandkit.core"
+local errors = require "sandkit.errors"
+local protocol = require "sandkit.protocol"
+local readiness = require "sandkit.readiness"
+local wait = require "sandkit.wait"
+
+local provider_local = {}
+
+local provider_mt = {}
+provider_mt.__index = provider_mt
+
+--- Seconds an agent gets to report that it listens, and to leave after SIGTERM.
+local START_TIMEOUT = 10
+local STOP_TIMEOUT = 5
+--- A session id is a directory name and part of a URL nowhere; the rule matches the other
+-- providers' so ids move between them.
+local ID_PATTERN = "^[%w_%-]+$"
+local MAX_ID = 63
+
+local function state_root(options)
+  if options.root then return options.root end
+  local xdg = os.getenv("XDG_STATE_HOME")
+  if xdg and xdg ~= "" then return xdg .. "/sandkit" end
+  local home = os.getenv("HOME")
+  if not home or home == "" then return nil end
+  return home .. "/.local/state/sandkit"
+end
+
+local function file_exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+--- The agent binary: the option, $SANDKIT_AGENT, next to this installation's bin/, or $PATH.
+local function find_agent(options)
+  if options.agent_path then return options.agent_path end
+  local env = os.getenv("SANDKIT_AGENT")
+  if env and env ~= "" then return env end
+  -- A LuaRocks tree or prefix keeps the module at <tree>/lib/lua/5.x/sandkit/core.so and the
+  -- binary at <tree>/bin/sandkit-agent.
+  local so = package.searchpath("sandkit.core", package.cpath)
+  if so then
+    local tree = so:match("^(.*)/lib/lua/[^/]+/sandkit/core%.so$")
+    if tree and file_exists(tree .. "/bin/sandkit-agent") then return tree .. "/bin/sandkit-agent" end
+  end
+  for dir in (os.getenv("PATH") or ""):gmatch("[^:]+") do
+    if file_exists(dir .. "/sandkit-agent") then return dir .. "/sandkit-agent" end
+  end
+  return nil
+end
+
+local function mkdirs(path)
+  local parent = path:match("^(.+)/[^/]+$")
+  if parent and parent ~= "" then
+    local ok, _, code = core.mkdir(parent, 448)
+    if not ok and code == "ENOENT" then
+      local made, err = mkdirs(parent)
+      if not made then return nil, err end
+    end
+  end
+  local ok, err, code = core.mkdir(path, 448) -- 0700: sessions are private to their user
+  if ok or code == "EEXIST" then return true end
+  return nil, err
+end
+
+local function bwrap_available()
+  return file_exists("/usr/bin/bwrap")
+end
+
+function provider_local.new(options)
+  local root = state_root(options)
+  if not root then
+    return nil, errors.invalid_input("sandbox.create", "root",
+      "no state folder: set root, $XDG_STATE_HOME or $HOME")
+  end
+  if options.isolate ~= nil and options.isolate ~= "bwrap" then
+    return nil, errors.invalid_input("sandbox.create", "isolate", "isolate is nil or \"bwrap\"")
+  end
+  if options.isolate == "bwrap" and not bwrap_available() then
+    return nil, errors.not_supported("sandbox.create",
+      "isolate = \"bwrap\" needs bubblewrap (/usr/bin/bwrap), which is not installed")
+  end
+  return setmetatable({ name = "local", options = options, root = root,
+    sessions = root .. "/sessions" }, provider_mt)
+end
+
+function provider_mt:capabilities()
+  local isolated = self.options.isolate == "bwrap"
+  return {
+    files = true, jobs = true, reconnect = true, list = true,
+    -- A session without its own network shares this machine's loopback, so a port it
+    -- listens on is reachable as it is; under bwrap it has no network to reach.
+    preview = not isolated,
+    pause_resume = false, snapshot = false,
+    isolation = isolated and "bwrap" or "none",
+    bwrap = bwrap_available(),
+  }
+end
+
+local function check_id(id, operation)
+  if type(id) ~= "string" or #id < 1 or #id > MAX_ID or not id:match(ID_PATTERN) then
+    return errors.invalid_input(operation, "id", "a session id is 1 to 63 of [A-Za-z0-9_-]")
+  end
+end
+
+local function new_id()
+  return "s-" .. (core.random(8):gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+function provider_mt:dir(id)
+  return self.sessions .. "/" .. id
+end
+
+local function transport_for(port, token)
+  return {
+    prepare = function(_, _, path)
+      return { url = "http://127.0.0.1:" .. port .. path,
+        headers = { Authorization = "Bearer " .. token } }
+    end,
+  }
+end
+
+local function write_record(dir, record)
+  local tmp = dir .. "/record.json.tmp"
+  os.remove(tmp)
+  local text = assert(cjson.encode(record))
+  local ok, err = core.write_private(tmp, text)
+  if not ok then return nil, err end
+  local renamed, rerr = os.rename(tmp, dir .. "/record.json")
+  if not renamed then return nil, rerr end
+  return true
+end
+
+--- Starts an agent for the session directory and waits until it serves.
+function provider_mt:start_agent(id, dir, generation, env)
+  local agent = find_agent(self.options)
+  if not agent then
+    return nil, errors.not_supported("sandbox.create",
+      "sandkit-agent was not found (set agent_path, $SANDKIT_AGENT, or put it on $PATH)")
+  end
+  local token_path = dir .. "/token"
+  os.remove(token_path)
+  local token = core.b64encode(core.random(32))
+  local ok, err = core.write_private(token_path, token)
+  if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
+  local argv = { agent, "--root", dir .. "/files", "--token-file", token_path,
+    "--listen", "127.0.0.1:0", "--ready-fd", "3", "--log", "info" }
+  if self.options.isolate == "bwrap" then
+    argv[#argv + 1] = "--isolate"
+    argv[#argv + 1] = "bwrap"
+  end
+  if self.options.output_cap then
+    argv[#argv + 1] = "--output-cap"
+    argv[#argv + 1] = tostring(math.floor(self.options.output_cap))
+  end
+  local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
+    stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
+  if not pid then return nil, errors.not_supported("sandbox.create", "cannot start sandkit-agent: " .. reader) end
+
+  -- The agent writes one line when it listens; its closing without one means it failed.
+  local line, got = nil, ""
+  local deadline = core.now() + (self.options.ready_timeout or START_TIMEOUT)
+  while not line do
+    local chunk = reader:read()
+    if chunk then
+      got = got .. chunk
+      line = got:match("^([^\n]*)\n")
+    elseif chunk == nil or core.now() >= deadline then
+      break
+    else
+      wait.ready(reader, deadline)
+    end
+  end
+  reader:close()
+  local ready = line and cjson.decode(line)
+  if type(ready) ~= "table" or type(ready.port) ~= "number" then
+    core.kill(pid, core.SIGKILL)
+    core.reap(pid, true)
+    local log = (read_file(dir .. "/agent.log") or ""):sub(-600)
+    return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.create",
+      message = "sandbox.create: sandkit-agent for session " .. id
+        .. " did not report that it listens: " .. log })
+  end
+  local record = { id = id, pid = pid, port = math.floor(ready.port), boot_id = ready.bootId,
+    generation = generation, isolate = self.options.isolate, env = env, created_at = os.time() }
+  local conn = protocol.connection(transport_for(record.port, token), self.options)
+  local health, herr = readiness.wait(conn, { timeout = self.options.ready_timeout or START_TIMEOUT })
+  if not health then
+    core.kill(pid, core.SIGKILL)
+    core.reap(pid, true)
+    return nil, herr
+  end
+  local written, werr = write_record(dir, record)
+  if not written then
+    core.kill(pid, core.SIGKILL)
+    core.reap(pid, true)
+    return nil, errors.invalid_input("sandbox.create", "root", tostring(werr))
+  end
+  record.state = "running"
+  record.token = token
+  record.features = health.features
+  return record
+end
+
+function provider_mt:create(opts)
+  local id = opts.id or new_id()
+  local bad = check_id(id, "sandbox.create")
+  if bad then return nil, bad end
+  if opts.env ~= nil then
+    for k, v in pairs(opts.env) do
+      if type(k) ~= "string" or type(v) ~= "string" then
+        error("sandkit: create env must map strings to strings", 3)
+      end
+    end
+  end
+  local made, err = mkdirs(self.sessions)
+  if not made then return nil, errors.invalid_input("sandbox.create", "root", tostring(err)) end
+  local dir = self:dir(id)
+  -- Making the directory is the claim: of two creators of one id, exactly one gets it.
+  local ok, merr, code = core.mkdir(dir, 448)
+  if not ok then
+    if code == "EEXIST" then
+      return nil, errors.invalid_input("sandbox.create", "id", "a session named " .. id .. " exists")
+    end
+    return nil, errors.invalid_input("sandbox.create", "root", tostring(merr))
+  end
+  core.mkdir(dir .. "/files", 448)
+  local record
+  record, err = self:start_agent(id, dir, 1, opts.env)
+  if not record then
+    core.remove_tree(dir)
+    return nil, err
+  end
+  return record
+end
+
+--- Whether pid is the agent serving dir: a recorded pid may since belong to someone else.
+local function is_agent_of(pid, dir)
+  local cmdline = read_file("/proc/" .. pid .. "/cmdline")
+  return cmdline ~= nil and cmdline:find(dir .. "/files", 1, true) ~= nil
+end
+
+local function load_record(dir)
+  local text = read_file(dir .. "/record.json")
+  if not text then return nil end
+  local record = cjson.decode(text)
+  if type(record) ~= "table" or type(record.pid) ~= "number" then return nil end
+  record.pid = math.floor(record.pid)
+  record.port = math.floor(record.port)
+  record.generation = math.floor(record.generation or 1)
+  if record.env == cjson.null then record.env = nil end
+  return record
+end
+
+--- How long a health probe of a recorded agent may take before it reads as gone.
+local PROBE_TIMEOUT = 2
+
+function provider_mt:get(id)
+  local bad = check_id(id, "sandbox.get")
+  if bad then return nil, bad end
+  local dir = self:dir(id)
+  local record = load_record(dir)
+  if not record then
+    -- A directory without a record is a create still under way, or one that failed.
+    return nil
+  end
+  record.token = read_file(dir .. "/token")
+  core.reap(record.pid)
+  record.state = "terminated"
+  if record.token and core.alive(record.pid) and is_agent_of(record.pid, dir) then
+    local conn = protocol.connection(transport_for(record.port, record.token),
+      { header_timeout = PROBE_TIMEOUT })
+    local health = protocol.health(conn)
+    -- The boot id tells this agent from another that took the port after it died.
+    if health and health.bootId == record.boot_id then
+      record.state = "running"
+      record.features = health.features
+    end
+  end
+  return record
+end
+
+--- A session whose agent died (a reboot, a kill) is served again by a fresh agent over the
+-- same files: same id, next generation, created = false.
+function provider_mt:get_or_create(opts)
+  if opts.id == nil then
+    local record, err = self:create(opts)
+    if not record then return nil, err end
+    return record, true
+  end
+  local record, err = self:get(opts.id)
+  if err then return nil, err end
+  if record and record.state == "running" then return record, false end
+  if record then
+    local revived
+    revived, err = self:start_agent(opts.id, self:dir(opts.id), record.generation + 1, record.env)
+    if not revived then return nil, err end
+    return revived, false
+  end
+  record, err = self:create(opts)
+  if not record then
+    -- Another process may have created it between our look and our claim.
+    if err.code == "INVALID_INPUT" and err.field == "id" then
+      record = self:get(opts.id)
+      if record then return record, false end
+    end
+    return nil, err
+  end
+  return record, true
+end
+
+function provider_mt:list()
+  local names = core.listdir(self.sessions)
+  local records = {}
+  if not names then return records end
+  table.sort(names)
+  for _, id in ipairs(names) do
+    if not check_id(id, "sandbox.list") then
+      local record = self:get(id)
+      if record then records[#records + 1] = record end
+    end
+  end
+  return records
+end
+
+local function stop_agent(pid, dir)
+  if not (core.alive(pid) and is_agent_of(pid, dir)) then
+    core.reap(pid)
+    return
+  end
+  -- SIGTERM lets the agent kill its commands' process groups before it goes.
+  core.kill(pid, core.SIGTERM)
+  local deadline = core.now() + STOP_TIMEOUT
+  while core.now() < deadline do
+    if core.reap(pid) and not (core.alive(pid) and is_agent_of(pid, dir)) then return end
+    wait.sleep(0.02)
+  end
+  core.kill(pid, core.SIGKILL)
+  core.reap(pid, true)
+end
+
+--- Kills the session's agent and removes its directory. An absent id succeeds.
+function provider_mt:terminate(id)
+  local bad = check_id(id, "sandbox.terminate")
+  if bad then return nil, bad end
+  local dir = self:dir(id)
+  local record = load_record(dir)
+  if record then stop_agent(record.pid, dir) end
+  local ok, err = core.remove_tree(dir)
+  if not ok then
+    return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.terminate",
+      message = "sandbox.terminate: the session's files could not be removed: " .. tostring(err) })
+  end
+  return true
+end
+
+function provider_mt:connection(record)
+  if record.state ~= "running" then
+    return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.connect",
+      message = "session " .. record.id .. " is " .. tostring(record.state) })
+  end
+  local conn = protocol.connection(transport_for(record.port, record.token), self.options)
+  conn.features = record.features or {}
+  conn.default_env = record.env
+  return conn
+end
+
+--- A session shares this machine's loopback: a port it listens on is reachable as it is,
+-- with no token and no expiry, by anything on this machine.
+function provider_mt:preview(_, port)
+  return { endpoint = "http://127.0.0.1:" .. port, headers = {}, allowed_ports = { port },
+    expires_in = 0 }
+end
+
+return provider_local

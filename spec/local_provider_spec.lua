@@ -1,0 +1,237 @@
+-- The local provider end to end: real sandkit-agent processes under a private state folder.
+
+local sandkit = require "sandkit"
+local core = require "sandkit.core"
+local local_state = require "support.local_state"
+local fake_http = require "support.fake_http"
+
+local function stat_mode(path)
+  local p = io.popen("stat -c %a " .. local_state.shell_quote(path))
+  local mode = p:read("l")
+  p:close()
+  return mode
+end
+
+describe("the local provider", function()
+  local root, sandbox
+  before_each(function()
+    root = local_state.new()
+    sandbox = assert(sandkit.sandbox{ provider = "local", root = root })
+  end)
+  after_each(function() local_state.clean(root) end)
+
+  it("is the provider a sandbox gets when none is named", function()
+    local sb = assert(sandkit.sandbox{ root = root })
+    assert.equal("local", sb.provider.name)
+  end)
+
+  it("creates a session that can already serve, its token private to its user", function()
+    local session = assert(sandbox:create{ id = "alpha" })
+    assert.equal("alpha", session.id)
+    assert.equal("running", session.state)
+    assert.equal(1, session.generation)
+    assert.equal("600", stat_mode(root .. "/sessions/alpha/token"))
+    assert.equal("700", stat_mode(root .. "/sessions/alpha"))
+    local token = io.open(root .. "/sessions/alpha/token"):read("a")
+    assert.equal(44, #token)
+    assert.equal(32, #core.b64decode(token))
+    local result = assert(session:exec({ "echo", "ready" }, { timeout = 10 }))
+    assert.equal("ready\n", result.stdout)
+  end)
+
+  it("refuses ids outside [A-Za-z0-9_-] of 1 to 63 before touching the disk", function()
+    for _, id in ipairs({ "", "a/b", "..", "a b", string.rep("x", 64), "é" }) do
+      local session, err = sandbox:create{ id = id }
+      assert.is_nil(session)
+      assert.equal("INVALID_INPUT", err.code, id)
+    end
+    assert.is_nil(core.listdir(root .. "/sessions/.."  .. "/sessions/a"))
+  end)
+
+  it("refuses to create an id that exists", function()
+    assert(sandbox:create{ id = "twice" })
+    local again, err = sandbox:create{ id = "twice" }
+    assert.is_nil(again)
+    assert.equal("INVALID_INPUT", err.code)
+  end)
+
+  it("keeps files under the session and runs commands there", function()
+    local session = assert(sandbox:create{ id = "files" })
+    assert(session:write_files{ ["/app/in.txt"] = "payload\0with NUL" })
+    assert(session:mkdir("/app/build"))
+    local result = assert(session:exec({ "sh", "-c", "cat app/in.txt | wc -c; test -d app/build && echo dir" },
+      { timeout = 10 }))
+    assert.equal("16\ndir\n", result.stdout)
+    assert.equal("payload\0with NUL", assert(session:read_file("/app/in.txt")))
+    local f = io.open(root .. "/sessions/files/files/app/in.txt", "rb")
+    assert.equal("payload\0with NUL", f:read("a"))
+    f:close()
+  end)
+
+  it("gives every command the session's default environment, the command's own winning", function()
+    local session = assert(sandbox:create{ id = "envs", env = { A = "session", B = "session" } })
+    local result = assert(session:exec({ "sh", "-c", "echo $A $B" }, { timeout = 10, env = { B = "command" } }))
+    assert.equal("session command\n", result.stdout)
+    local again = assert(sandbox:get("envs"))
+    result = assert(again:exec({ "sh", "-c", "echo $A" }, { timeout = 10 }))
+    assert.equal("session\n", result.stdout, "the default survives a reconnect")
+  end)
+
+  it("lists its sessions and finds one by id", function()
+    assert(sandbox:create{ id = "one" })
+    assert(sandbox:create{ id = "two" })
+    local ids = {}
+    for _, s in ipairs(assert(sandbox:list())) do ids[#ids + 1] = s.id .. ":" .. s.state end
+    assert.same({ "one:running", "two:running" }, ids)
+    assert.equal("running", assert(sandbox:get("two")).state)
+  end)
+
+  it("reads an absent id as absent, not as an error", function()
+    local session, err = sandbox:get("nobody")
+    assert.is_nil(session)
+    assert.is_nil(err)
+  end)
+
+  it("terminates a session: its agent is gone and its files removed; again succeeds", function()
+    local session = assert(sandbox:create{ id = "doomed" })
+    local record = session.record
+    assert.is_true(core.alive(record.pid))
+    assert(sandbox:terminate("doomed"))
+    assert.is_false(core.alive(record.pid))
+    assert.is_nil(io.open(root .. "/sessions/doomed/record.json"))
+    assert.is_true(sandbox:terminate("doomed"), "terminating an absent session succeeds")
+    assert.is_nil((sandbox:get("doomed")))
+  end)
+
+  it("reads a session whose agent died as terminated, promptly", function()
+    local session = assert(sandbox:create{ id = "crashed" })
+    core.kill(session.record.pid, core.SIGKILL)
+    core.reap(session.record.pid, true)
+    local started = core.now()
+    local found = assert(sandbox:get("crashed"))
+    assert.equal("terminated", found.state)
+    assert.is_true(core.now() - started < 3, "a dead agent must not read as a hang")
+  end)
+
+  it("serves a dead session again from get_or_create, files kept and generation advanced", function()
+    local session, created = sandbox:get_or_create{ id = "phoenix" }
+    assert.is_true(created)
+    assert(session:write_files{ ["/keep.txt"] = "kept" })
+    core.kill(session.record.pid, core.SIGKILL)
+    core.reap(session.record.pid, true)
+    local revived, again = sandbox:get_or_create{ id = "phoenix" }
+    assert.is_false(again)
+    assert.equal("running", revived.state)
+    assert.equal(2, revived.generation)
+    assert.equal("kept", assert(revived:read_file("/keep.txt")))
+    local same, third = sandbox:get_or_create{ id = "phoenix" }
+    assert.is_false(third)
+    assert.equal(2, same.generation)
+  end)
+
+  it("lets a second process reattach to a job and read it to its end", function()
+    local session = assert(sandbox:create{ id = "jobs" })
+    local job = assert(session:start_job({ "sh", "-c", "echo first; sleep 0.3; echo second; exit 5" },
+      { timeout = 30 }))
+    local out, status = local_state.run_lua(string.format([[
+      local sandkit = require "sandkit"
+      local sb = assert(sandkit.sandbox{ provider = "local", root = %q })
+      local session = assert(sb:get("jobs"))
+      for frame in session:job(%q):frames{ interval = 0.05 } do
+        if frame.type == "exit" then io.write("exit ", frame.code, "\n") else io.write(frame.data) end
+      end
+    ]], root, job.id))
+    assert.equal(0, status, out)
+    assert.equal("first\nsecond\nexit 5\n", out)
+  end)
+
+  it("sees a session another process created, through its record", function()
+    local out, status = local_state.run_lua(string.format([[
+      local sandkit = require "sandkit"
+      local sb = assert(sandkit.sandbox{ provider = "local", root = %q })
+      assert(sb:create{ id = "theirs" })
+    ]], root))
+    assert.equal(0, status, out)
+    local session = assert(sandbox:get("theirs"))
+    assert.equal("running", session.state)
+    assert.equal("theirs\n", assert(session:exec({ "echo", "theirs" }, { timeout = 10 })).stdout)
+  end)
+
+  it("describes what it can do, and refuses pause and snapshot without asking the agent", function()
+    local caps = sandbox:capabilities()
+    assert.is_true(caps.files and caps.jobs and caps.reconnect and caps.list and caps.preview)
+    assert.is_false(caps.pause_resume)
+    assert.is_false(caps.snapshot)
+    assert.equal("none", caps.isolation)
+    assert.equal(io.open("/usr/bin/bwrap") ~= nil, caps.bwrap)
+    local session = assert(sandbox:create{ id = "caps" })
+    for _, call in ipairs({ session.pause, session.resume, session.snapshot }) do
+      local ok, err = call(session)
+      assert.is_nil(ok)
+      assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+    end
+  end)
+
+  it("previews a port a command listens on as a loopback endpoint", function()
+    local session = assert(sandbox:create{ id = "web" })
+    -- A one-request HTTP server inside the session; it writes its port once it listens.
+    local server_job = assert(session:start_job({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "-e", [[
+      local socket = require "socket"
+      local s = assert(socket.bind("127.0.0.1", 0))
+      local _, port = s:getsockname()
+      local f = io.open("port", "w") f:write(port) f:close()
+      local c = s:accept()
+      c:receive("*l")
+      c:send("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\npreview")
+      c:close()
+    ]] }, { timeout = 30, env = { LUA_PATH = package.path, LUA_CPATH = package.cpath } }))
+    local port
+    for frame in session:run({ "sh", "-c", "while [ ! -s port ]; do sleep 0.02; done; cat port" },
+        { timeout = 20 }) do
+      if frame.type == "stdout" then port = tonumber(frame.data) end
+    end
+    local cap = assert(session:preview(port))
+    assert.equal("http://127.0.0.1:" .. port, cap.endpoint)
+    assert.same({ port }, cap.allowed_ports)
+    local http = require "sandkit.http"
+    local answer = assert(http.exchange{ method = "GET", url = cap.endpoint .. "/", headers = cap.headers,
+      deadline = core.now() + 10 })
+    assert.equal("preview", answer.body)
+    server_job:cancel()
+  end)
+
+  it("reports an agent that cannot start instead of waiting for it", function()
+    local broken = assert(sandkit.sandbox{ provider = "local", root = root, agent_path = "/bin/false" })
+    local session, err = broken:create{ id = "broken" }
+    assert.is_nil(session)
+    assert.equal("SANDBOX_UNREACHABLE", err.code)
+    assert.is_nil(io.open(root .. "/sessions/broken/record.json"), "a failed create leaves nothing")
+  end)
+end)
+
+describe("the local provider with bubblewrap", function()
+  local root
+  before_each(function() root = local_state.new() end)
+  after_each(function() local_state.clean(root) end)
+
+  it("runs commands with only the session's files writable, no network and a private /tmp", function()
+    local sandbox = assert(sandkit.sandbox{ provider = "local", root = root, isolate = "bwrap" })
+    assert.equal("bwrap", sandbox:capabilities().isolation)
+    assert.is_false(sandbox:capabilities().preview, "an isolated session has no network to preview")
+    local session = assert(sandbox:create{ id = "jail" })
+    local marker = "/tmp/sandkit-bwrap-" .. session.record.pid
+    local result = assert(session:exec({ "sh", "-c", "echo inside > " .. marker .. "; touch written && echo ok; "
+      .. "touch /etc/sandkit-escape 2>/dev/null || echo etc-refused" }, { timeout = 10 }))
+    assert.equal("ok\netc-refused\n", result.stdout)
+    assert.is_nil(io.open(marker), "the command's /tmp is its own")
+    assert.is_nil(io.open("/etc/sandkit-escape"))
+    assert(io.open(root .. "/sessions/jail/files/written"))
+    local server = fake_http.start([[return { handle = function(req, conn)
+      require("support.respond").status(conn, "200 OK", "reached") end }]])
+    local net = assert(session:exec({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "-e",
+      "local s = require('socket').connect('127.0.0.1', " .. server.port .. ") print(s and 'connected' or 'no network')" },
+      { timeout = 10, env = { LUA_PATH = package.path, LUA_CPATH = package.cpath } }))
+    server:stop()
+    assert.equal("no network\n", net.stdout)
+  end)
+end)
