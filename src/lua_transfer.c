@@ -11,6 +11,8 @@
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received= }
  *   t:headers()     -- { [lower-case name] = value }
+ *   t:progress()    -- a counter that moves whenever headers, body bytes or the end arrive
+ *   t:step()        -- client:step() for the transfer's client (a scheduler holds transfers)
  *   t:close()       -- stops it; also __close and __gc
  * A transfer is pollable too (it answers for its client), so cqueues.poll(t) works.
  */
@@ -359,6 +361,22 @@ static int transfer_state(lua_State *L)
 	return 1;
 }
 
+static int transfer_step(lua_State *L)
+{
+	check_transfer(L, 1);
+	sk_client *c = transfer_client(L, 1);
+	if (c != NULL && sk_client_step(c) < 0)
+		return luaL_error(L, "libcurl's multi interface failed");
+	return 0;
+}
+
+static int transfer_progress(lua_State *L)
+{
+	struct transfer_ud *u = check_transfer(L, 1);
+	lua_pushinteger(L, (lua_Integer)sk_transfer_progress(u->t));
+	return 1;
+}
+
 static int transfer_headers(lua_State *L)
 {
 	struct transfer_ud *u = check_transfer(L, 1);
@@ -394,6 +412,8 @@ void skl_open_transfer(lua_State *L)
 		{ "decode", transfer_decode },
 		{ "state", transfer_state },
 		{ "headers", transfer_headers },
+		{ "progress", transfer_progress },
+		{ "step", transfer_step },
 		{ "pollfd", transfer_pollfd },
 		{ "events", events },
 		{ "timeout", transfer_timeout },

@@ -7,6 +7,9 @@
  *   core.wait(pollable, s)     -- poll(2) on pollable:pollfd() for pollable:events(), at most
  *                                 min(s, pollable:timeout()) seconds; pollable may be nil (a
  *                                 sleep) and s nil (no bound). true when ready, false on time.
+ *   core.poll(list, s)         -- poll(2) on several pollables at once (their own timeouts are
+ *                                 the caller's business here): an array of booleans, one per
+ *                                 pollable, true where it is ready; all false on time.
  */
 #include <errno.h>
 #include <math.h>
@@ -20,6 +23,8 @@
 
 /* The most randomness one call hands out; tokens and ids need 16–32 bytes. */
 #define MAX_RANDOM_BYTES 4096
+/* Descriptors one core.poll watches; a runner needs one per distinct pollable, not per task. */
+#define MAX_POLL 1024
 
 static double monotonic_now(void)
 {
@@ -55,6 +60,59 @@ static void call_method(lua_State *L, int obj, const char *name)
 	lua_call(L, 1, 1);
 }
 
+static short poll_events(lua_State *L, int obj)
+{
+	call_method(L, obj, "events");
+	const char *ev = luaL_optstring(L, -1, "r");
+	short events = 0;
+	if (strchr(ev, 'r'))
+		events |= POLLIN;
+	if (strchr(ev, 'w'))
+		events |= POLLOUT;
+	lua_pop(L, 1);
+	return events;
+}
+
+static int poll_ms(double deadline)
+{
+	if (deadline < 0)
+		return -1;
+	double left = deadline - monotonic_now();
+	/* Rounded up: a wait cut short by rounding would spin on zero-length polls. */
+	return left <= 0 ? 0 : left > 2e6 ? 2000000000 : (int)ceil(left * 1000);
+}
+
+static int core_poll(lua_State *L)
+{
+	luaL_checktype(L, 1, LUA_TTABLE);
+	int n = (int)skc_rawlen(L, 1);
+	luaL_argcheck(L, n <= MAX_POLL, 1, "more than 1024 pollables");
+	double limit = lua_isnoneornil(L, 2) ? -1 : luaL_checknumber(L, 2);
+	struct pollfd pfd[MAX_POLL];
+	for (int i = 0; i < n; i++) {
+		lua_rawgeti(L, 1, i + 1);
+		int obj = lua_gettop(L);
+		call_method(L, obj, "pollfd");
+		pfd[i].fd = (int)luaL_checkinteger(L, -1);
+		lua_pop(L, 1);
+		pfd[i].events = poll_events(L, obj);
+		pfd[i].revents = 0;
+		lua_pop(L, 1);
+	}
+	double deadline = limit < 0 ? -1 : monotonic_now() + limit;
+	int r;
+	while ((r = poll(pfd, (nfds_t)n, poll_ms(deadline))) < 0) {
+		if (errno != EINTR)
+			return luaL_error(L, "poll: %s", strerror(errno));
+	}
+	lua_createtable(L, n, 0);
+	for (int i = 0; i < n; i++) {
+		lua_pushboolean(L, pfd[i].revents != 0);
+		lua_rawseti(L, -2, i + 1);
+	}
+	return 1;
+}
+
 static int core_wait(lua_State *L)
 {
 	double limit = -1;
@@ -68,13 +126,7 @@ static int core_wait(lua_State *L)
 		call_method(L, 1, "pollfd");
 		pfd.fd = (int)luaL_checkinteger(L, -1);
 		lua_pop(L, 1);
-		call_method(L, 1, "events");
-		const char *ev = luaL_optstring(L, -1, "r");
-		if (strchr(ev, 'r'))
-			pfd.events |= POLLIN;
-		if (strchr(ev, 'w'))
-			pfd.events |= POLLOUT;
-		lua_pop(L, 1);
+		pfd.events = poll_events(L, 1);
 		call_method(L, 1, "timeout");
 		if (!lua_isnil(L, -1)) {
 			double t = luaL_checknumber(L, -1);
@@ -86,25 +138,13 @@ static int core_wait(lua_State *L)
 		lua_pop(L, 1);
 	}
 	double deadline = limit < 0 ? -1 : monotonic_now() + limit;
-	for (;;) {
-		int ms = -1;
-		if (deadline >= 0) {
-			double left = deadline - monotonic_now();
-			/* Rounded up: a wait cut short by rounding would spin on zero-length polls. */
-			ms = left <= 0 ? 0 : left > 2e9 / 1000 ? 2000000000 : (int)ceil(left * 1000);
-		}
-		int r = poll(&pfd, pfd.fd >= 0 ? 1 : 0, ms);
-		if (r > 0) {
-			lua_pushboolean(L, 1);
-			return 1;
-		}
-		if (r == 0) {
-			lua_pushboolean(L, 0);
-			return 1;
-		}
+	int r;
+	while ((r = poll(&pfd, pfd.fd >= 0 ? 1 : 0, poll_ms(deadline))) < 0) {
 		if (errno != EINTR)
 			return luaL_error(L, "poll: %s", strerror(errno));
 	}
+	lua_pushboolean(L, r > 0);
+	return 1;
 }
 
 int luaopen_sandkit_core(lua_State *L);
@@ -115,6 +155,7 @@ int luaopen_sandkit_core(lua_State *L)
 		{ "now", core_now },
 		{ "random", core_random },
 		{ "wait", core_wait },
+		{ "poll", core_poll },
 		{ NULL, NULL },
 	};
 	lua_newtable(L);

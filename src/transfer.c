@@ -23,6 +23,7 @@ struct sk_transfer {
 	int in_multi;
 
 	int sent, headers, done, too_long, paused;
+	uint64_t progress;
 	long status;
 	CURLcode result;
 	uint64_t received;
@@ -162,6 +163,7 @@ void sk_client_free(sk_client *c)
 		detach(t);
 		if (!t->done) {
 			t->done = 1;
+			t->progress++;
 			t->result = CURLE_ABORTED_BY_CALLBACK;
 			snprintf(t->errbuf, sizeof t->errbuf, "the client was closed");
 		}
@@ -202,6 +204,7 @@ static void collect_done(sk_client *c)
 		if (t == NULL)
 			continue;
 		t->done = 1;
+		t->progress++;
 		t->result = msg->data.result;
 		if (t->result != CURLE_OK && t->errbuf[0] == '\0')
 			snprintf(t->errbuf, sizeof t->errbuf, "%s", curl_easy_strerror(t->result));
@@ -287,6 +290,7 @@ static size_t on_header(char *line, size_t size, size_t nitems, void *ud)
 		if (status >= 200) {
 			t->status = status;
 			t->headers = 1;
+			t->progress++;
 		}
 		return len;
 	}
@@ -336,6 +340,7 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 	memcpy(t->buf + t->start + t->len, data, n);
 	t->len += n;
 	t->received += n;
+	t->progress++;
 	return n;
 }
 
@@ -475,6 +480,12 @@ void sk_transfer_state(const sk_transfer *t, struct sk_transfer_state *st)
 	st->result = (int)t->result;
 	st->error = t->done && !st->ok ? t->errbuf : NULL;
 	st->received = t->received;
+	st->progress = t->progress;
+}
+
+uint64_t sk_transfer_progress(const sk_transfer *t)
+{
+	return t->progress;
 }
 
 int sk_transfer_header(const sk_transfer *t, int i, const char **name, size_t *name_len,

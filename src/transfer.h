@@ -69,6 +69,9 @@ struct sk_transfer_state {
 	int result;       /* libcurl's CURLcode when done */
 	const char *error; /* libcurl's message when done and not ok */
 	uint64_t received; /* body bytes accepted so far */
+	/* Counts events a waiter may care about (headers, body bytes, the end): a scheduler that
+	 * saw it unchanged knows this transfer has nothing new for its reader. */
+	uint64_t progress;
 };
 
 /* Returns NULL and fills err (errlen bytes) when the client cannot be made. */
@@ -90,6 +93,7 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 void sk_transfer_free(sk_transfer *t);
 
 void sk_transfer_state(const sk_transfer *t, struct sk_transfer_state *st);
+uint64_t sk_transfer_progress(const sk_transfer *t);
 /* Response header i (0-based) as name/value spans, or 0 when there is no such header. */
 int sk_transfer_header(const sk_transfer *t, int i, const char **name, size_t *name_len,
                        const char **value, size_t *value_len);

@@ -51,7 +51,7 @@ function http.send(spec)
       t:close()
       return nil, { kind = "timeout", sent = st.sent }
     end
-    wait.ready(client, deadline)
+    wait.ready(t, deadline)
   end
 end
 
@@ -84,7 +84,7 @@ function response_mt:read_all(deadline)
       t:close()
       return nil, { kind = "stalled", partial = table.concat(chunks) }
     else
-      wait.ready(self.client, deadline)
+      wait.ready(t, deadline)
     end
   end
 end

@@ -8,6 +8,7 @@
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
+local runner = require "sandkit.runner"
 local sandbox = require "sandkit.sandbox"
 
 local sandkit = {}
@@ -21,6 +22,9 @@ end
 
 sandkit.VERSION = core._VERSION
 sandkit.errors = errors
+--- sandkit.run(main, ...) and sandkit.spawn(fn, ...): see sandkit/runner.lua.
+sandkit.run = runner.run
+sandkit.spawn = runner.spawn
 
 local PROVIDERS = {
   ["local"] = "sandkit.providers.local",

@@ -242,7 +242,7 @@ end
 -- frame was delivered, it returns nil (and the same error) for ever.
 function stream_mt:next()
   if self.finished then return nil, self.failed end
-  local t, client = self.transfer, self.client
+  local t = self.transfer
   while true do
     local frame, kind, detail = t:decode(self.decoder)
     if frame then
@@ -261,7 +261,7 @@ function stream_mt:next()
         return end_stream(self, errors.unanswered(RUN, string.format(
           "no terminal frame arrived within %gs of the command's timeout", self.grace)))
       end
-      wait.ready(client, self.deadline)
+      wait.ready(t, self.deadline)
     elseif kind then
       -- A frame arrived, so the command ran: a frame that cannot be read leaves its outcome
       -- unknown — reported as a format problem it would look safe to repeat.

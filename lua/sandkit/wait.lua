@@ -42,4 +42,27 @@ function wait.sleep(seconds)
   wait.ready(nil, core.now() + seconds)
 end
 
+-- Inside a coroutine a cqueues controller manages, waits go through cqueues.poll on the same
+-- pollable, so sandkit's objects work under cqueues unchanged. cqueues is never loaded here:
+-- it is used only once the caller has loaded it.
+wait.register{
+  name = "cqueues",
+  active = function()
+    local cqueues = package.loaded.cqueues
+    if not cqueues then return false end
+    local _, managed = cqueues.running()
+    return managed == true
+  end,
+  wait = function(pollable, deadline)
+    local cqueues = package.loaded.cqueues
+    local timeout = deadline and math.max(0, deadline - core.now()) or nil
+    if pollable == nil then
+      cqueues.sleep(timeout)
+      return false
+    end
+    if timeout then return cqueues.poll(pollable, timeout) == pollable end
+    return cqueues.poll(pollable) == pollable
+  end,
+}
+
 return wait

@@ -1,0 +1,52 @@
+-- A slow reader slows the command: the transfer pauses, the agent stops reading the pipe and
+-- the command blocks on write, so memory on neither side grows with what the command writes.
+
+local sandkit = require "sandkit"
+local core = require "sandkit.core"
+local local_state = require "support.local_state"
+
+local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
+local BLOCK = 65536
+
+describe("a slow consumer", function()
+  local root, sandbox, session
+  before_each(function()
+    root = local_state.new()
+    -- Past the output cap the agent drops output instead of delivering it, and nothing needs
+    -- holding back; with a cap above what the command writes, every byte must be delivered.
+    sandbox = assert(sandkit.sandbox{ provider = "local", root = root, output_cap = 1024 * 1024 * 1024 })
+    session = assert(sandbox:create{ id = "slow" })
+  end)
+  after_each(function() local_state.clean(root) end)
+
+  it("holds back a command that would write a gigabyte", function()
+    -- Writes up to 1 GiB in 64 KiB blocks, recording after each block how many it wrote.
+    local writer = { LUA, "-e", string.format([[
+      local block = string.rep("x", %d)
+      for i = 1, 16384 do
+        io.stdout:write(block)
+        io.stdout:flush()
+        local f = io.open("written", "w") f:write(i) f:close()
+      end]], BLOCK) }
+    local frames, bytes = 0, 0
+    local started = core.now()
+    for frame in session:run(writer, { timeout = 120 }) do
+      if frame.type == "stdout" then
+        frames = frames + 1
+        bytes = bytes + #frame.data
+      end
+      core.wait(nil, 0.01) -- the slow consumer: 10 ms per frame
+      if core.now() - started > 1.5 then break end
+    end
+    local written = tonumber(assert(session:read_file("/written"))) * BLOCK
+    -- Unthrottled, the writer manages hundreds of MiB in 1.5 s. Held back, it can be ahead of
+    -- what was read only by what the buffers between hold: the agent's frame queue, the
+    -- kernel's pipe and socket buffers and the client's transfer buffer — a few MiB.
+    assert.is_true(bytes > 0)
+    assert.is_true(written - bytes < 32 * 1024 * 1024, string.format(
+      "the command wrote %d bytes while the reader took %d", written, bytes))
+    -- Leaving the loop closed the stream, which stops the command: the count stays put.
+    local after = assert(session:exec({ "sh", "-c", "sleep 0.3; cat written" }, { timeout = 10 }))
+    assert.equal(tostring(written // BLOCK), after.stdout)
+  end)
+end)
