@@ -101,7 +101,8 @@ demo: deps
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) examples/quickstart.lua
 
-bench: deps
+bench:
+	@sh tools/bootstrap.sh bench
 	$(MAKE) all
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua

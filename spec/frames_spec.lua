@@ -26,7 +26,8 @@ end
 
 describe("the frame decoder", function()
   it("takes many frames from one read", function()
-    local out = decode{ '{"t":"stdout","seq":0,"data":"YQ=="}\n{"t":"stdout","seq":1,"data":"Yg=="}\n{"t":"exit","code":0}\n' }
+    local out = decode{ '{"t":"stdout","seq":0,"data":"YQ=="}\n'
+      .. '{"t":"stdout","seq":1,"data":"Yg=="}\n{"t":"exit","code":0}\n' }
     assert.equal(3, #out)
     assert.equal("a", out[1].data)
     assert.equal("b", out[2].data)
@@ -96,7 +97,8 @@ describe("the frame decoder", function()
     { "a lone surrogate", '{"t":"error","code":"x","message":"\\ud800"}' },
     { "a raw control character", '{"t":"error","code":"x","message":"a\tb"}' },
     { "an array", '[1,2]' },
-    { "nesting past the reader's depth", '{"t":"exit","code":0,"x":' .. string.rep("[", 40) .. string.rep("]", 40) .. '}' },
+    { "nesting past the reader's depth",
+      '{"t":"exit","code":0,"x":' .. string.rep("[", 40) .. string.rep("]", 40) .. '}' },
   }) do
     it("refuses " .. case[1] .. " as a line that does not parse", function()
       local out = decode{ case[2] .. "\n" }

@@ -229,7 +229,8 @@ describe("the local provider with bubblewrap", function()
     local server = fake_http.start([[return { handle = function(req, conn)
       require("support.respond").status(conn, "200 OK", "reached") end }]])
     local net = assert(session:exec({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "-e",
-      "local s = require('socket').connect('127.0.0.1', " .. server.port .. ") print(s and 'connected' or 'no network')" },
+      "local s = require('socket').connect('127.0.0.1', " .. server.port .. ") "
+        .. "print(s and 'connected' or 'no network')" },
       { timeout = 10, env = { LUA_PATH = package.path, LUA_CPATH = package.cpath } }))
     server:stop()
     assert.equal("no network\n", net.stdout)

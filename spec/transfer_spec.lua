@@ -3,7 +3,7 @@
 local core = require "sandkit.core"
 local fake_http = require "support.fake_http"
 
-local function run_until(client, t, pred, limit)
+local function run_until(client, pred, limit)
   local deadline = core.now() + (limit or 10)
   while not pred() do
     if core.now() > deadline then error("condition not reached in time") end
@@ -29,7 +29,7 @@ describe("a transfer", function()
     local client = core.client()
     local buffer = 64 * 1024
     local t = client:request{ method = "GET", url = server.url .. "/big", buffer_size = buffer }
-    run_until(client, t, function() return t:state().received > 0 end)
+    run_until(client, function() return t:state().received > 0 end)
     -- Keep driving the transfer without reading: whatever time passes, what it accepted must
     -- stay within its buffer (plus one libcurl chunk), not race to 64 MiB.
     local deadline = core.now() + 0.5
@@ -69,7 +69,7 @@ describe("a transfer", function()
     ]])
     local client = core.client()
     local t = client:request{ method = "GET", url = server.url .. "/", max_body = 4096 }
-    run_until(client, t, function() return t:state().done end)
+    run_until(client, function() return t:state().done end)
     local st = t:state()
     assert.is_true(st.too_long)
     assert.is_false(st.ok)
@@ -82,7 +82,7 @@ describe("a transfer", function()
     ]])
     local client = core.client()
     local t = client:request{ method = "GET", url = server.url .. "/", max_error_body = 4096 }
-    run_until(client, t, function() return t:state().done end)
+    run_until(client, function() return t:state().done end)
     assert.is_true(t:state().too_long)
     assert.equal(404, t:state().status)
   end)
@@ -97,7 +97,7 @@ describe("a transfer", function()
     ]])
     local client = core.client()
     local t = client:request{ method = "GET", url = server.url .. "/start" }
-    run_until(client, t, function() return t:state().done end)
+    run_until(client, function() return t:state().done end)
     assert.equal(302, t:state().status)
     assert.equal(0, #server:requests_to("/elsewhere"))
   end)
@@ -106,12 +106,13 @@ describe("a transfer", function()
     server = fake_http.start([[
       local respond = require "support.respond"
       return { handle = function(req, conn)
-        respond.raw(conn, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nX-Amzn-ErrorType: ThrottlingException\r\nContent-Length: 0\r\n\r\n")
+        respond.raw(conn, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\n"
+          .. "X-Amzn-ErrorType: ThrottlingException\r\nContent-Length: 0\r\n\r\n")
       end }
     ]])
     local client = core.client()
     local t = client:request{ method = "GET", url = server.url .. "/" }
-    run_until(client, t, function() return t:state().headers end)
+    run_until(client, function() return t:state().headers end)
     local h = t:headers()
     assert.equal("7", h["retry-after"])
     assert.equal("ThrottlingException", h["x-amzn-errortype"])
@@ -125,7 +126,7 @@ describe("a transfer", function()
     local client = core.client()
     local t = client:request{ method = "PUT", url = server.url .. "/files",
       headers = { ["Content-Type"] = "application/json", ["X-Test"] = "yes" }, body = '{"a":1}' }
-    run_until(client, t, function() return t:state().done end)
+    run_until(client, function() return t:state().done end)
     local req = server:requests()[1]
     assert.equal("PUT", req.method)
     assert.equal('{"a":1}', req.body)
@@ -153,7 +154,7 @@ describe("a transfer", function()
     for i = 1, 20 do
       transfers[i] = client:request{ method = "GET", url = server.url .. "/t" .. i }
     end
-    run_until(client, nil, function()
+    run_until(client, function()
       for _, t in ipairs(transfers) do if not t:state().done then return false end end
       return true
     end)

@@ -1,11 +1,15 @@
 #!/bin/sh
 # Installs the Debian packages sandkit builds, tests and runs with, when any is missing.
-# Run by `make check`, `make demo` and `make bench`; a no-op once everything is there.
+# Run by `make check` and `make demo`, and with `bench` by `make bench` (which also needs the
+# peers it measures against); a no-op once everything is there.
 set -eu
 
 packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-socket lua-cqueues
-libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit libluajit-5.1-dev nginx-light
-bubblewrap curl procps"
+libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit libluajit-5.1-dev nginx
+bubblewrap curl openssl procps"
+if [ "${1:-}" = "bench" ]; then
+	packages="$packages python3 nodejs valgrind"
+fi
 
 missing=""
 for p in $packages; do

@@ -23,8 +23,8 @@ local wait = require "sandkit.wait"
 
 local runner = {}
 
-local pack = table.pack or function(...) return { n = select("#", ...), ... } end
-local unpack = table.unpack or unpack
+local pack = table.pack
+local unpack = table.unpack
 
 local WAIT, JOIN = {}, {}
 local active -- the running runner; one at a time

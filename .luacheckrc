@@ -1,0 +1,12 @@
+-- luacheck configuration: Lua 5.4 (with guarded fallbacks where LuaJIT differs), busted's
+-- globals in specs; methods may leave `self` unused.
+std = "lua54"
+self = false
+max_line_length = 120
+include_files = { "lua", "spec", "bin/sandkit", "examples", "bench" }
+files["spec"] = { std = "+busted" }
+-- Scenario files of the fake server run in their own process with cqueues loaded.
+files["spec/support/fake_http_server.lua"] = { globals = { "arg" } }
+files["bin/sandkit"] = { globals = { "arg" } }
+files["examples"] = { globals = { "arg" } }
+files["bench"] = { globals = { "arg" } }
