@@ -54,7 +54,7 @@ AGENT_BIN := $(BUILD)/sandkit-agent
 
 LUA_FILES := $(shell find lua -name '*.lua' | sort)
 
-.PHONY: all deps test check check-asan demo bench install clean lint
+.PHONY: all deps test check check-asan demo bench fuzz install clean lint
 
 all: $(CORE_SO) $(AGENT_BIN)
 
@@ -106,6 +106,15 @@ bench:
 	$(MAKE) all
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
+
+# libFuzzer over the frame decoder (clang with its runtime, Debian's libclang-rt-14-dev).
+FUZZ_SECONDS ?= 60
+fuzz:
+	mkdir -p $(BUILD)/fuzz
+	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -o $(BUILD)/fuzz/frames_fuzz \
+	  tools/fuzz/frames_fuzz.c src/frames.c src/json.c src/base64.c
+	cp -r tools/fuzz/corpus $(BUILD)/fuzz/corpus
+	$(BUILD)/fuzz/frames_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)/fuzz/corpus
 
 lint:
 	luacheck lua spec bin examples bench
