@@ -23,8 +23,9 @@ local wait = require "sandkit.wait"
 
 local runner = {}
 
-local pack = table.pack
-local unpack = table.unpack
+-- LuaJIT (the 5.1 ABI) has neither in `table`; the fallbacks keep the door to it open.
+local pack = table.pack or function(...) return { n = select("#", ...), ... } end
+local unpack = table.unpack or rawget(_G, "unpack")
 
 local WAIT, JOIN = {}, {}
 local active -- the running runner; one at a time
