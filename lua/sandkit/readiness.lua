@@ -28,8 +28,8 @@ function readiness.wait(conn, opts)
   local last
   while true do
     -- One probe may not outlast the whole wait.
-    local probe = setmetatable({ header_timeout = math.max(0.001,
-      math.min(conn.header_timeout, deadline - wait.now())) }, { __index = conn })
+    local probe_timeout = math.max(0.001, math.min(conn.header_timeout, deadline - wait.now()))
+    local probe = setmetatable({ header_timeout = probe_timeout }, { __index = conn })
     local health, err = protocol.health(probe)
     if health then
       local status = health.status
@@ -46,7 +46,9 @@ function readiness.wait(conn, opts)
     elseif err.code == "SANDBOX_COMMAND_FAILED" or err.code == "UNEXPECTED_RESPONSE_FORMAT" then
       -- The agent answered and refused (a credential, a version): waiting will not change it.
       return nil, err
-    else
+    elseif not (last and probe_timeout < conn.header_timeout and err.sent ~= false) then
+      -- A probe cut short by the end of the wait mostly measures its own cut-off: what the
+      -- agent said before it stays the better account of why the wait failed.
       last = err.message
     end
     if wait.now() + interval >= deadline then

@@ -13,7 +13,8 @@
 --   provider:terminate(id)                          -> true | nil, err
 --   provider:connection(record)                     -> conn (see protocol.lua) | nil, err
 -- and optionally get_or_create(opts) -> record, created; session_capabilities(record);
--- preview(record, port); pause(record); resume(record); snapshot(record).
+-- preview(record, port); pause(record); resume(record); snapshot(record); and
+-- refusals = { [capability] = "why not, and what to do instead" }.
 -- A record is { id =, state =, generation = } plus whatever the provider keeps.
 -- A connection may carry `ops`, replacing protocol functions for sessions without an agent.
 
@@ -43,11 +44,14 @@ local NEEDS = {
   get = { "reconnect", "sandbox.get" },
 }
 
-local function refuse(caps, what, provider_name)
+--- A provider may say why it lacks a capability (provider.refusals[capability]), e.g. where
+-- to turn instead; otherwise the refusal names the provider and the capability.
+local function refuse(caps, what, provider)
   local need = NEEDS[what]
   if caps[need[1]] then return nil end
+  local reason = provider.refusals and provider.refusals[need[1]]
   return errors.not_supported(need[2],
-    "the " .. provider_name .. " provider does not offer " .. need[1])
+    reason or ("the " .. provider.name .. " provider does not offer " .. need[1]))
 end
 
 function sandbox.new(provider, options)
@@ -89,7 +93,7 @@ end
 function sandbox_mt:get(id)
   check_id(id, "get")
   if id == nil then error("sandkit: get needs an id", 2) end
-  local refusal = refuse(self.provider:capabilities(), "get", self.provider.name)
+  local refusal = refuse(self.provider:capabilities(), "get", self.provider)
   if refusal then return nil, refusal end
   local record, err = self.provider:get(id)
   if not record then return nil, err end
@@ -117,7 +121,7 @@ function sandbox_mt:get_or_create(opts)
 end
 
 function sandbox_mt:list()
-  local refusal = refuse(self.provider:capabilities(), "list", self.provider.name)
+  local refusal = refuse(self.provider:capabilities(), "list", self.provider)
   if refusal then return nil, refusal end
   local records, err = self.provider:list()
   if not records then return nil, err end
@@ -145,7 +149,7 @@ function session_mt:capabilities()
 end
 
 local function gate(session, what)
-  return refuse(session:capabilities(), what, session.sandbox.provider.name)
+  return refuse(session:capabilities(), what, session.sandbox.provider)
 end
 
 --- The protocol connection to this session's agent, made on first use and kept.
