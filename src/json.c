@@ -311,6 +311,8 @@ static int next_element(sk_json *j, char close)
 {
 	if (j->err)
 		return -1;
+	if (j->depth <= 0)
+		return fail(j, "no object or array is open");
 	uint32_t bit = (uint32_t)1 << (j->depth - 1);
 	int first = (j->first & bit) != 0;
 	j->first &= ~bit;

@@ -1,0 +1,1185 @@
+-- Conformance of the real sandkit-agent binary (src/agent), driven over real sockets.
+--
+-- Covers PROTOCOL.md §2, §3, §3.6, §5, §6 as the agent implements them: the conformance cases
+-- every agent of this protocol answers in bearer mode (health and its version check, refusals
+-- of missing, wrong and malformed credentials, streamed output with a real exit code, the
+-- timeout frame, files, path refusals, mkdir, jobs polled across calls, exec creating no job,
+-- unknown jobs, unauthorized job starts), then the job, output, process and confinement rules.
+-- Not here because sandkit-agent does not have them: a `POST /` envelope for proxies that
+-- cannot choose path or method, peer-based transport authorization, cloud lifecycle hooks, and
+-- signed capability tokens — sandkit-agent checks a per-boot bearer token instead.
+--
+-- Every agent is started with --ready-fd on a pipe, so the spec learns its port from the line
+-- the agent writes after binding; nothing waits by sleeping. Waits for a process to die are
+-- bounded polls of /proc: the bound is the property under test.
+--
+-- SANDKIT_AGENT names the binary. Run: SANDKIT_AGENT=$PWD/build/agent/sandkit-agent
+--   busted --lua=lua5.4 spec/agent_spec.lua
+
+local raw = require "support.raw_http"
+local cjson = require "cjson"
+local core = require "sandkit.core"
+local socket = require "socket"
+
+local AGENT = os.getenv("SANDKIT_AGENT")
+
+local DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+---------------------------------------------------------------------------------------------
+-- helpers
+
+local function shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function run(cmd)
+  local p = assert(io.popen(cmd, "r"))
+  local out = p:read("a")
+  p:close()
+  return out
+end
+
+local function tmpdir()
+  return (run("mktemp -d"):gsub("%s+$", ""))
+end
+
+local function read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+local function write_file(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+local function exists(path)
+  return os.execute("test -e " .. shell_quote(path) .. " || test -L " .. shell_quote(path)) == true
+end
+
+local function is_dir(path)
+  return os.execute("test -d " .. shell_quote(path)) == true
+end
+
+local b64 = core.b64encode
+local function unb64(s) return core.b64decode(s) or "" end
+
+-- A process is gone once it is absent or a zombie (dead, waiting for whoever reaps orphans).
+local function pid_alive(pid)
+  local stat = read_file("/proc/" .. pid .. "/stat")
+  if not stat then return false end
+  local state = stat:match("^%d+ %b() (%a)")
+  return state ~= "Z" and state ~= "X"
+end
+
+-- Polls pred until it holds or the bound passes; true when it held.
+local function within(seconds, pred)
+  local deadline = socket.gettime() + seconds
+  repeat
+    if pred() then return true end
+    socket.sleep(0.02)
+  until socket.gettime() > deadline
+  return pred()
+end
+
+local function new_token()
+  local f = assert(io.open("/dev/urandom", "rb"))
+  local bytes = f:read(32)
+  f:close()
+  return b64(bytes)
+end
+
+local function decode_lines(body)
+  local frames = {}
+  for line in body:gmatch("([^\n]*)\n") do
+    if line ~= "" then frames[#frames + 1] = cjson.decode(line) end
+  end
+  return frames
+end
+
+local function is_terminal(f) return f.t == "exit" or f.t == "error" end
+
+-- Asserts the stream discipline (every line JSON, exactly one terminal frame, last) and
+-- returns the frames with stdout/stderr decoded and the terminal frame.
+local function check_stream(frames)
+  assert.is_true(#frames >= 1, "the stream has no frames")
+  for i, f in ipairs(frames) do
+    if i < #frames then
+      assert.is_false(is_terminal(f), "a terminal frame is not last")
+    end
+  end
+  local last = frames[#frames]
+  assert.is_true(is_terminal(last), "the stream does not end with a terminal frame")
+  local out, err = {}, {}
+  for _, f in ipairs(frames) do
+    if f.t == "stdout" then out[#out + 1] = unb64(f.data)
+    elseif f.t == "stderr" then err[#err + 1] = unb64(f.data) end
+  end
+  return last, table.concat(out), table.concat(err)
+end
+
+local function sanitizer_report(log)
+  return log and (log:find("AddressSanitizer", 1, true) or log:find("runtime error:", 1, true)
+    or log:find("LeakSanitizer", 1, true) or log:find("UndefinedBehaviorSanitizer", 1, true))
+end
+
+---------------------------------------------------------------------------------------------
+-- the agent under test
+
+local Agent = {}
+Agent.__index = Agent
+
+-- Starts an agent. opts.args: extra arguments; opts.env: extra environment; opts.no_token: do
+-- not pass --token-file. Returns the agent, or nil and the agent's stderr when it refused.
+local function start_agent(opts)
+  opts = opts or {}
+  assert(AGENT, "set SANDKIT_AGENT to the sandkit-agent binary")
+  local dir = tmpdir()
+  local root = dir .. "/root"
+  assert(os.execute("mkdir " .. shell_quote(root)))
+  local token = new_token()
+  local token_file = dir .. "/token"
+  write_file(token_file, token .. "\n")
+  local log = dir .. "/agent.log"
+  local args = { "--root", root, "--ready-fd", "3", "--log", "debug" }
+  if not opts.no_token then
+    args[#args + 1] = "--token-file"
+    args[#args + 1] = token_file
+  end
+  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
+  local env = {}
+  for k, v in pairs(opts.env or {}) do env[#env + 1] = k .. "=" .. shell_quote(v) end
+  local quoted = {}
+  for i, a in ipairs(args) do quoted[i] = shell_quote(a) end
+  -- fd 3 is the pipe this process reads; the agent's stdout is not, so the pipe ends when
+  -- the agent closes fd 3 after writing its one ready line.
+  local cmd = string.format("exec env %s %s %s 3>&1 1>/dev/null 2>%s", table.concat(env, " "),
+    shell_quote(AGENT), table.concat(quoted, " "), shell_quote(log))
+  local pipe = assert(io.popen(cmd, "r"))
+  local line = pipe:read("l")
+  if not line then
+    local _, _, code = pipe:close()
+    return nil, read_file(log) or "", code
+  end
+  local ready = cjson.decode(line)
+  return setmetatable({
+    dir = dir, root = root, token = token, token_file = token_file, log = log, pipe = pipe,
+    port = math.tointeger(ready.port), pid = math.tointeger(ready.pid), boot_id = ready.bootId,
+  }, Agent)
+end
+
+-- SIGTERM, then the agent's exit status; asserts its log holds no sanitizer report.
+function Agent:stop()
+  if not self.pipe then return self.exit_code end
+  os.execute("kill -TERM " .. self.pid)
+  -- an agent that ignores SIGTERM fails the spec instead of hanging it
+  local stopped = within(10, function() return not pid_alive(self.pid) end)
+  if not stopped then os.execute("kill -KILL " .. self.pid) end
+  local _, how, code = self.pipe:close()
+  self.pipe = nil
+  local log = read_file(self.log)
+  assert.is_falsy(sanitizer_report(log), "sanitizer report in the agent's log:\n" .. tostring(log))
+  self.exit_code = how == "exit" and code or (128 + code)
+  os.execute("rm -rf " .. shell_quote(self.dir))
+  return self.exit_code
+end
+
+function Agent:auth()
+  return { Authorization = "Bearer " .. self.token }
+end
+
+-- One request; body is a table (JSON-encoded) or a string. headers default to the bearer
+-- token; pass false for none.
+function Agent:req(method, path, body, headers)
+  if headers == nil then headers = self:auth() end
+  local h = {}
+  for k, v in pairs(headers or {}) do h[k] = v end
+  if type(body) == "table" then
+    body = cjson.encode(body)
+    h["Content-Type"] = "application/json"
+  end
+  local res = assert(raw.request(self.port, method, path, { headers = h, body = body }))
+  return res
+end
+
+function Agent:json(method, path, body, headers)
+  local res = self:req(method, path, body, headers)
+  local ok, decoded = pcall(cjson.decode, res.body)
+  return res, ok and decoded or nil
+end
+
+-- Runs a command to its end over /v1/exec; returns the response and its frames.
+function Agent:exec(body, headers)
+  local res = self:req("POST", "/v1/exec", body, headers)
+  local frames = res.status == 200 and decode_lines(res.body) or {}
+  return res, frames
+end
+
+-- Opens an exec stream and reads its head; returns the connection, positioned at the body.
+function Agent:stream(body)
+  local c = assert(raw.connect(self.port))
+  local h = self:auth()
+  h["Content-Type"] = "application/json"
+  assert(c:request("POST", "/v1/exec", h, cjson.encode(body)))
+  local status = assert(c:read_head())
+  assert.are.equal(200, status)
+  return c
+end
+
+function Agent:start_job(body)
+  return self:json("POST", "/v1/jobs/start", body)
+end
+
+function Agent:poll(id, since)
+  local body = since and string.format('{"jobId":%s,"sinceSeq":%d}', cjson.encode(id), since)
+    or string.format('{"jobId":%s,"sinceSeq":null}', cjson.encode(id))
+  return self:json("POST", "/v1/jobs/poll", body)
+end
+
+-- Polls with an advancing cursor until the job reports its ending (bounded); returns the last
+-- page and every frame seen, in order.
+function Agent:poll_until_done(id, seconds)
+  local frames, since, page = {}, nil, nil
+  local done = within(seconds or 20, function()
+    local res
+    res, page = self:poll(id, since)
+    assert.are.equal(200, res.status, res.body)
+    for _, f in ipairs(page.frames) do
+      frames[#frames + 1] = f
+      since = f.seq
+    end
+    return page.running == false
+  end)
+  assert.is_true(done, "the job did not end in time")
+  return page, frames
+end
+
+local function vm_rss_kb(pid)
+  local status = read_file("/proc/" .. pid .. "/status")
+  return tonumber(status:match("VmRSS:%s*(%d+)"))
+end
+
+local function wchar(pid)
+  local io_ = read_file("/proc/" .. pid .. "/io")
+  return io_ and tonumber(io_:match("wchar:%s*(%d+)"))
+end
+
+local function frames_data(frames, stream)
+  local parts = {}
+  for _, f in ipairs(frames) do
+    if f.t == stream then parts[#parts + 1] = unb64(f.data) end
+  end
+  return table.concat(parts)
+end
+
+local function first_line_pid(s)
+  return tonumber(s:match("^(%d+)\n"))
+end
+
+---------------------------------------------------------------------------------------------
+
+describe("sandkit-agent (bearer mode)", function()
+  local A
+
+  setup(function()
+    A = assert(start_agent{ env = { SANDKIT_SECRET_PROBE = "must-not-leak" } })
+  end)
+
+  teardown(function()
+    assert.are.equal(0, A:stop())
+  end)
+
+  describe("protocol conformance", function()
+    it("health reports the protocol version, a boot id and readiness without a credential", function()
+      local res, body = A:json("GET", "/v1/health", nil, false)
+      assert.are.equal(200, res.status)
+      assert.are.equal("application/json", res.headers["content-type"])
+      assert.are.equal(1, body.protocolVersion)
+      assert.are.equal(A.boot_id, body.bootId)
+      assert.matches("^%x+%-%x+%-4%x+%-[89ab]%x+%-%x+$", body.bootId)
+      assert.are.equal("ready", body.status)
+      assert.are.same({ "jobIdempotency" }, body.features)
+    end)
+
+    it("a version mismatch is a typed 400 naming both versions", function()
+      local res = A:req("GET", "/v1/health?version=2", nil, false)
+      assert.are.equal(400, res.status)
+      assert.matches("^text/plain", res.headers["content-type"])
+      assert.matches("^PROTOCOL_VERSION_MISMATCH: ", res.body)
+      assert.truthy(res.body:find("v2", 1, true))
+      assert.truthy(res.body:find("v1", 1, true))
+      assert.are.equal(200, A:req("GET", "/v1/health?version=1", nil, false).status)
+    end)
+
+    it("a request without a credential is refused with 401", function()
+      local res = A:req("POST", "/v1/exec", { command = { "true" }, timeoutMs = 1000 }, false)
+      assert.are.equal(401, res.status)
+      assert.are.equal("a capability is required", res.body)
+    end)
+
+    it("wrong and malformed bearer tokens are refused alike with 403", function()
+      local bad = {
+        "Bearer " .. new_token(), "Bearer not-a-token", "Bearer a.b.c", "Bearer !!!!",
+        "Bearer eyJhbGciOiJub25lIn0.", "Bearer ", "bearer " .. A.token, "Basic " .. A.token,
+        "Bearer " .. A.token .. "x", "Bearer " .. A.token:sub(1, 43), A.token,
+      }
+      for _, value in ipairs(bad) do
+        for _, r in ipairs({ { "GET", "/v1/files?path=x" }, { "POST", "/v1/mkdir" } }) do
+          local res = A:req(r[1], r[2], r[1] == "POST" and { path = "/made" } or nil,
+            { Authorization = value })
+          assert.are.equal(403, res.status, value)
+          assert.matches("^SANDBOX_CAPABILITY_REFUSED: Sandbox capability refused: ", res.body)
+        end
+      end
+      assert.is_false(exists(A.root .. "/made"))
+    end)
+
+    it("a command streams its output as NDJSON and reports its real exit code", function()
+      local res, frames = A:exec({ command = { "sh", "-c", "echo out; echo err 1>&2; exit 7" },
+        timeoutMs = 10000 })
+      assert.are.equal(200, res.status)
+      assert.are.equal("application/x-ndjson", res.headers["content-type"])
+      assert.truthy(res.headers["transfer-encoding"]:find("chunked"))
+      local last, out, err = check_stream(frames)
+      assert.are.same({ t = "exit", code = 7, truncated = false }, last)
+      assert.are.equal("out\n", out)
+      assert.are.equal("err\n", err)
+    end)
+
+    it("a command that overruns its timeout ends the stream with timeoutExceeded", function()
+      local t0 = socket.gettime()
+      local _, frames = A:exec({ command = { "sleep", "30" }, timeoutMs = 300 })
+      local last = check_stream(frames)
+      assert.are.equal("error", last.t)
+      assert.are.equal("timeoutExceeded", last.code)
+      assert.truthy(last.message:find("300", 1, true))
+      local elapsed = socket.gettime() - t0
+      assert.is_true(elapsed >= 0.3 and elapsed < 5, "ended after " .. elapsed .. " s")
+    end)
+
+    it("a file round-trips through the protocol and lands under the root", function()
+      local contents = "print('hi')\n\0\255binary"
+      local res = A:req("PUT", "/v1/files", { path = "/work/main.py", contentsBase64 = b64(contents) })
+      assert.are.equal(204, res.status)
+      local got, body = A:json("GET", "/v1/files?path=/work/main.py")
+      assert.are.equal(200, got.status)
+      assert.are.equal(b64(contents), body.contentsBase64)
+      assert.are.equal(contents, read_file(A.root .. "/work/main.py"))
+    end)
+
+    it("path traversal is refused before anything happens", function()
+      local res = A:req("GET", "/v1/files?path=/../../etc/passwd")
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: Path '/%.%./%.%./etc/passwd' refused: ", res.body)
+      res = A:req("PUT", "/v1/files", { path = "../escaped.txt", contentsBase64 = b64("x") })
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      assert.is_false(exists(A.dir .. "/escaped.txt"))
+      res = A:req("POST", "/v1/exec", { command = { "touch", "/tmp/never" }, timeoutMs = 1000,
+        cwd = "/../.." })
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      res = A:req("POST", "/v1/exec", { command = { "touch", "ran-anyway" }, timeoutMs = 1000,
+        workingDirectory = "/../.." })
+      assert.are.equal(400, res.status)
+      assert.is_false(exists(A.root .. "/ran-anyway"))
+      assert.is_false(exists(A.dir .. "/ran-anyway"))
+    end)
+
+    it("mkdir creates a directory inside the root", function()
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/work/build" }).status)
+      assert.is_true(is_dir(A.root .. "/work/build"))
+    end)
+
+    it("a job completes and its output is polled across calls", function()
+      local res, body = A:start_job({ command = { "sh", "-c", "echo one; sleep 0.2; echo two" },
+        timeoutMs = 10000 })
+      assert.are.equal(200, res.status)
+      assert.matches("^%x+%-%x+%-4%x+%-%x+%-%x+$", body.jobId)
+      local page, frames = A:poll_until_done(body.jobId)
+      assert.are.equal(0, page.exitCode)
+      assert.are.equal(false, page.truncated)
+      assert.is_nil(page.error)
+      assert.are.equal("one\ntwo\n", frames_data(frames, "stdout"))
+    end)
+
+    it("a poll for an unknown job is a 404 JOB_NOT_FOUND", function()
+      local res = A:req("POST", "/v1/jobs/poll", { jobId = "nonexistent" })
+      assert.are.equal(404, res.status)
+      assert.matches("^JOB_NOT_FOUND: ", res.body)
+      res = A:req("POST", "/v1/jobs/cancel", { jobId = "nonexistent" })
+      assert.are.equal(404, res.status)
+      assert.matches("^JOB_NOT_FOUND: ", res.body)
+    end)
+
+    it("starting a job without a credential is refused and creates no job", function()
+      local res = A:req("POST", "/v1/jobs/start", { command = { "touch", "job-ran" },
+        timeoutMs = 1000, jobId = "refused-job" }, false)
+      assert.are.equal(401, res.status)
+      assert.are.equal(404, A:req("POST", "/v1/jobs/poll", { jobId = "refused-job" }).status)
+      assert.is_false(exists(A.root .. "/job-ran"))
+    end)
+  end)
+
+  describe("execution", function()
+    it("does not inherit the agent's environment and gives PATH plus the request's env", function()
+      local _, frames = A:exec({ command = { "env" }, timeoutMs = 5000, env = { K = "V" } })
+      local last, out = check_stream(frames)
+      assert.are.equal(0, last.code)
+      assert.is_nil(out:find("SANDKIT_SECRET_PROBE", 1, true))
+      assert.truthy(out:find("PATH=" .. DEFAULT_PATH .. "\n", 1, true))
+      assert.truthy(out:find("K=V\n", 1, true))
+      _, frames = A:exec({ command = { "sh", "-c", "echo $PATH" }, timeoutMs = 5000,
+        env = { PATH = "/usr/bin:/bin:/opt/x" } })
+      local _, out2 = check_stream(frames)
+      assert.are.equal("/usr/bin:/bin:/opt/x\n", out2)
+    end)
+
+    it("accepts the older names deadlineMs and workingDirectory, the newer winning", function()
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/old" }).status)
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/new" }).status)
+      local _, frames = A:exec({ command = { "pwd" }, deadlineMs = 5000, workingDirectory = "/old" })
+      local last, out = check_stream(frames)
+      assert.are.equal(0, last.code)
+      assert.are.equal(A.root .. "/old\n", out)
+      _, frames = A:exec({ command = { "pwd" }, timeoutMs = 5000, deadlineMs = 1,
+        cwd = "/new", workingDirectory = "/old" })
+      last, out = check_stream(frames)
+      assert.are.equal("exit", last.t)
+      assert.are.equal(A.root .. "/new\n", out)
+    end)
+
+    it("refuses an invalid request after the 200 with one requestInvalid frame", function()
+      local bodies = {
+        '{"command":["touch","inv1"],"timeoutMs":0}',
+        '{"command":["touch","inv2"]}',
+        '{"command":["touch","inv3"],"timeoutMs":1.5}',
+        '{"command":["touch","inv4"],"timeoutMs":-1}',
+        '{"command":[],"timeoutMs":1000}',
+        '{"command":"touch inv5","timeoutMs":1000}',
+        '{"timeoutMs":1000}',
+        '{"command":["touch","inv6"],"timeoutMs":1000,"env":{"A=B":"x"}}',
+        '{"command":["touch","inv7"],"timeoutMs":1000,"env":{"":"x"}}',
+        '{"command":["touch","inv8"],"timeoutMs":1000,"env":{"A":"x\\u0000y"}}',
+        '{"command":["touch","inv9"],"timeoutMs":1000,"env":{"A":1}}',
+        '{"command":["touch","inv10\\u0000"],"timeoutMs":1000}',
+      }
+      for _, body in ipairs(bodies) do
+        local res, frames = A:exec(body)
+        assert.are.equal(200, res.status, body)
+        assert.are.equal(1, #frames, body)
+        assert.are.equal("error", frames[1].t, body)
+        assert.are.equal("requestInvalid", frames[1].code, body)
+      end
+      local listing = run("ls -A " .. shell_quote(A.root))
+      assert.is_nil(listing:find("inv", 1, true))
+    end)
+
+    it("answers a body that is not JSON with 400 REQUEST_INVALID", function()
+      local res = A:req("POST", "/v1/exec", "{not json")
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: ", res.body)
+    end)
+
+    it("reports a missing program or working directory as spawnFailed", function()
+      local _, frames = A:exec({ command = { "/nonexistent/program" }, timeoutMs = 5000 })
+      local last = check_stream(frames)
+      assert.are.equal("spawnFailed", last.code)
+      _, frames = A:exec({ command = { "no-such-program-here" }, timeoutMs = 5000 })
+      assert.are.equal("spawnFailed", check_stream(frames).code)
+      _, frames = A:exec({ command = { "true" }, timeoutMs = 5000, cwd = "/does/not/exist" })
+      assert.are.equal("spawnFailed", check_stream(frames).code)
+    end)
+
+    it("reports a signal death as 128 + signal with the signal's number", function()
+      local _, frames = A:exec({ command = { "sh", "-c", "kill -9 $$" }, timeoutMs = 5000 })
+      assert.are.same({ t = "exit", code = 137, signal = 9, truncated = false }, check_stream(frames))
+    end)
+
+    it("carries at most 64 KiB per frame and numbers frames from 0 across both streams", function()
+      local _, frames = A:exec({ command = { "sh", "-c",
+        "head -c 1000000 /dev/zero; echo e >&2; head -c 300000 /dev/zero" }, timeoutMs = 20000 })
+      local last, out, err = check_stream(frames)
+      assert.are.equal(0, last.code)
+      assert.are.equal(false, last.truncated)
+      assert.are.equal(1300000, #out)
+      assert.are.equal("e\n", err)
+      local expected = 0
+      for _, f in ipairs(frames) do
+        if f.t == "stdout" or f.t == "stderr" then
+          assert.are.equal(expected, f.seq)
+          expected = expected + 1
+          assert.is_true(#unb64(f.data) <= 65536)
+        end
+      end
+    end)
+
+    it("kills what the command left in its group when it exits, and ends promptly", function()
+      local t0 = socket.gettime()
+      local _, frames = A:exec({ command = { "sh", "-c", "sleep 1000 & echo $!" }, timeoutMs = 60000 })
+      local last, out = check_stream(frames)
+      assert.are.equal(0, last.code)
+      assert.is_true(socket.gettime() - t0 < 5)
+      local pid = first_line_pid(out)
+      assert.is_true(within(5, function() return not pid_alive(pid) end))
+    end)
+
+    it("on timeout kills the command and what it forked, then says timeoutExceeded", function()
+      local c = A:stream({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" }, timeoutMs = 500 })
+      local frames = {}
+      while true do
+        local line = assert(c:next_line())
+        frames[#frames + 1] = cjson.decode(line)
+        if is_terminal(frames[#frames]) then break end
+      end
+      assert.is_nil(c:next_line())
+      c:close()
+      local last, out = check_stream(frames)
+      assert.are.equal("timeoutExceeded", last.code)
+      local pid = first_line_pid(out)
+      assert.is_true(within(5, function() return not pid_alive(pid) end), "grandchild survived")
+    end)
+
+    it("kills a silent command when its caller closes the connection", function()
+      local c = A:stream({ command = { "sh", "-c", "echo $$; exec sleep 1000" }, timeoutMs = 600000 })
+      local f = cjson.decode((assert(c:next_line())))
+      local pid = first_line_pid(unb64(f.data))
+      assert.is_true(pid_alive(pid))
+      c:close()
+      assert.is_true(within(5, function() return not pid_alive(pid) end))
+    end)
+
+    it("kills a command and its descendants when its caller resets the connection", function()
+      local c = A:stream({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" }, timeoutMs = 600000 })
+      local f = cjson.decode((assert(c:next_line())))
+      local pid = first_line_pid(unb64(f.data))
+      c:close(true)
+      assert.is_true(within(5, function() return not pid_alive(pid) end))
+    end)
+
+    it("blocks a command whose reader stops reading, with the agent's memory flat", function()
+      local before = vm_rss_kb(A.pid)
+      local c = A:stream({ command = { "sh", "-c", "echo $$; exec yes 0123456789abcdef" },
+        timeoutMs = 600000 })
+      local first = cjson.decode((assert(c:next_line())))
+      local pid = first_line_pid(unb64(first.data))
+      assert.truthy(pid)
+      -- Stop reading. The writer must come to a halt: its write count stops growing.
+      local last, stable = wchar(pid), 0
+      local halted = within(20, function()
+        socket.sleep(0.2)
+        local now = wchar(pid)
+        stable = (now == last) and stable + 1 or 0
+        last = now
+        return stable >= 3
+      end)
+      assert.is_true(halted, "the command kept writing to a reader that stopped")
+      local state = read_file("/proc/" .. pid .. "/stat"):match("^%d+ %b() (%a)")
+      assert.are.equal("S", state)
+      local wchan = read_file("/proc/" .. pid .. "/wchan")
+      if wchan and wchan ~= "" and wchan ~= "0" then -- hidden on some kernels
+        assert.matches("pipe_write", wchan)
+      end
+      -- kernel socket and pipe buffers plus 16 frames: nowhere near what yes writes unblocked
+      assert.is_true(last < 64 * 1024 * 1024, "wrote " .. last .. " bytes")
+      local grown = vm_rss_kb(A.pid) - before
+      assert.is_true(grown < 48 * 1024, "agent RSS grew by " .. grown .. " kB")
+      c:close()
+      assert.is_true(within(5, function() return not pid_alive(pid) end))
+    end)
+
+    it("creates no job for /v1/exec, so 16 jobs still fit afterwards", function()
+      local B = assert(start_agent())
+      finally(function() B:stop() end)
+      local _, frames = B:exec({ command = { "true" }, timeoutMs = 5000 })
+      assert.are.equal(0, check_stream(frames).code)
+      for i = 1, 16 do
+        local res = B:start_job({ command = { "sleep", "1000" }, timeoutMs = 600000 })
+        assert.are.equal(200, res.status, "job " .. i)
+      end
+      local res = B:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000 })
+      assert.are.equal(429, res.status)
+      assert.are.equal(0, B:stop())
+    end)
+  end)
+
+  describe("HTTP surface", function()
+    it("answers 404 for an unknown path and 405 for a wrong method", function()
+      local res = A:req("GET", "/nope")
+      assert.are.equal(404, res.status)
+      res = A:req("GET", "/v1/exec")
+      assert.are.equal(405, res.status)
+      assert.are.equal("POST", res.headers["allow"])
+      res = A:req("DELETE", "/v1/files")
+      assert.are.equal(405, res.status)
+      assert.are.equal("GET, PUT", res.headers["allow"])
+      assert.are.equal(405, A:req("POST", "/v1/health", "").status)
+    end)
+
+    it("answers 413 to a body over 32 MiB x 4/3 + 4 KiB without reading it", function()
+      local c = assert(raw.connect(A.port))
+      local h = A:auth()
+      h["Content-Length"] = tostring(44743338 + 1)
+      assert(c:request("PUT", "/v1/files", h))
+      local status = c:read_head()
+      c:close()
+      assert.are.equal(413, status)
+    end)
+
+    it("errors are text/plain CODE: message", function()
+      local res = A:req("GET", "/v1/files?path=/missing.txt")
+      assert.are.equal(404, res.status)
+      assert.matches("^text/plain", res.headers["content-type"])
+      assert.are.equal("PATH_NOT_FOUND: No such file in the sandbox: /missing.txt", res.body)
+    end)
+  end)
+
+  describe("files and paths", function()
+    it("keeps absolute-looking paths inside the root", function()
+      assert.are.equal(204, A:req("PUT", "/v1/files", { path = "/abs/x.txt", contentsBase64 = b64("in") }).status)
+      assert.are.equal("in", read_file(A.root .. "/abs/x.txt"))
+      for _, p in ipairs({ "abs/x.txt", "//abs/./x.txt", "/abs//x.txt" }) do
+        local res, body = A:json("GET", "/v1/files?path=" .. p)
+        assert.are.equal(200, res.status, p)
+        assert.are.equal(b64("in"), body.contentsBase64)
+      end
+    end)
+
+    it("refuses empty paths and .. components", function()
+      local res = A:req("GET", "/v1/files?path=")
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      res = A:req("PUT", "/v1/files", { path = "", contentsBase64 = "" })
+      assert.matches("^PATH_REFUSED: ", res.body)
+      res = A:req("POST", "/v1/mkdir", { path = "" })
+      assert.matches("^PATH_REFUSED: ", res.body)
+      res = A:req("POST", "/v1/mkdir", { path = "/a/../b" })
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      assert.is_false(exists(A.root .. "/a"))
+      assert.is_false(exists(A.root .. "/b"))
+    end)
+
+    it("refuses symlinks a command planted, to /etc and to a file outside the root", function()
+      write_file(A.dir .. "/outside.txt", "outside")
+      local _, frames = A:exec({ command = { "sh", "-c",
+        "ln -s /etc etc_link && ln -s " .. A.dir .. "/outside.txt out_link" }, timeoutMs = 5000 })
+      assert.are.equal(0, check_stream(frames).code)
+      local probe = "sandkit-agent-spec-" .. tostring(math.random(1e9))
+      local checks = {
+        A:req("GET", "/v1/files?path=etc_link/passwd"),
+        A:req("GET", "/v1/files?path=/etc_link/hostname"),
+        A:req("GET", "/v1/files?path=out_link"),
+        A:req("PUT", "/v1/files", { path = "etc_link/" .. probe, contentsBase64 = b64("x") }),
+        A:req("PUT", "/v1/files", { path = "out_link", contentsBase64 = b64("overwritten") }),
+        A:req("POST", "/v1/mkdir", { path = "etc_link/" .. probe }),
+        A:req("POST", "/v1/exec", { command = { "touch", probe }, timeoutMs = 1000, cwd = "etc_link" }),
+      }
+      for i, res in ipairs(checks) do
+        assert.are.equal(400, res.status, "check " .. i)
+        assert.matches("^PATH_REFUSED: ", res.body)
+      end
+      assert.is_false(exists("/etc/" .. probe))
+      assert.are.equal("outside", read_file(A.dir .. "/outside.txt"))
+    end)
+
+    it("refuses a symlink in an intermediate component even when it points inside", function()
+      local _, frames = A:exec({ command = { "sh", "-c",
+        "mkdir -p real && echo hi > real/f && ln -s real inner" }, timeoutMs = 5000 })
+      assert.are.equal(0, check_stream(frames).code)
+      assert.are.equal(200, A:req("GET", "/v1/files?path=real/f").status)
+      local res = A:req("GET", "/v1/files?path=inner/f")
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      res = A:req("PUT", "/v1/files", { path = "inner/g", contentsBase64 = b64("x") })
+      assert.matches("^PATH_REFUSED: ", res.body)
+      assert.is_false(exists(A.root .. "/real/g"))
+      res = A:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000, cwd = "/inner" })
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+    end)
+
+    it("does not hang reading a FIFO a command planted, nor write into it", function()
+      local _, frames = A:exec({ command = { "mkfifo", "fifo" }, timeoutMs = 5000 })
+      assert.are.equal(0, check_stream(frames).code)
+      local res = assert(raw.request(A.port, "GET", "/v1/files?path=fifo",
+        { headers = A:auth(), timeout = 5 }))
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: .*not a regular file", res.body)
+      res = A:req("PUT", "/v1/files", { path = "fifo", contentsBase64 = b64("x") })
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: ", res.body)
+      assert.are.equal(400, A:req("GET", "/v1/files?path=/").status)
+    end)
+
+    it("creates parents, behaves like mkdir -p, and refuses a file in the way", function()
+      assert.are.equal(204, A:req("PUT", "/v1/files", { path = "/p/q/r/file", contentsBase64 = "" }).status)
+      assert.are.equal("", read_file(A.root .. "/p/q/r/file"))
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/m/n/o" }).status)
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/m/n/o" }).status)
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/" }).status)
+      assert.is_true(is_dir(A.root .. "/m/n/o"))
+      local res = A:req("POST", "/v1/mkdir", { path = "/p/q/r/file/sub" })
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: ", res.body)
+      res = A:req("POST", "/v1/mkdir", { path = "/p/q/r/file" })
+      assert.are.equal(400, res.status)
+    end)
+
+    it("refuses bad base64 and contents over 32 MiB in both directions", function()
+      local res = A:req("PUT", "/v1/files", { path = "/b64", contentsBase64 = "aGk" })
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: Request invalid: contents are not valid base64", res.body)
+      res = A:req("PUT", "/v1/files", { path = "/b64", contentsBase64 = "aGl=" })
+      assert.are.equal(400, res.status)
+      assert.is_false(exists(A.root .. "/b64"))
+      local big = string.rep("A", 44739244) -- 33554433 bytes once decoded
+      res = A:req("PUT", "/v1/files", '{"path":"/big","contentsBase64":"' .. big .. '"}')
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: .*33554432 byte transfer limit", res.body)
+      assert.is_false(exists(A.root .. "/big"))
+      assert(os.execute("truncate -s 33554433 " .. shell_quote(A.root .. "/sparse")))
+      res = A:req("GET", "/v1/files?path=/sparse")
+      assert.are.equal(400, res.status)
+      assert.matches("33554432 byte transfer limit", res.body)
+      assert(os.execute("truncate -s 33554432 " .. shell_quote(A.root .. "/sparse")))
+      local ok, body = A:json("GET", "/v1/files?path=/sparse")
+      assert.are.equal(200, ok.status)
+      assert.are.equal(44739244, #body.contentsBase64)
+    end)
+  end)
+
+  describe("refused requests", function()
+    it("have no side effect, whether the credential is missing or wrong", function()
+      for _, headers in ipairs({ false, { Authorization = "Bearer " .. new_token() } }) do
+        local tag = headers and "403" or "401"
+        local expect = headers and 403 or 401
+        assert.are.equal(expect, A:req("PUT", "/v1/files",
+          { path = "/side-" .. tag, contentsBase64 = b64("x") }, headers).status)
+        assert.are.equal(expect, A:req("POST", "/v1/mkdir", { path = "/sidedir-" .. tag }, headers).status)
+        assert.are.equal(expect, A:req("POST", "/v1/exec",
+          { command = { "touch", "exec-" .. tag }, timeoutMs = 5000 }, headers).status)
+        assert.are.equal(expect, A:req("POST", "/v1/jobs/start",
+          { command = { "touch", "job-" .. tag }, timeoutMs = 5000, jobId = "side-" .. tag }, headers).status)
+        assert.are.equal(expect, A:req("POST", "/v1/activate", "", headers).status)
+      end
+      -- A command that runs after the refused ones has seen nothing they would have made.
+      local _, frames = A:exec({ command = { "ls", "-A" }, timeoutMs = 5000 })
+      local _, out = check_stream(frames)
+      for _, name in ipairs({ "side-401", "side-403", "sidedir-", "exec-", "job-" }) do
+        assert.is_nil(out:find(name, 1, true), name)
+      end
+      assert.are.equal(404, A:req("POST", "/v1/jobs/poll", { jobId = "side-401" }).status)
+      assert.are.equal(404, A:req("POST", "/v1/jobs/poll", { jobId = "side-403" }).status)
+    end)
+  end)
+
+  describe("jobs", function()
+    it("reconstructs the stream exactly once from overlapping and rewound cursors", function()
+      local _, started = A:start_job({ command = { "sh", "-c",
+        "echo a; sleep 0.05; echo b >&2; sleep 0.05; echo c; sleep 0.05; echo d >&2" },
+        timeoutMs = 10000 })
+      local _, frames = A:poll_until_done(started.jobId)
+      assert.is_true(#frames >= 2)
+      assert.are.equal("a\nc\n", frames_data(frames, "stdout"))
+      assert.are.equal("b\nd\n", frames_data(frames, "stderr"))
+      local _, all = A:poll(started.jobId)
+      assert.are.same(frames, all.frames)
+      for k = 1, #frames do
+        local _, page = A:poll(started.jobId, frames[k].seq)
+        local expected = {}
+        for i = k + 1, #frames do expected[#expected + 1] = frames[i] end
+        assert.are.same(expected, page.frames)
+        assert.is_false(page.running)
+      end
+      -- a rewound window after a later one: merged by seq, every frame exactly once
+      local seen, merged = {}, {}
+      local windows = { frames[#frames - 1].seq, frames[1].seq, false } -- false: from the start
+      for _, since in ipairs(windows) do
+        local _, page = A:poll(started.jobId, since or nil)
+        for _, f in ipairs(page.frames) do
+          if not seen[f.seq] then
+            seen[f.seq] = true
+            merged[#merged + 1] = f
+          end
+        end
+      end
+      table.sort(merged, function(x, y) return x.seq < y.seq end)
+      assert.are.same(frames, merged)
+      local _, beyond = A:poll(started.jobId, frames[#frames].seq + 1000)
+      assert.are.same({}, beyond.frames)
+      assert.are.equal(0, beyond.exitCode)
+    end)
+
+    it("answers a retried poll with the same frames", function()
+      local _, started = A:start_job({ command = { "sh", "-c", "echo x; echo y >&2" }, timeoutMs = 10000 })
+      A:poll_until_done(started.jobId)
+      local body = string.format('{"jobId":"%s","sinceSeq":0}', started.jobId)
+      local first = A:req("POST", "/v1/jobs/poll", body)
+      local second = A:req("POST", "/v1/jobs/poll", body)
+      assert.are.equal(200, first.status)
+      assert.are.equal(first.body, second.body)
+    end)
+
+    it("keeps a job running after the connection that started it is gone", function()
+      local _, started = A:start_job({ command = { "sh", "-c", "sleep 0.3; echo done" }, timeoutMs = 10000 })
+      local page, frames = A:poll_until_done(started.jobId)
+      assert.are.equal(0, page.exitCode)
+      assert.are.equal("done\n", frames_data(frames, "stdout"))
+    end)
+
+    it("cancel kills forked grandchildren, records cancelled, and a second cancel changes nothing", function()
+      local _, started = A:start_job({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" },
+        timeoutMs = 600000 })
+      local pid
+      assert.is_true(within(10, function()
+        local _, page = A:poll(started.jobId)
+        pid = page.frames[1] and first_line_pid(unb64(page.frames[1].data))
+        return pid ~= nil
+      end))
+      assert.is_true(pid_alive(pid))
+      local res, body = A:json("POST", "/v1/jobs/cancel", { jobId = started.jobId })
+      assert.are.equal(200, res.status)
+      assert.are.same({}, body)
+      assert.is_true(within(5, function() return not pid_alive(pid) end))
+      local _, page = A:poll(started.jobId)
+      assert.is_false(page.running)
+      assert.are.equal("cancelled", page.error.code)
+      assert.are.equal(200, A:req("POST", "/v1/jobs/cancel", { jobId = started.jobId }).status)
+      local _, again = A:poll(started.jobId)
+      assert.are.same(page, again)
+    end)
+
+    it("cancelling a finished job answers 200 and keeps its first outcome", function()
+      local _, started = A:start_job({ command = { "sh", "-c", "exit 3" }, timeoutMs = 10000 })
+      local page = A:poll_until_done(started.jobId)
+      assert.are.equal(3, page.exitCode)
+      assert.are.equal(200, A:req("POST", "/v1/jobs/cancel", { jobId = started.jobId }).status)
+      local _, after = A:poll(started.jobId)
+      assert.are.equal(3, after.exitCode)
+      assert.is_nil(after.error)
+    end)
+
+    it("reports a job's timeout and spawn failure as its ending", function()
+      local _, started = A:start_job({ command = { "sleep", "1000" }, timeoutMs = 300 })
+      assert.are.equal("timeoutExceeded", A:poll_until_done(started.jobId).error.code)
+      _, started = A:start_job({ command = { "/no/such/program" }, timeoutMs = 1000 })
+      assert.are.equal("spawnFailed", A:poll_until_done(started.jobId).error.code)
+      local res
+      res, started = A:start_job({ command = { "sh", "-c", "kill -9 $$" }, timeoutMs = 5000 })
+      assert.are.equal(200, res.status)
+      local page = A:poll_until_done(started.jobId)
+      assert.are.equal(137, page.exitCode)
+      assert.are.equal(9, page.signal)
+    end)
+
+    it("refuses an invalid start with a status", function()
+      local res = A:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 0 })
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: ", res.body)
+      res = A:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000, jobId = "has space" })
+      assert.are.equal(400, res.status)
+      res = A:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000, jobId = string.rep("a", 65) })
+      assert.are.equal(400, res.status)
+      res = A:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000, cwd = "/../x" })
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      res = A:req("POST", "/v1/jobs/poll", { sinceSeq = 1 })
+      assert.are.equal(400, res.status)
+    end)
+  end)
+end)
+
+describe("sandkit-agent job registry", function()
+  local B
+
+  before_each(function()
+    B = assert(start_agent())
+  end)
+
+  after_each(function()
+    assert.are.equal(0, B:stop())
+  end)
+
+  local function start(id, argv)
+    return B:start_job({ command = argv or { "sleep", "1000" }, timeoutMs = 600000, jobId = id })
+  end
+
+  it("evicts the oldest finished job whose ending a poll returned", function()
+    for i = 1, 16 do
+      assert.are.equal(200, start("j" .. i, { "true" }).status)
+    end
+    for i = 1, 16 do B:poll_until_done("j" .. i) end
+    assert.are.equal(200, start("j17", { "true" }).status)
+    assert.are.equal(404, B:poll("j1").status)
+    assert.are.equal(200, B:poll("j2").status)
+    assert.are.equal(200, start("j18", { "true" }).status)
+    assert.are.equal(404, B:poll("j2").status)
+    assert.are.equal(200, B:poll("j3").status)
+  end)
+
+  it("never evicts a finished job whose ending no poll has returned", function()
+    assert.are.equal(200, start("unread").status)
+    assert.are.equal(200, B:req("POST", "/v1/jobs/cancel", { jobId = "unread" }).status)
+    for i = 2, 16 do assert.are.equal(200, start("r" .. i).status) end
+    local res = B:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000 })
+    assert.are.equal(429, res.status)
+    assert.matches("^JOB_LIMIT_REACHED: ", res.body)
+    local _, page = B:poll("unread")
+    assert.are.equal("cancelled", page.error.code)
+    assert.are.equal(200, B:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000 }).status)
+    assert.are.equal(404, B:poll("unread").status)
+  end)
+
+  it("refuses with JOB_LIMIT_REACHED when every slot runs, and an invalid start holds no slot", function()
+    for i = 1, 15 do assert.are.equal(200, start("s" .. i).status) end
+    assert.are.equal(400, B:req("POST", "/v1/jobs/start", { command = {}, timeoutMs = 1000 }).status)
+    assert.are.equal(400, B:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000,
+      cwd = "/../.." }).status)
+    assert.are.equal(200, start("s16").status)
+    local res = B:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000 })
+    assert.are.equal(429, res.status)
+    assert.matches("^JOB_LIMIT_REACHED: ", res.body)
+    assert.are.equal(400, B:req("POST", "/v1/jobs/start", '{"command":[],"timeoutMs":1}').status)
+    assert.are.equal(200, start("s1").status) -- an existing id still answers when full
+  end)
+
+  it("runs a job once when its start is sent twice with the same jobId", function()
+    local argv = { "sh", "-c", "echo ran >> count.txt; while [ ! -e go ]; do sleep 0.01; done" }
+    local r1, b1 = start("build-42", argv)
+    local r2, b2 = start("build-42", argv)
+    assert.are.equal(200, r1.status)
+    assert.are.equal(200, r2.status)
+    assert.are.equal("build-42", b1.jobId)
+    assert.are.equal("build-42", b2.jobId)
+    -- the registry holds one job: 15 more fit, the 16th does not
+    for i = 1, 15 do assert.are.equal(200, start("o" .. i).status) end
+    assert.are.equal(429, start("o16").status)
+    write_file(B.root .. "/go", "")
+    assert.are.equal(0, B:poll_until_done("build-42").exitCode)
+    assert.are.equal("ran\n", read_file(B.root .. "/count.txt"))
+    local _, b3 = start("build-42", argv)
+    assert.are.equal("build-42", b3.jobId)
+  end)
+end)
+
+describe("sandkit-agent output cap", function()
+  local C
+
+  setup(function()
+    C = assert(start_agent{ args = { "--output-cap", "100000" } })
+  end)
+
+  teardown(function()
+    assert.are.equal(0, C:stop())
+  end)
+
+  it("keeps the head of each stream, counts dropped output in seq, and says truncated", function()
+    local _, frames = C:exec({ command = { "sh", "-c", "head -c 1000000 /dev/zero; echo done >&2" },
+      timeoutMs = 20000 })
+    local last, out, err = check_stream(frames)
+    assert.are.equal("exit", last.t)
+    assert.are.equal(0, last.code)
+    assert.is_true(last.truncated)
+    assert.are.equal(100000, #out)
+    assert.are.equal("done\n", err)
+    local prev, gap = -1, false
+    for _, f in ipairs(frames) do
+      if f.seq then
+        assert.is_true(f.seq > prev)
+        if f.seq ~= prev + 1 then gap = true end
+        prev = f.seq
+      end
+    end
+    assert.is_true(gap, "no gap in seq although output was dropped")
+  end)
+
+  it("truncates a job's output the same way and reports it in the poll", function()
+    local _, started = C:start_job({ command = { "sh", "-c", "head -c 1000000 /dev/zero" }, timeoutMs = 20000 })
+    local page, frames = C:poll_until_done(started.jobId)
+    assert.are.equal(0, page.exitCode)
+    assert.is_true(page.truncated)
+    local kept = #frames_data(frames, "stdout")
+    assert.is_true(kept > 0 and kept <= 100000, "kept " .. kept)
+  end)
+end)
+
+describe("sandkit-agent activation", function()
+  local D
+
+  setup(function()
+    D = assert(start_agent{ args = { "--require-activation" } })
+  end)
+
+  teardown(function()
+    assert.are.equal(0, D:stop())
+  end)
+
+  it("serves nothing but health and activate until activated, then is ready", function()
+    local _, health = D:json("GET", "/v1/health", nil, false)
+    assert.are.equal("awaiting-network-verification", health.status)
+    local res = D:req("POST", "/v1/exec", { command = { "touch", "early" }, timeoutMs = 1000 })
+    assert.are.equal(503, res.status)
+    assert.matches("^AGENT_NOT_ACTIVATED: ", res.body)
+    res = D:req("PUT", "/v1/files", { path = "/early-file", contentsBase64 = b64("x") })
+    assert.are.equal(503, res.status)
+    assert.are.equal(503, D:req("POST", "/v1/jobs/start", { command = { "true" }, timeoutMs = 1000 }).status)
+    assert.are.equal(401, D:req("POST", "/v1/activate", "", false).status)
+    assert.are.equal(403, D:req("POST", "/v1/activate", "", { Authorization = "Bearer " .. new_token() }).status)
+    _, health = D:json("GET", "/v1/health", nil, false)
+    assert.are.equal("awaiting-network-verification", health.status)
+    assert.is_false(exists(D.root .. "/early"))
+    assert.is_false(exists(D.root .. "/early-file"))
+
+    assert.are.equal(204, D:req("POST", "/v1/activate", "").status)
+    _, health = D:json("GET", "/v1/health", nil, false)
+    assert.are.equal("ready", health.status)
+    assert.are.equal(204, D:req("POST", "/v1/activate", "").status)
+    local _, frames = D:exec({ command = { "true" }, timeoutMs = 5000 })
+    assert.are.equal(0, check_stream(frames).code)
+  end)
+end)
+
+describe("sandkit-agent start-up and shutdown", function()
+  it("tells each start apart with a fresh boot id", function()
+    local a, b = assert(start_agent()), assert(start_agent())
+    finally(function() a:stop(); b:stop() end)
+    assert.are_not.equal(a.boot_id, b.boot_id)
+    assert.are.equal(0, a:stop())
+    assert.are.equal(0, b:stop())
+  end)
+
+  it("serves without a credential in --no-auth mode", function()
+    local N = assert(start_agent{ no_token = true, args = { "--no-auth" } })
+    finally(function() N:stop() end)
+    local _, frames = N:exec({ command = { "echo", "hi" }, timeoutMs = 5000 }, false)
+    local last, out = check_stream(frames)
+    assert.are.equal(0, last.code)
+    assert.are.equal("hi\n", out)
+    assert.are.equal(0, N:stop())
+  end)
+
+  it("refuses to start without exactly one way to authorize, or with a bad token file", function()
+    local a, log = start_agent{ no_token = true }
+    assert.is_nil(a)
+    assert.truthy(log:find("one of --token-file and --no-auth is required", 1, true))
+    a, log = start_agent{ args = { "--no-auth" } }
+    assert.is_nil(a)
+    assert.truthy(log:find("exclude each other", 1, true))
+    local dir = tmpdir()
+    write_file(dir .. "/short", "c2hvcnQ=\n")
+    a, log = start_agent{ no_token = true, args = { "--token-file", dir .. "/short" } }
+    assert.is_nil(a)
+    assert.truthy(log:find("44 characters", 1, true))
+    a, log = start_agent{ args = { "--root", dir .. "/missing" } }
+    assert.is_nil(a)
+    assert.truthy(log:find("cannot be used", 1, true))
+    os.execute("rm -rf " .. shell_quote(dir))
+  end)
+
+  it("kills every running command's group on SIGTERM and exits 0", function()
+    local S = assert(start_agent())
+    finally(function() S:stop() end)
+    local c = S:stream({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" }, timeoutMs = 600000 })
+    local f = cjson.decode((assert(c:next_line())))
+    local streamed = first_line_pid(unb64(f.data))
+    local _, started = S:start_job({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" }, timeoutMs = 600000 })
+    local job_pid
+    assert.is_true(within(10, function()
+      local _, page = S:poll(started.jobId)
+      job_pid = page.frames[1] and first_line_pid(unb64(page.frames[1].data))
+      return job_pid ~= nil
+    end))
+    assert.are.equal(0, S:stop())
+    c:close()
+    assert.is_true(within(5, function() return not pid_alive(streamed) and not pid_alive(job_pid) end))
+  end)
+
+  it("writes the ready line atomically to --ready-file", function()
+    local dir = tmpdir()
+    local R = assert(start_agent{ args = { "--ready-file", dir .. "/ready.json" } })
+    finally(function() R:stop() end)
+    local ready = cjson.decode(read_file(dir .. "/ready.json"))
+    assert.are.same({ port = R.port, pid = R.pid, bootId = R.boot_id }, ready)
+    assert.are.equal(0, R:stop())
+    os.execute("rm -rf " .. shell_quote(dir))
+  end)
+end)
+
+local function bwrap_works()
+  return os.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null") == true
+end
+
+describe("sandkit-agent --isolate bwrap", function()
+  if not bwrap_works() then
+    pending("bubblewrap cannot create namespaces on this machine")
+    return
+  end
+
+  local W
+
+  setup(function()
+    W = assert(start_agent{ args = { "--isolate", "bwrap" } })
+  end)
+
+  teardown(function()
+    assert.are.equal(0, W:stop())
+  end)
+
+  it("lets a command write inside the root only", function()
+    local outside = W.dir .. "/escape-" .. tostring(math.random(1e9))
+    local _, frames = W:exec({ command = { "sh", "-c",
+      "echo in > inside.txt; echo out > " .. outside .. "; echo x > /var/tmp/sandkit-escape-$$" },
+      timeoutMs = 10000 })
+    local last, _, err = check_stream(frames)
+    assert.are_not.equal(0, last.code)
+    assert.truthy(err:find("Read-only file system", 1, true))
+    assert.are.equal("in\n", read_file(W.root .. "/inside.txt"))
+    assert.is_false(exists(outside))
+  end)
+
+  it("gives a command no network, not even the agent's own port", function()
+    local _, frames = W:exec({ command = { "bash", "-c",
+      "exec 3<>/dev/tcp/127.0.0.1/" .. W.port .. " && echo connected" }, timeoutMs = 10000 })
+    local last, out = check_stream(frames)
+    assert.are_not.equal(0, last.code)
+    assert.is_nil(out:find("connected", 1, true))
+  end)
+
+  it("gives a command a private /tmp", function()
+    local name = "sandkit-agent-spec-" .. tostring(math.random(1e9))
+    write_file("/tmp/" .. name .. "-host", "host")
+    local _, frames = W:exec({ command = { "sh", "-c",
+      "echo inner > /tmp/" .. name .. "-inner && ls /tmp" }, timeoutMs = 10000 })
+    local last, out = check_stream(frames)
+    assert.are.equal(0, last.code)
+    assert.truthy(out:find(name .. "-inner", 1, true))
+    assert.is_nil(out:find(name .. "-host", 1, true))
+    assert.is_false(exists("/tmp/" .. name .. "-inner"))
+    os.remove("/tmp/" .. name .. "-host")
+  end)
+
+  it("still streams output, honours cwd and reports spawn failures", function()
+    assert.are.equal(204, W:req("POST", "/v1/mkdir", { path = "/sub" }).status)
+    local _, frames = W:exec({ command = { "pwd" }, timeoutMs = 10000, cwd = "/sub" })
+    local last, out = check_stream(frames)
+    assert.are.equal(0, last.code)
+    assert.are.equal(W.root .. "/sub\n", out)
+    _, frames = W:exec({ command = { "no-such-program-here" }, timeoutMs = 10000 })
+    assert.are.equal("spawnFailed", check_stream(frames).code)
+  end)
+
+  it("kills everything inside the sandbox on timeout", function()
+    local _, frames = W:exec({ command = { "sh", "-c", "setsid sleep 987654 & echo $!; wait" }, timeoutMs = 500 })
+    local last = check_stream(frames)
+    assert.are.equal("timeoutExceeded", last.code)
+    -- The pid namespace died with its init: no sleep 1000 of this root is left on the host.
+    assert.is_true(within(5, function()
+      return not run("ps -eo args"):find("sleep 987654", 1, true)
+    end))
+  end)
+end)

@@ -1,0 +1,60 @@
+/*
+ * agent.h — sandkit-agent's configuration, process-wide state and protocol limits
+ * (PROTOCOL.md §5). One agent serves one sandbox root from one libevent event_base.
+ */
+#ifndef SANDKIT_AGENT_H
+#define SANDKIT_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+struct evhttp;
+
+/* PROTOCOL.md §5. */
+#define AGENT_PROTOCOL_VERSION 1
+/* Decoded bytes per data frame: one pipe read at most, so a frame never waits for more input. */
+#define AGENT_FRAME_MAX 65536
+/* Output kept per stream per command unless --output-cap says otherwise. */
+#define AGENT_DEFAULT_OUTPUT_CAP (4u * 1024u * 1024u)
+/* File size, either direction. */
+#define AGENT_FILE_MAX ((size_t)32 * 1024 * 1024)
+/* Request body: the base64 of the largest file plus 4 KiB of JSON around it. */
+#define AGENT_BODY_MAX (AGENT_FILE_MAX / 3 * 4 + 4096)
+/* Jobs, running and retained together. */
+#define AGENT_JOBS_MAX 16
+/* The bearer token: 32 random bytes in standard base64 with padding. */
+#define AGENT_TOKEN_BYTES 32
+#define AGENT_TOKEN_CHARS 44
+/* A UUID in its hyphenated text form, without the terminator. */
+#define AGENT_UUID_CHARS 36
+
+enum agent_log_level { LOG_QUIET = 0, LOG_INFO = 1, LOG_DEBUG = 2 };
+
+struct agent_config {
+	char *root_path;            /* its canonical absolute path (bwrap binds it at this path) */
+	int root_fd;                /* O_PATH descriptor every caller path is resolved beneath */
+	char *listen_host;
+	unsigned listen_port;
+	int no_auth;
+	char token[AGENT_TOKEN_CHARS + 1];
+	uint64_t output_cap;
+	int require_activation;
+	int ready_fd;               /* -1 when not asked */
+	const char *ready_file;     /* NULL when not asked */
+	int isolate_bwrap;
+	enum agent_log_level log_level;
+};
+
+struct agent {
+	struct agent_config cfg;
+	struct event_base *base;
+	struct evhttp *http;
+	char boot_id[AGENT_UUID_CHARS + 1];
+	int activated;
+};
+
+/* The one agent of this process: options are read once and the loop is single-threaded. */
+extern struct agent agent;
+
+#endif

@@ -1,0 +1,567 @@
+/* exec.c — see exec.h. */
+#include "exec.h"
+
+#include "../base64.h"
+#include "agent.h"
+#include "isolate.h"
+#include "log.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+/*
+ * After the leader exits and its group is killed, the pipes normally reach EOF at once. Only a
+ * descendant that left the group (setsid) can hold them open; past this grace the agent takes
+ * what is already in the pipes and ends the command instead of waiting for the escapee.
+ */
+#define LINGER_MS 2000
+/* Longest timeout honoured, in seconds (about 100 years): keeps the timeval far from overflow. */
+#define TIMEOUT_MAX_S 3153600000ULL
+
+struct pipe_in {
+	struct command *c;
+	int fd;              /* -1 once closed */
+	struct event *ev;
+	uint64_t kept;       /* bytes charged against the cap so far */
+	int64_t left;        /* after the linger: bytes still to take before closing; -1 before */
+};
+
+struct command {
+	struct command *prev, *next;
+	pid_t pid;
+	int pidfd;
+	struct event *exit_ev, *deadline_ev, *linger_ev;
+	struct pipe_in in[2];
+	uint64_t seq, cap, timeout_ms;
+	size_t frame_cost;
+	int truncated, paused, reaped, status;
+	int callbacks;       /* >0 while one of this command's handlers runs: no freeing then */
+	const struct command_sink *sink;
+	void *ctx;
+};
+
+/* Every command not yet reaped and freed, for shutdown. */
+static struct command *live;
+
+/* One read at a time in a single-threaded loop: one buffer of one frame's size serves all. */
+static unsigned char readbuf[AGENT_FRAME_MAX];
+
+void outcome_error(struct outcome *o, const char *code, const char *fmt, ...)
+{
+	memset(o, 0, sizeof *o);
+	o->kind = OUTCOME_ERROR;
+	o->error = code;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(o->message, sizeof o->message, fmt, ap);
+	va_end(ap);
+}
+
+int frame_data(struct evbuffer *out, int stream, uint64_t seq, const unsigned char *data,
+	       size_t len)
+{
+	char head[64];
+	int n = snprintf(head, sizeof head, "{\"t\":\"%s\",\"seq\":%" PRIu64 ",\"data\":\"",
+			 stream == STREAM_STDERR ? "stderr" : "stdout", seq);
+	if (evbuffer_add(out, head, (size_t)n) < 0)
+		return -1;
+	size_t enc = SK_B64_ENCODED_LEN(len);
+	if (enc > 0) {
+		struct evbuffer_iovec v;
+		if (evbuffer_reserve_space(out, (ev_ssize_t)enc, &v, 1) < 1)
+			return -1;
+		sk_b64_encode(data, len, v.iov_base);
+		v.iov_len = enc;
+		if (evbuffer_commit_space(out, &v, 1) < 0)
+			return -1;
+	}
+	return evbuffer_add(out, "\"}", 2);
+}
+
+int frame_terminal(struct evbuffer *out, const struct outcome *o)
+{
+	if (o->kind == OUTCOME_EXIT) {
+		char sig[32] = "";
+		if (o->signal)
+			snprintf(sig, sizeof sig, ",\"signal\":%d", o->signal);
+		return evbuffer_add_printf(out, "{\"t\":\"exit\",\"code\":%d,\"truncated\":%s%s}",
+					   o->code, o->truncated ? "true" : "false", sig) < 0 ? -1 : 0;
+	}
+	if (evbuffer_add_printf(out, "{\"t\":\"error\",\"code\":\"%s\",\"message\":", o->error) < 0 ||
+	    util_json_string(out, o->message, strlen(o->message)) < 0)
+		return -1;
+	return evbuffer_add(out, "}", 1);
+}
+
+static void close_pipe(struct pipe_in *p)
+{
+	if (p->fd < 0)
+		return;
+	event_free(p->ev);
+	p->ev = NULL;
+	close(p->fd);
+	p->fd = -1;
+}
+
+static void kill_group(struct command *c)
+{
+	/* Only while the leader is unreaped: its zombie pins the group id, so the signal cannot
+	 * reach a stranger that reused the number. */
+	if (!c->reaped)
+		kill(-c->pid, SIGKILL);
+}
+
+/* Kills the group and stops reading; the process is still reaped later. */
+static void stop(struct command *c)
+{
+	kill_group(c);
+	close_pipe(&c->in[0]);
+	close_pipe(&c->in[1]);
+	evtimer_del(c->deadline_ev);
+	evtimer_del(c->linger_ev);
+}
+
+static void destroy(struct command *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		live = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	close_pipe(&c->in[0]);
+	close_pipe(&c->in[1]);
+	if (c->exit_ev)
+		event_free(c->exit_ev);
+	if (c->pidfd >= 0)
+		close(c->pidfd);
+	event_free(c->deadline_ev);
+	event_free(c->linger_ev);
+	free(c);
+}
+
+/* Ends the command with an error: the group dies and the sink hears it once. */
+static void fail_command(struct command *c, const char *code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void fail_command(struct command *c, const char *code, const char *fmt, ...)
+{
+	struct outcome o;
+	outcome_error(&o, code, "%s", "");
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(o.message, sizeof o.message, fmt, ap);
+	va_end(ap);
+	o.truncated = c->truncated;
+	const struct command_sink *sink = c->sink;
+	c->sink = NULL;
+	stop(c);
+	if (sink) {
+		c->callbacks++;
+		sink->end(c->ctx, &o);
+		c->callbacks--;
+	}
+}
+
+/* Frees or finishes the command once nothing of it is running any more. */
+static void settle(struct command *c)
+{
+	if (c->callbacks > 0)
+		return;
+	if (c->sink && c->reaped && c->in[0].fd < 0 && c->in[1].fd < 0) {
+		struct outcome o;
+		memset(&o, 0, sizeof o);
+		o.kind = OUTCOME_EXIT;
+		o.truncated = c->truncated;
+		if (WIFSIGNALED(c->status)) {
+			o.signal = WTERMSIG(c->status);
+			o.code = 128 + o.signal;
+		} else {
+			o.code = WEXITSTATUS(c->status);
+		}
+		const struct command_sink *sink = c->sink;
+		c->sink = NULL;
+		evtimer_del(c->linger_ev);
+		c->callbacks++;
+		sink->end(c->ctx, &o);
+		c->callbacks--;
+	}
+	if (c->sink == NULL && c->reaped)
+		destroy(c);
+}
+
+static void emit(struct command *c, int stream, const unsigned char *buf, size_t n)
+{
+	struct pipe_in *p = &c->in[stream];
+	uint64_t seq = c->seq++; /* dropped output consumes its number too: a gap says so */
+	size_t keep = 0;
+	if (p->kept + c->frame_cost < c->cap) {
+		uint64_t room = c->cap - p->kept - c->frame_cost;
+		keep = n < room ? n : (size_t)room;
+	}
+	if (keep < n)
+		c->truncated = 1;
+	if (keep == 0 || c->sink == NULL)
+		return;
+	p->kept += keep + c->frame_cost;
+	c->sink->frame(c->ctx, stream, seq, buf, keep);
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+	(void)what;
+	struct pipe_in *p = arg;
+	struct command *c = p->c;
+	size_t want = sizeof readbuf;
+	if (p->left >= 0 && (uint64_t)p->left < want)
+		want = (size_t)p->left;
+	c->callbacks++;
+	ssize_t n = read(fd, readbuf, want);
+	if (n > 0) {
+		emit(c, (int)(p - c->in), readbuf, (size_t)n);
+		if (p->left >= 0 && (p->left -= n) == 0)
+			close_pipe(p);
+	} else if (n == 0) {
+		close_pipe(p);
+	} else if (errno != EAGAIN && errno != EINTR) {
+		fail_command(c, "outputReadFailed", "reading the command's output failed: %s",
+			     strerror(errno));
+	}
+	c->callbacks--;
+	settle(c);
+}
+
+static void on_exit_ready(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct command *c = arg;
+	/* What the leader left behind in its group dies before the leader is reaped, while its
+	 * zombie still pins the group id; otherwise a background child could hold the pipes
+	 * open forever. */
+	kill(-c->pid, SIGKILL);
+	int status = 0;
+	pid_t r = waitpid(c->pid, &status, WNOHANG);
+	if (r == 0) {
+		event_add(c->exit_ev, NULL);
+		return;
+	}
+	c->reaped = 1;
+	c->status = status;
+	event_free(c->exit_ev);
+	c->exit_ev = NULL;
+	close(c->pidfd);
+	c->pidfd = -1;
+	evtimer_del(c->deadline_ev);
+	c->callbacks++;
+	if (r < 0) {
+		fail_command(c, "waitFailed", "waiting for the command failed: %s", strerror(errno));
+	} else if (c->sink && (c->in[0].fd >= 0 || c->in[1].fd >= 0)) {
+		struct timeval tv = { LINGER_MS / 1000, (LINGER_MS % 1000) * 1000 };
+		evtimer_add(c->linger_ev, &tv);
+	}
+	c->callbacks--;
+	settle(c);
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct command *c = arg;
+	c->callbacks++;
+	fail_command(c, "timeoutExceeded", "the command exceeded its %" PRIu64 "ms timeout",
+		     c->timeout_ms);
+	c->callbacks--;
+	settle(c);
+}
+
+static void on_linger(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct command *c = arg;
+	for (int i = 0; i < 2; i++) {
+		struct pipe_in *p = &c->in[i];
+		int avail = 0;
+		if (p->fd < 0)
+			continue;
+		if (ioctl(p->fd, FIONREAD, &avail) < 0 || avail <= 0)
+			close_pipe(p);
+		else
+			p->left = avail;
+	}
+	settle(c);
+}
+
+enum spawn_stage { STAGE_SETUP, STAGE_CWD, STAGE_EXEC };
+struct spawn_report {
+	int stage;
+	int err;
+};
+
+static void child_fail(int report, int stage) __attribute__((noreturn));
+static void child_fail(int report, int stage)
+{
+	struct spawn_report rep = { stage, errno };
+	ssize_t w = write(report, &rep, sizeof rep);
+	(void)w; /* nothing else can be told: the parent sees EOF and reports an exit of 127 */
+	_exit(127);
+}
+
+/* In the forked child: becomes the command. Only async-signal-safe-enough calls: the agent is
+ * single-threaded, so no lock can be held by a thread that does not exist here. */
+static void child(const struct command_spec *spec, char **bwrap_argv, int out, int err,
+		  int report, pid_t parent) __attribute__((noreturn));
+static void child(const struct command_spec *spec, char **bwrap_argv, int out, int err,
+		  int report, pid_t parent)
+{
+	/* Leads its own group so the agent can kill everything it starts at once. */
+	if (setpgid(0, 0) < 0)
+		child_fail(report, STAGE_SETUP);
+	/* Dies with the agent rather than run on unsupervised; the check closes the race with an
+	 * agent that died before the request took effect. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+		child_fail(report, STAGE_SETUP);
+	/* The agent ignores SIGPIPE; a command must get the defaults it would get from a shell. */
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	for (int s = 1; s < NSIG; s++)
+		signal(s, SIG_DFL);
+	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (null < 0 || dup2(null, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
+		child_fail(report, STAGE_SETUP);
+	if (fchdir(spec->cwd_fd >= 0 ? spec->cwd_fd : agent.cfg.root_fd) < 0)
+		child_fail(report, STAGE_CWD);
+	/* Whatever the agent inherited or holds (sockets, the root, other commands' pipes) must
+	 * not reach the command; the report pipe still closes only at exec. */
+	close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+	if (bwrap_argv) {
+		execve(ISOLATE_BWRAP, bwrap_argv, spec->envp);
+	} else {
+		/* execvp searches the PATH of environ: make it the command's own. */
+		environ = (char **)spec->envp;
+		execvp(spec->argv[0], spec->argv);
+	}
+	child_fail(report, STAGE_EXEC);
+}
+
+static void spawn_failure(struct outcome *o, const struct command_spec *spec, int stage, int err)
+{
+	char prog[128];
+	util_printable(spec->argv[0], strlen(spec->argv[0]), prog, sizeof prog);
+	if (stage == STAGE_CWD)
+		outcome_error(o, "spawnFailed", "cannot enter the working directory: %s", strerror(err));
+	else if (stage == STAGE_EXEC)
+		outcome_error(o, "spawnFailed", "cannot run '%s': %s", prog, strerror(err));
+	else
+		outcome_error(o, "spawnFailed", "cannot prepare '%s': %s", prog, strerror(err));
+}
+
+/* Reaps a child that will not become a command; it was killed, so the wait is short. */
+static void reap_now(pid_t pid)
+{
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+}
+
+static int setup_events(struct command *c, const struct command_spec *spec)
+{
+	struct event_base *base = agent.base;
+	c->exit_ev = event_new(base, c->pidfd, EV_READ, on_exit_ready, c);
+	c->deadline_ev = evtimer_new(base, on_deadline, c);
+	c->linger_ev = evtimer_new(base, on_linger, c);
+	for (int i = 0; i < 2; i++) {
+		c->in[i].c = c;
+		c->in[i].left = -1;
+		c->in[i].ev = event_new(base, c->in[i].fd, EV_READ | EV_PERSIST, on_readable, &c->in[i]);
+		if (c->in[i].ev == NULL)
+			return -1;
+	}
+	if (!c->exit_ev || !c->deadline_ev || !c->linger_ev)
+		return -1;
+	uint64_t s = spec->timeout_ms / 1000;
+	struct timeval tv = { (time_t)(s > TIMEOUT_MAX_S ? TIMEOUT_MAX_S : s),
+			      (suseconds_t)(spec->timeout_ms % 1000) * 1000 };
+	if (event_add(c->exit_ev, NULL) < 0 || evtimer_add(c->deadline_ev, &tv) < 0 ||
+	    event_add(c->in[0].ev, NULL) < 0 || event_add(c->in[1].ev, NULL) < 0)
+		return -1;
+	return 0;
+}
+
+struct command *command_start(const struct command_spec *spec, const struct command_sink *sink,
+			      void *ctx, struct outcome *failure)
+{
+	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, report[2] = { -1, -1 };
+	char **bwrap_argv = NULL;
+	char cwd_path[PATH_MAX]; /* bwrap_argv points into it until the fork */
+	struct command *c = calloc(1, sizeof *c);
+	if (c == NULL) {
+		outcome_error(failure, "spawnFailed", "the agent is out of memory");
+		return NULL;
+	}
+	c->pid = -1;
+	c->pidfd = c->in[0].fd = c->in[1].fd = -1;
+	if (agent.cfg.isolate_bwrap) {
+		int cwd = spec->cwd_fd >= 0 ? spec->cwd_fd : agent.cfg.root_fd;
+		char link[64];
+		snprintf(link, sizeof link, "/proc/self/fd/%d", cwd);
+		ssize_t n = readlink(link, cwd_path, sizeof cwd_path - 1);
+		int e = isolate_find_program(spec->argv[0], spec->envp, cwd);
+		if (n < 0 || e != 0) {
+			spawn_failure(failure, spec, n < 0 ? STAGE_CWD : STAGE_EXEC, n < 0 ? errno : e);
+			free(c);
+			return NULL;
+		}
+		cwd_path[n] = '\0';
+		bwrap_argv = isolate_argv(spec->argv, cwd_path);
+		if (bwrap_argv == NULL) {
+			outcome_error(failure, "spawnFailed", "the agent is out of memory");
+			free(c);
+			return NULL;
+		}
+	}
+	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(report, O_CLOEXEC) < 0) {
+		spawn_failure(failure, spec, STAGE_SETUP, errno);
+		goto fail;
+	}
+	pid_t parent = getpid();
+	c->pid = fork();
+	if (c->pid == 0)
+		child(spec, bwrap_argv, out[1], err[1], report[1], parent);
+	if (c->pid < 0) {
+		spawn_failure(failure, spec, STAGE_SETUP, errno);
+		goto fail;
+	}
+	/* Set from both sides, so the group exists before either could act on it. */
+	setpgid(c->pid, c->pid);
+	close(out[1]);
+	close(err[1]);
+	close(report[1]);
+	out[1] = err[1] = report[1] = -1;
+	/* The child writes here only if it fails before exec; a successful exec closes it. This
+	 * one blocking read lasts as long as fork-to-exec in the child, never the command. */
+	struct spawn_report rep;
+	ssize_t got;
+	while ((got = read(report[0], &rep, sizeof rep)) < 0 && errno == EINTR)
+		;
+	if (got == (ssize_t)sizeof rep) {
+		reap_now(c->pid);
+		c->pid = -1;
+		spawn_failure(failure, spec, rep.stage, rep.err);
+		goto fail;
+	}
+	c->pidfd = (int)syscall(SYS_pidfd_open, c->pid, 0);
+	c->in[0].fd = out[0];
+	c->in[1].fd = err[0];
+	out[0] = err[0] = -1;
+	c->cap = agent.cfg.output_cap;
+	c->frame_cost = spec->frame_cost;
+	c->timeout_ms = spec->timeout_ms;
+	if (c->pidfd < 0 || fcntl(c->in[0].fd, F_SETFL, O_NONBLOCK) < 0 ||
+	    fcntl(c->in[1].fd, F_SETFL, O_NONBLOCK) < 0 || setup_events(c, spec) < 0) {
+		outcome_error(failure, "spawnFailed", "the agent cannot watch the command: %s",
+			      strerror(errno));
+		kill(-c->pid, SIGKILL);
+		reap_now(c->pid);
+		goto fail;
+	}
+	close(report[0]);
+	free(bwrap_argv);
+	c->sink = sink;
+	c->ctx = ctx;
+	c->next = live;
+	if (live)
+		live->prev = c;
+	live = c;
+	log_debug("started pid %d", (int)c->pid);
+	return c;
+
+fail:
+	for (int i = 0; i < 2; i++) {
+		if (out[i] >= 0)
+			close(out[i]);
+		if (err[i] >= 0)
+			close(err[i]);
+		if (report[i] >= 0)
+			close(report[i]);
+	}
+	for (int i = 0; i < 2; i++) {
+		if (c->in[i].ev)
+			event_free(c->in[i].ev);
+		if (c->in[i].fd >= 0)
+			close(c->in[i].fd);
+	}
+	if (c->exit_ev)
+		event_free(c->exit_ev);
+	if (c->deadline_ev)
+		event_free(c->deadline_ev);
+	if (c->linger_ev)
+		event_free(c->linger_ev);
+	if (c->pidfd >= 0)
+		close(c->pidfd);
+	free(bwrap_argv);
+	free(c);
+	return NULL;
+}
+
+void command_pause(struct command *c)
+{
+	if (c->paused)
+		return;
+	c->paused = 1;
+	for (int i = 0; i < 2; i++)
+		if (c->in[i].fd >= 0)
+			event_del(c->in[i].ev);
+}
+
+void command_resume(struct command *c)
+{
+	if (!c->paused)
+		return;
+	c->paused = 0;
+	for (int i = 0; i < 2; i++)
+		if (c->in[i].fd >= 0)
+			event_add(c->in[i].ev, NULL);
+}
+
+void command_abandon(struct command *c)
+{
+	c->sink = NULL;
+	stop(c);
+	settle(c);
+}
+
+void command_shutdown(void)
+{
+	for (struct command *c = live; c; c = c->next)
+		kill_group(c);
+	for (struct command *c = live; c; c = c->next) {
+		if (c->reaped)
+			continue;
+		reap_now(c->pid);
+		c->reaped = 1;
+	}
+}
+
+void command_free_all(void)
+{
+	while (live)
+		destroy(live);
+}

@@ -1,0 +1,359 @@
+/*
+ * main.c — sandkit-agent: options, start-up and shutdown.
+ *
+ * The agent serves PROTOCOL.md for one sandbox root: it binds, tells its caller the port on
+ * --ready-fd/--ready-file, and runs one libevent loop until SIGTERM or SIGINT, which kill every
+ * running command's process group before the agent exits 0.
+ */
+#include "agent.h"
+
+#include "../base64.h"
+#include "exec.h"
+#include "isolate.h"
+#include "jobs.h"
+#include "log.h"
+#include "server.h"
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+/* A token file holds 44 characters and a newline; anything past this is not a token file. */
+#define TOKEN_FILE_MAX 4096
+/* The largest --output-cap: 16 jobs x 2 streams of it must still fit in a machine's memory. */
+#define OUTPUT_CAP_MAX (1ULL << 30)
+
+struct agent agent;
+
+static const char usage_text[] =
+	"usage: sandkit-agent --root DIR (--token-file FILE | --no-auth) [options]\n"
+	"\n"
+	"Serves the sandbox agent protocol v1 (commands, jobs, files) for one sandbox root.\n"
+	"Every option can also be set by the environment variable shown; a flag wins.\n"
+	"\n"
+	"  --root DIR             SANDKIT_AGENT_ROOT      the sandbox root (must exist); every\n"
+	"                                                 caller path is resolved beneath it\n"
+	"  --listen HOST:PORT     SANDKIT_AGENT_LISTEN    address to bind (default 127.0.0.1:0,\n"
+	"                                                 port 0 = any free port; [v6]:PORT works)\n"
+	"  --token-file FILE      SANDKIT_AGENT_TOKEN_FILE  bearer token: 32 random bytes as 44\n"
+	"                                                 characters of standard base64; never\n"
+	"                                                 accepted on the command line\n"
+	"  --no-auth              SANDKIT_AGENT_NO_AUTH=1 provider mode: a proxy in front\n"
+	"                                                 authorizes; the agent checks nothing\n"
+	"  --output-cap BYTES     SANDKIT_AGENT_OUTPUT_CAP  output kept per stream per command\n"
+	"                                                 (default 4194304, at most 1073741824)\n"
+	"  --require-activation   SANDKIT_AGENT_REQUIRE_ACTIVATION=1  answer 503 until the first\n"
+	"                                                 authorized POST /v1/activate\n"
+	"  --ready-fd N           SANDKIT_AGENT_READY_FD  after binding, write one line\n"
+	"                                                 {\"port\":P,\"pid\":PID,\"bootId\":\"...\"}\n"
+	"                                                 to fd N, then close it\n"
+	"  --ready-file PATH      SANDKIT_AGENT_READY_FILE  the same line, written atomically\n"
+	"  --isolate bwrap        SANDKIT_AGENT_ISOLATE   run every command under bubblewrap\n"
+	"                                                 (read-only host, writable root, private\n"
+	"                                                 /tmp, no network, own pid namespace)\n"
+	"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
+	"  --help                                         this text\n"
+	"\n"
+	"One of --token-file and --no-auth is required. SIGTERM and SIGINT kill every running\n"
+	"command's process group, then the agent exits 0.\n";
+
+static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("sandkit-agent: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	exit(2);
+}
+
+struct raw_options {
+	const char *root, *listen, *token_file, *no_auth, *output_cap, *require_activation;
+	const char *ready_fd, *ready_file, *isolate, *log;
+};
+
+static int env_flag(const char *name, const char *v)
+{
+	if (strcmp(v, "1") == 0 || strcmp(v, "true") == 0 || strcmp(v, "yes") == 0)
+		return 1;
+	if (strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "no") == 0 || v[0] == '\0')
+		return 0;
+	die("%s must be 1 or 0, not '%s'", name, v);
+}
+
+static uint64_t parse_u64(const char *what, const char *v, uint64_t max)
+{
+	char *end;
+	errno = 0;
+	unsigned long long n = strtoull(v, &end, 10);
+	if (v[0] < '0' || v[0] > '9' || *end != '\0' || errno != 0 || n > max)
+		die("%s must be a whole number of at most %llu, not '%s'", what,
+		    (unsigned long long)max, v);
+	return n;
+}
+
+static void parse_listen(const char *v)
+{
+	const char *colon = strrchr(v, ':');
+	if (colon == NULL || colon == v)
+		die("--listen must be HOST:PORT, not '%s'", v);
+	size_t hn = (size_t)(colon - v);
+	if (v[0] == '[' && hn >= 2 && v[hn - 1] == ']') {
+		v++;
+		hn -= 2;
+	}
+	agent.cfg.listen_host = strndup(v, hn);
+	if (agent.cfg.listen_host == NULL)
+		die("out of memory");
+	agent.cfg.listen_port = (unsigned)parse_u64("the --listen port", colon + 1, 65535);
+}
+
+static void read_token(const char *file)
+{
+	int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+		die("cannot open the token file %s: %s", file, strerror(errno));
+	char buf[TOKEN_FILE_MAX + 1];
+	size_t n = 0;
+	for (;;) {
+		ssize_t r = read(fd, buf + n, sizeof buf - n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			die("cannot read the token file %s: %s", file, strerror(errno));
+		if (r == 0 || (n += (size_t)r) == sizeof buf)
+			break;
+	}
+	close(fd);
+	if (n > TOKEN_FILE_MAX)
+		die("the token file %s is not a token: it is over %d bytes", file, TOKEN_FILE_MAX);
+	size_t s = 0, e = n;
+	while (s < e && strchr(" \t\r\n", buf[s]) && buf[s])
+		s++;
+	while (e > s && strchr(" \t\r\n", buf[e - 1]) && buf[e - 1])
+		e--;
+	unsigned char raw[SK_B64_DECODED_MAX(AGENT_TOKEN_CHARS)];
+	size_t rawlen;
+	if (e - s != AGENT_TOKEN_CHARS || sk_b64_decode(buf + s, e - s, raw, &rawlen) < 0 ||
+	    rawlen != AGENT_TOKEN_BYTES)
+		die("the token file %s must hold 32 random bytes as 44 characters of standard base64",
+		    file);
+	memcpy(agent.cfg.token, buf + s, AGENT_TOKEN_CHARS);
+	agent.cfg.token[AGENT_TOKEN_CHARS] = '\0';
+	explicit_bzero(buf, sizeof buf);
+	explicit_bzero(raw, sizeof raw);
+}
+
+static void configure(int argc, char **argv)
+{
+	struct raw_options o = {
+		getenv("SANDKIT_AGENT_ROOT"), getenv("SANDKIT_AGENT_LISTEN"),
+		getenv("SANDKIT_AGENT_TOKEN_FILE"), getenv("SANDKIT_AGENT_NO_AUTH"),
+		getenv("SANDKIT_AGENT_OUTPUT_CAP"), getenv("SANDKIT_AGENT_REQUIRE_ACTIVATION"),
+		getenv("SANDKIT_AGENT_READY_FD"), getenv("SANDKIT_AGENT_READY_FILE"),
+		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"),
+	};
+	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
+	int require_activation = o.require_activation
+		? env_flag("SANDKIT_AGENT_REQUIRE_ACTIVATION", o.require_activation) : 0;
+	static const struct option longopts[] = {
+		{ "root", required_argument, NULL, 'r' },
+		{ "listen", required_argument, NULL, 'l' },
+		{ "token-file", required_argument, NULL, 't' },
+		{ "no-auth", no_argument, NULL, 'n' },
+		{ "output-cap", required_argument, NULL, 'c' },
+		{ "require-activation", no_argument, NULL, 'a' },
+		{ "ready-fd", required_argument, NULL, 'f' },
+		{ "ready-file", required_argument, NULL, 'F' },
+		{ "isolate", required_argument, NULL, 'i' },
+		{ "log", required_argument, NULL, 'L' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int ch;
+	while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+		switch (ch) {
+		case 'r': o.root = optarg; break;
+		case 'l': o.listen = optarg; break;
+		case 't': o.token_file = optarg; break;
+		case 'n': no_auth = 1; break;
+		case 'c': o.output_cap = optarg; break;
+		case 'a': require_activation = 1; break;
+		case 'f': o.ready_fd = optarg; break;
+		case 'F': o.ready_file = optarg; break;
+		case 'i': o.isolate = optarg; break;
+		case 'L': o.log = optarg; break;
+		case 'h': fputs(usage_text, stdout); exit(0);
+		default: fputs(usage_text, stderr); exit(2);
+		}
+	}
+	if (optind < argc)
+		die("unexpected argument '%s' (see --help)", argv[optind]);
+
+	struct agent_config *c = &agent.cfg;
+	c->log_level = LOG_INFO;
+	if (o.log) {
+		if (strcmp(o.log, "quiet") == 0)
+			c->log_level = LOG_QUIET;
+		else if (strcmp(o.log, "info") == 0)
+			c->log_level = LOG_INFO;
+		else if (strcmp(o.log, "debug") == 0)
+			c->log_level = LOG_DEBUG;
+		else
+			die("--log must be quiet, info or debug, not '%s'", o.log);
+	}
+	if (o.root == NULL || o.root[0] == '\0')
+		die("--root is required (see --help)");
+	c->root_fd = open(o.root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (c->root_fd < 0)
+		die("the root %s cannot be used: %s", o.root, strerror(errno));
+	c->root_path = realpath(o.root, NULL);
+	if (c->root_path == NULL)
+		die("the root %s cannot be resolved: %s", o.root, strerror(errno));
+	parse_listen(o.listen ? o.listen : "127.0.0.1:0");
+	/* Exactly one way to authorize: an agent that silently picked one would be a surprise. */
+	if (no_auth && o.token_file)
+		die("--no-auth and --token-file exclude each other");
+	if (!no_auth && o.token_file == NULL)
+		die("one of --token-file and --no-auth is required");
+	c->no_auth = no_auth;
+	if (o.token_file)
+		read_token(o.token_file);
+	c->output_cap = o.output_cap ? parse_u64("--output-cap", o.output_cap, OUTPUT_CAP_MAX)
+				     : AGENT_DEFAULT_OUTPUT_CAP;
+	c->require_activation = require_activation;
+	c->ready_fd = -1;
+	if (o.ready_fd) {
+		c->ready_fd = (int)parse_u64("--ready-fd", o.ready_fd, INT_MAX);
+		if (c->ready_fd <= 2 || fcntl(c->ready_fd, F_GETFD) < 0)
+			die("--ready-fd %d is not an open descriptor above 2", c->ready_fd);
+		/* It is the caller's: no command may inherit it, even before it is closed. */
+		fcntl(c->ready_fd, F_SETFD, FD_CLOEXEC);
+	}
+	c->ready_file = o.ready_file;
+	if (o.isolate) {
+		if (strcmp(o.isolate, "bwrap") != 0)
+			die("--isolate knows only bwrap, not '%s'", o.isolate);
+		c->isolate_bwrap = 1;
+	}
+}
+
+/* Writes all of buf; 0 or -1. */
+static int write_all(int fd, const char *buf, size_t len)
+{
+	while (len > 0) {
+		ssize_t w = write(fd, buf, len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		buf += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+static void announce(unsigned port)
+{
+	char line[128];
+	int n = snprintf(line, sizeof line, "{\"port\":%u,\"pid\":%d,\"bootId\":\"%s\"}\n", port,
+			 (int)getpid(), agent.boot_id);
+	if (agent.cfg.ready_file) {
+		/* Written beside the target and renamed: a reader sees no file or the whole line. */
+		char tmp[PATH_MAX];
+		if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", agent.cfg.ready_file, (int)getpid()) >=
+		    (int)sizeof tmp)
+			die("--ready-file is too long");
+		int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+		if (fd < 0 || write_all(fd, line, (size_t)n) < 0 || close(fd) < 0 ||
+		    rename(tmp, agent.cfg.ready_file) < 0) {
+			int e = errno;
+			unlink(tmp);
+			die("cannot write --ready-file %s: %s", agent.cfg.ready_file, strerror(e));
+		}
+	}
+	/* The descriptor last: a caller that reads the line there may rely on the file too. */
+	if (agent.cfg.ready_fd >= 0) {
+		if (write_all(agent.cfg.ready_fd, line, (size_t)n) < 0)
+			die("cannot write the ready line to --ready-fd: %s", strerror(errno));
+		close(agent.cfg.ready_fd);
+		agent.cfg.ready_fd = -1;
+	}
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	(void)what;
+	(void)arg;
+	log_info("signal %d: stopping", (int)sig);
+	event_base_loopbreak(agent.base);
+}
+
+int main(int argc, char **argv)
+{
+	/* Descriptors 0-2 must be open, or a pipe made later could land on one and be taken for
+	 * the agent's own stdout by a dup2 in a child. */
+	for (int fd = 0; fd <= 2; fd++)
+		if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) != fd)
+			return 2;
+	configure(argc, argv);
+	agent.activated = !agent.cfg.require_activation;
+	if (util_uuid(agent.boot_id) < 0)
+		die("cannot make a boot id: %s", strerror(errno));
+	if (agent.cfg.isolate_bwrap) {
+		char why[512];
+		if (isolate_probe(why, sizeof why) < 0)
+			die("%s", why);
+	}
+	/* A caller that vanishes must not kill the agent with SIGPIPE mid-write. */
+	signal(SIGPIPE, SIG_IGN);
+	/* A precise clock: libevent's default coarse one can fire a deadline milliseconds early,
+	 * and a command must get at least the timeoutMs it asked for. */
+	struct event_config *ec = event_config_new();
+	if (ec == NULL || event_config_set_flag(ec, EVENT_BASE_FLAG_PRECISE_TIMER) < 0)
+		die("cannot configure the event loop");
+	agent.base = event_base_new_with_config(ec);
+	event_config_free(ec);
+	if (agent.base == NULL)
+		die("cannot create the event loop");
+	unsigned port;
+	if (server_start(&port) < 0)
+		die("cannot listen on %s:%u: %s", agent.cfg.listen_host, agent.cfg.listen_port,
+		    strerror(errno));
+	struct event *term = evsignal_new(agent.base, SIGTERM, on_signal, NULL);
+	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
+	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
+		die("cannot watch SIGTERM and SIGINT");
+	announce(port);
+	log_info("serving %s on port %u (%s%s%s)", agent.cfg.root_path, port,
+		 agent.cfg.no_auth ? "no auth" : "bearer token",
+		 agent.cfg.require_activation ? ", activation required" : "",
+		 agent.cfg.isolate_bwrap ? ", bwrap" : "");
+
+	event_base_dispatch(agent.base);
+
+	command_shutdown();
+	server_stop();
+	jobs_free_all();
+	command_free_all();
+	event_free(term);
+	event_free(intr);
+	event_base_free(agent.base);
+	close(agent.cfg.root_fd);
+	free(agent.cfg.root_path);
+	free(agent.cfg.listen_host);
+	explicit_bzero(agent.cfg.token, sizeof agent.cfg.token);
+	return 0;
+}

@@ -1,0 +1,162 @@
+/* paths.c — see paths.h. */
+#include "paths.h"
+
+#include "agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* openat2 answers EAGAIN when a concurrent rename could have fooled the resolution; a few
+ * retries ride out a race, a loop that never ends would let a command stall the agent. */
+#define OPENAT2_RETRIES 8
+
+const char *paths_normalize(const char *p, size_t len, char *out)
+{
+	if (len == 0)
+		return "path is empty";
+	if (memchr(p, '\0', len) != NULL)
+		return "path contains a NUL byte";
+	size_t o = 0, i = 0;
+	while (i < len) {
+		while (i < len && p[i] == '/')
+			i++;
+		size_t start = i;
+		while (i < len && p[i] != '/')
+			i++;
+		size_t n = i - start;
+		if (n == 0 || (n == 1 && p[start] == '.'))
+			continue;
+		if (n == 2 && p[start] == '.' && p[start + 1] == '.')
+			return "path traverses upward";
+		if (o + (o > 0) + n + 1 > PATHS_MAX)
+			return "path is too long";
+		if (o > 0)
+			out[o++] = '/';
+		memcpy(out + o, p + start, n);
+		o += n;
+	}
+	if (o == 0)
+		out[o++] = '.';
+	out[o] = '\0';
+	return NULL;
+}
+
+const char *paths_refusal_reason(void)
+{
+	return "path leaves the sandbox root or goes through a symbolic link";
+}
+
+static enum path_result classify(int err)
+{
+	switch (err) {
+	case EXDEV:  /* RESOLVE_BENEATH: the walk would have left the root */
+	case ELOOP:  /* RESOLVE_NO_SYMLINKS / NO_MAGICLINKS: a link on the way */
+		return PATH_REFUSED;
+	case ENOENT:
+		return PATH_MISSING;
+	case ENOTDIR:
+		return PATH_NOT_DIR;
+	default:
+		return PATH_FAILED;
+	}
+}
+
+enum path_result paths_open_at(int dirfd, const char *rel, int flags, mode_t mode, int *fd)
+{
+	struct open_how how;
+	memset(&how, 0, sizeof how);
+	how.flags = (uint64_t)(flags | O_CLOEXEC);
+	how.mode = (flags & O_CREAT) ? mode : 0;
+	how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+	for (int tries = 0; tries < OPENAT2_RETRIES; tries++) {
+		long r = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
+		if (r >= 0) {
+			*fd = (int)r;
+			return PATH_OK;
+		}
+		if (errno != EAGAIN && errno != EINTR)
+			break;
+	}
+	return classify(errno);
+}
+
+enum path_result paths_open(const char *rel, int flags, mode_t mode, int *fd)
+{
+	return paths_open_at(agent.cfg.root_fd, rel, flags, mode, fd);
+}
+
+enum path_result paths_walk(const char *rel, int create, int parent_only, int *dirfd,
+			    const char **last)
+{
+	char comp[PATHS_MAX];
+	int cur = -1; /* -1 stands for the root, which is never closed here */
+	const char *p = strcmp(rel, ".") == 0 ? "" : rel;
+	for (;;) {
+		const char *slash = strchr(p, '/');
+		size_t n = slash ? (size_t)(slash - p) : strlen(p);
+		if (n == 0 || (parent_only && slash == NULL))
+			break;
+		memcpy(comp, p, n);
+		comp[n] = '\0';
+		int base = cur < 0 ? agent.cfg.root_fd : cur, next;
+		enum path_result r = paths_open_at(base, comp, O_PATH | O_DIRECTORY, 0, &next);
+		if (r == PATH_MISSING && create) {
+			/* One component, made beneath a confined descriptor: mkdirat cannot follow a
+			 * link here, and a link planted meanwhile fails the re-open below. */
+			if (mkdirat(base, comp, 0777) < 0 && errno != EEXIST) {
+				r = classify(errno);
+			} else {
+				r = paths_open_at(base, comp, O_PATH | O_DIRECTORY, 0, &next);
+			}
+		}
+		if (r != PATH_OK) {
+			int saved = errno;
+			if (cur >= 0)
+				close(cur);
+			errno = saved;
+			return r;
+		}
+		if (cur >= 0)
+			close(cur);
+		cur = next;
+		if (slash == NULL) {
+			p += n;
+			break;
+		}
+		p = slash + 1;
+	}
+	if (cur < 0) {
+		/* Still at the root: hand out a descriptor of its own so callers always close. */
+		cur = fcntl(agent.cfg.root_fd, F_DUPFD_CLOEXEC, 0);
+		if (cur < 0)
+			return PATH_FAILED;
+	}
+	*dirfd = cur;
+	if (last)
+		*last = *p ? p : ".";
+	return PATH_OK;
+}
+
+enum path_result paths_open_cwd(const char *cwd, size_t len, int *fd, const char **why)
+{
+	char rel[PATHS_MAX];
+	*fd = -1;
+	if (cwd == NULL)
+		return PATH_OK;
+	if ((*why = paths_normalize(cwd, len, rel)) != NULL)
+		return PATH_REFUSED;
+	enum path_result r = paths_open(rel, O_PATH | O_DIRECTORY, 0, fd);
+	switch (r) {
+	case PATH_OK: break;
+	case PATH_REFUSED: *why = paths_refusal_reason(); break;
+	case PATH_MISSING: *why = "it does not exist"; break;
+	case PATH_NOT_DIR: *why = "it is not a directory"; break;
+	default: *why = strerror(errno); break;
+	}
+	return r;
+}

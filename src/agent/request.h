@@ -1,0 +1,42 @@
+/*
+ * request.h — the body shared by POST /v1/exec and POST /v1/jobs/start (PROTOCOL.md §3.3, §6):
+ * {"command": [...], "timeoutMs"|"deadlineMs": N, "cwd"|"workingDirectory": "...",
+ *  "env": {...}, "jobId": "..."}. The newer field names win when both spellings are present.
+ */
+#ifndef SANDKIT_AGENT_REQUEST_H
+#define SANDKIT_AGENT_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Caller-chosen job ids: 1-64 of [A-Za-z0-9_-] (PROTOCOL.md §6). */
+#define REQUEST_JOB_ID_MAX 64
+
+/* The environment every command starts from; the request's env may replace PATH. */
+#define REQUEST_DEFAULT_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+struct cmd_request {
+	char **argv;          /* NULL-terminated; NULL when absent */
+	char **envp;          /* NULL-terminated "K=V" list, PATH first */
+	uint64_t timeout_ms;
+	char *cwd;            /* NULL: the root */
+	size_t cwd_len;
+	char job_id[REQUEST_JOB_ID_MAX + 1]; /* "" when the caller chose none */
+	/* Set when the body is JSON but says something the protocol refuses: for exec this
+	 * becomes a requestInvalid frame after the 200, for jobs a 400. Static or in reason_buf. */
+	const char *invalid;
+	char reason_buf[160];
+};
+
+/*
+ * Parses body into r (zeroed first). Returns -1 when the body is not a JSON object at all
+ * (then r->invalid says why), 0 otherwise. -2 when memory ran out. cmd_request_free releases
+ * what was allocated in every case.
+ */
+int cmd_request_parse(const char *body, size_t len, struct cmd_request *r);
+void cmd_request_free(struct cmd_request *r);
+
+/* 1 when s[0..len) is an acceptable caller job id. */
+int request_job_id_valid(const char *s, size_t len);
+
+#endif
