@@ -20,13 +20,15 @@ describe("a slow consumer", function()
   after_each(function() local_state.clean(root) end)
 
   it("holds back a command that would write a gigabyte", function()
-    -- Writes up to 1 GiB in 64 KiB blocks, recording after each block how many it wrote.
+    -- Writes up to 1 GiB in 64 KiB blocks, recording after each block how many it wrote
+    -- (through a rename, so a reader never sees a half-written count).
     local writer = { LUA, "-e", string.format([[
       local block = string.rep("x", %d)
       for i = 1, 16384 do
         io.stdout:write(block)
         io.stdout:flush()
-        local f = io.open("written", "w") f:write(i) f:close()
+        local f = io.open("written.tmp", "w") f:write(i) f:close()
+        os.rename("written.tmp", "written")
       end]], BLOCK) }
     local frames, bytes = 0, 0
     local started = core.now()
@@ -45,8 +47,10 @@ describe("a slow consumer", function()
     assert.is_true(bytes > 0)
     assert.is_true(written - bytes < 32 * 1024 * 1024, string.format(
       "the command wrote %d bytes while the reader took %d", written, bytes))
-    -- Leaving the loop closed the stream, which stops the command: the count stays put.
-    local after = assert(session:exec({ "sh", "-c", "sleep 0.3; cat written" }, { timeout = 10 }))
-    assert.equal(tostring(written // BLOCK), after.stdout)
+    -- Leaving the loop closed the stream, which stops the command: give the agent a moment to
+    -- act on the close, then the count stays put.
+    local settled = assert(session:exec({ "sh", "-c", "sleep 0.3; cat written" }, { timeout = 10 })).stdout
+    local later = assert(session:exec({ "sh", "-c", "sleep 0.3; cat written" }, { timeout = 10 })).stdout
+    assert.equal(settled, later)
   end)
 end)
