@@ -3,10 +3,12 @@
 -- A connection `conn` says where requests go and how long to wait:
 --   conn.transport:prepare(method, path, operation) -> { url =, headers = {…}, ca_file = } | nil, err
 --     (the only thing providers disagree on: how a request to a session's agent is authorized)
---   conn.transport:settle(operation, err, target) -> "replay" | nil     (optional)
---     called with every failed attempt before it is returned; a transport that caches routes
+--   conn.transport:settle(operation, err, target, replayed) -> "replay" | nil [, err] (optional)
+--     called with every failed attempt before it is returned, the one replay included
+--     (`replayed` true; its answer is not asked for again); a transport that caches routes
 --     drops a bad one here, and may ask for the request to be sent once more — only where it
---     can prove the first attempt was not delivered.
+--     can prove the first attempt was not delivered. A second result replaces the error
+--     returned (say, why the route could not be refreshed).
 --   conn.header_timeout, conn.grace, conn.error_body_timeout, conn.body_timeout,
 --   conn.connect_timeout (seconds), conn.features (set of health `features`)
 --
@@ -149,9 +151,11 @@ local function send(conn, operation, method, path, body, max_body)
     local resp
     resp, err = attempt(conn, target, operation, method, body, max_body)
     if resp then return resp end
-    if replayed or not transport.settle or transport:settle(operation, err, target) ~= "replay" then
-      return nil, err
+    local verdict, replacement
+    if transport.settle then
+      verdict, replacement = transport:settle(operation, err, target, replayed)
     end
+    if replayed or verdict ~= "replay" then return nil, replacement or err end
     replayed = true
   end
 end

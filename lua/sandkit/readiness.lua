@@ -43,8 +43,9 @@ function readiness.wait(conn, opts)
       else
         last = describe(health)
       end
-    elseif err.code == "SANDBOX_COMMAND_FAILED" or err.code == "UNEXPECTED_RESPONSE_FORMAT" then
-      -- The agent answered and refused (a credential, a version): waiting will not change it.
+    elseif not err.retryable then
+      -- An answer that asking again cannot change (a refused credential, a protocol version,
+      -- a sandbox not as declared): waiting will not help.
       return nil, err
     elseif not (last and probe_timeout < conn.header_timeout and err.sent ~= false) then
       -- A probe cut short by the end of the wait mostly measures its own cut-off: what the
