@@ -6,7 +6,7 @@
 -- Every transfer in a Lua state shares one core client: one pool of connections and one
 -- pollable, so a scheduler can wait on all of them at once.
 
-local cjson = require "cjson.safe"
+local json_codec = require "sandkit.json"
 local core = require "sandkit.core"
 local wait = require "sandkit.wait"
 
@@ -115,7 +115,7 @@ function http.exchange(spec)
     failure.status = resp.status
     return nil, failure
   end
-  local json = body ~= "" and cjson.decode(body) or nil
+  local json = body ~= "" and json_codec.decode(body) or nil
   return { status = resp.status, headers = headers, body = body,
     json = type(json) == "table" and json or nil }
 end

@@ -16,11 +16,14 @@
 -- *unanswered* — SANDBOX_OUTCOME_UNKNOWN for the two operations that may start a command,
 -- SANDBOX_UNREACHABLE (retryable) for the rest; a 4xx is the agent refusing.
 
-local cjson = require "cjson.safe"
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
+local json = require "sandkit.json"
 local wait = require "sandkit.wait"
+
+local encode = json.encode
+local to_integer = json.integer
 
 local protocol = {}
 
@@ -57,11 +60,6 @@ protocol.DEFAULTS = {
   body_timeout = 120,       -- seconds to read a 2xx body that is not a stream
   connect_timeout = 30,
 }
-
-local function to_integer(v)
-  if type(v) ~= "number" or v ~= v or v % 1 ~= 0 then return nil end
-  return math.tointeger and math.tointeger(v) or v
-end
 
 --- Converts a timeout in seconds to the wire's milliseconds: saturated, not wrapped, and
 -- refused when it is not positive once converted (a sub-millisecond timeout floors to 0).
@@ -169,18 +167,13 @@ local function read_json(conn, resp, operation, unreadable)
       and "it was larger than this operation allows" or tostring(bad.detail)
     return nil, errors.unanswered(operation, unreadable .. ": " .. detail, { sent = true })
   end
-  local value, jerr = cjson.decode(text)
+  local value, jerr = json.decode(text)
   if type(value) ~= "table" then
     return nil, errors.unexpected(operation, "body", "not a JSON object: " .. tostring(jerr))
   end
   return value
 end
 
-local function encode(value)
-  local s, err = cjson.encode(value)
-  if not s then error("sandkit: cannot encode request: " .. tostring(err), 3) end
-  return s
-end
 
 local function check_argv(argv)
   if type(argv) ~= "table" then error("sandkit: a command is an argv table", 3) end
@@ -354,7 +347,7 @@ function protocol.job_poll(conn, job_id, since)
   if since ~= nil and (not to_integer(since) or since < 0) then
     error("sandkit: since is a non-negative integer seq", 2)
   end
-  local body = since == nil and encode{ jobId = job_id, sinceSeq = cjson.null }
+  local body = since == nil and encode{ jobId = job_id, sinceSeq = json.null }
     or encode{ jobId = job_id, sinceSeq = since }
   local resp, err = send(conn, JOB_POLL, "POST", "/v1/jobs/poll", body, MAX_POLL_BODY)
   if not resp then return nil, err end

@@ -12,7 +12,7 @@
 --   provider:list()                                 -> { record… } | nil, err
 --   provider:terminate(id)                          -> true | nil, err
 --   provider:connection(record)                     -> conn (see protocol.lua) | nil, err
--- and optionally get_or_create(opts) -> record, created; session_capabilities(record);
+-- and optionally get_or_create(opts) -> record, created (opts.id is set); session_capabilities(record);
 -- preview(record, port); pause(record); resume(record); snapshot(record); and
 -- refusals = { [capability] = "why not, and what to do instead" }.
 -- A record is { id =, state =, generation = } plus whatever the provider keeps.
@@ -101,21 +101,26 @@ function sandbox_mt:get(id)
 end
 
 --- Returns the session with opts.id, creating it when absent; `created` comes from the path
--- taken. Not atomic: two callers racing on one id may both see created = true.
+-- taken. Not atomic: two callers racing on one id may both see created = true. Without an
+-- id there is nothing to get: it creates. A provider's own get_or_create sees only ids.
 function sandbox_mt:get_or_create(opts)
   opts = opts or {}
   check_id(opts.id, "get_or_create")
+  if opts.id == nil then
+    local session, err = self:create(opts)
+    if not session then return nil, err end
+    return session, true
+  end
   if self.provider.get_or_create then
     local record, created = self.provider:get_or_create(opts)
     if not record then return nil, created end
     return new_session(self, record), created
   end
-  if opts.id ~= nil then
-    local record, err = self.provider:get(opts.id)
-    if record then return new_session(self, record), false end
-    if err then return nil, err end
-  end
-  local session, err = self:create(opts)
+  local record, err = self.provider:get(opts.id)
+  if record then return new_session(self, record), false end
+  if err then return nil, err end
+  local session
+  session, err = self:create(opts)
   if not session then return nil, err end
   return session, true
 end

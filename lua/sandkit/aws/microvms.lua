@@ -25,7 +25,7 @@
 -- credentials are picked up. No error text ever holds a credential.
 
 local core = require "sandkit.core"
-local cjson = require "cjson.safe"
+local json_codec = require "sandkit.json"
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
 local sigv4 = require "sandkit.aws.sigv4"
@@ -60,11 +60,7 @@ local function non_empty_string(v)
   return type(v) == "string" and v ~= ""
 end
 
---- A whole number as an integer (Lua 5.4), or as it is where numbers have no subtype.
-local function to_integer(v)
-  if type(v) ~= "number" or v ~= v or v % 1 ~= 0 then return nil end
-  return math.tointeger and math.tointeger(v) or v
-end
+local to_integer = json_codec.integer
 
 --- Whether a URL host names this machine.
 function microvms.is_loopback(host)
@@ -293,11 +289,7 @@ local function check_id(id)
   if not non_empty_string(id) then error("sandkit: a MicroVM id is a non-empty string", 3) end
 end
 
-local function encode(value)
-  local s, err = cjson.encode(value)
-  if not s then error("sandkit: cannot encode request: " .. tostring(err), 3) end
-  return s
-end
+local encode = json_codec.encode
 
 local function positive_integer(v, name)
   if v == nil then return nil end

@@ -15,7 +15,7 @@
 -- a command twice, so an unanswered one is SANDBOX_OUTCOME_UNKNOWN.
 
 local core = require "sandkit.core"
-local cjson = require "cjson.safe"
+local json_codec = require "sandkit.json"
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
 
@@ -175,7 +175,7 @@ function client_mt:send(call)
   local headers = { Authorization = "Bearer " .. token, Accept = "application/json" }
   local body = call.body
   if call.json then
-    body = assert(cjson.encode(call.json))
+    body = json_codec.encode(call.json)
     headers["Content-Type"] = "application/json"
   elseif body then
     headers["Content-Type"] = call.content_type
@@ -292,9 +292,7 @@ function client_mt:resume_sandbox(group, id)
   return simple(self, "azure.resumeSandbox", "POST", group, id, "/resume", true)
 end
 
-local function integer(v)
-  return type(v) == "number" and math.tointeger(v) or nil
-end
+local integer = json_codec.integer
 
 local function port_url(ports, port)
   if type(ports) ~= "table" then return nil end

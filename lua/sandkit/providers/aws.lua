@@ -21,6 +21,7 @@
 -- docs/aws.md describes the options and every refusal.
 
 local errors = require "sandkit.errors"
+local json = require "sandkit.json"
 local microvms = require "sandkit.aws.microvms"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
@@ -74,11 +75,7 @@ local function quoted(v)
   return v and ("'" .. v .. "'") or "none"
 end
 
---- A whole number as an integer (Lua 5.4), or as it is where numbers have no subtype.
-local function to_integer(v)
-  if type(v) ~= "number" or v ~= v or v % 1 ~= 0 then return nil end
-  return math.tointeger and math.tointeger(v) or v
-end
+local to_integer = json.integer
 
 local function positive_integer(v)
   local n = to_integer(v)
@@ -433,21 +430,19 @@ end
 function provider_mt:get_or_create(opts)
   local refusal = refuse_session_fields(opts, "sandbox.getOrCreate")
   if refusal then return nil, refusal end
-  if opts.id ~= nil then
-    local record, err = self:get(opts.id)
-    if err then return nil, err end
-    if record then
-      if record.state == "starting" then
-        local ready, health = self:wait_until_servable(record.id, "sandbox.getOrCreate")
-        if not ready then return nil, health end
-        record = session_record(record.id, ready, "running")
-        record.features = health.features
-        record.boot_id = health.bootId
-      end
-      return record, false
+  local record, err = self:get(opts.id)
+  if err then return nil, err end
+  if record then
+    if record.state == "starting" then
+      local ready, health = self:wait_until_servable(record.id, "sandbox.getOrCreate")
+      if not ready then return nil, health end
+      record = session_record(record.id, ready, "running")
+      record.features = health.features
+      record.boot_id = health.bootId
     end
+    return record, false
   end
-  local record, err = self:create(opts)
+  record, err = self:create(opts)
   if not record then return nil, err end
   return record, true
 end

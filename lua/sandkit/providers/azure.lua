@@ -802,11 +802,6 @@ end
 --- An existing session is handed back once it serves. The data plane chooses ids, so an id
 -- that does not exist cannot be created under that name.
 function provider_mt:get_or_create(opts)
-  if opts.id == nil then
-    local record, err = self:create(opts)
-    if not record then return nil, err end
-    return record, true
-  end
   local record, err = self:get(opts.id)
   if not record then
     return nil, err or errors.invalid_input("sandbox.get_or_create", "id", "no session " .. opts.id

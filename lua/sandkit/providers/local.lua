@@ -16,9 +16,9 @@
 --   agent.log    the agent's stderr
 -- The record is what lets get, list and terminate work from another process.
 
-local cjson = require "cjson.safe"
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
+local json = require "sandkit.json"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
@@ -151,7 +151,7 @@ end
 local function write_record(dir, record)
   local tmp = dir .. "/record.json.tmp"
   os.remove(tmp)
-  local text = assert(cjson.encode(record))
+  local text = json.encode(record)
   local ok, err = core.write_private(tmp, text)
   if not ok then return nil, err end
   local renamed, rerr = os.rename(tmp, dir .. "/record.json")
@@ -200,7 +200,7 @@ function provider_mt:start_agent(id, dir, generation, env)
     end
   end
   reader:close()
-  local ready = line and cjson.decode(line)
+  local ready = line and json.decode(line)
   if type(ready) ~= "table" or type(ready.port) ~= "number" then
     core.kill(pid, core.SIGKILL)
     core.reap(pid, true)
@@ -209,7 +209,7 @@ function provider_mt:start_agent(id, dir, generation, env)
       message = "sandbox.create: sandkit-agent for session " .. id
         .. " did not report that it listens: " .. log })
   end
-  local record = { id = id, pid = pid, port = math.floor(ready.port), boot_id = ready.bootId,
+  local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
     generation = generation, isolate = self.options.isolate, env = env, created_at = os.time() }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
   local health, herr = readiness.wait(conn, { timeout = self.options.ready_timeout or START_TIMEOUT })
@@ -271,12 +271,14 @@ end
 local function load_record(dir)
   local text = read_file(dir .. "/record.json")
   if not text then return nil end
-  local record = cjson.decode(text)
-  if type(record) ~= "table" or type(record.pid) ~= "number" then return nil end
-  record.pid = math.floor(record.pid)
-  record.port = math.floor(record.port)
-  record.generation = math.floor(record.generation or 1)
-  if record.env == cjson.null then record.env = nil end
+  local record = json.decode(text)
+  if type(record) ~= "table" then return nil end
+  record.pid = json.integer(record.pid)
+  record.port = json.integer(record.port)
+  record.generation = json.integer(record.generation or 1)
+  -- A record this provider did not write whole is not a session it can serve.
+  if not (record.pid and record.port and record.generation) then return nil end
+  if record.env == json.null then record.env = nil end
   return record
 end
 
@@ -311,11 +313,6 @@ end
 --- A session whose agent died (a reboot, a kill) is served again by a fresh agent over the
 -- same files: same id, next generation, created = false.
 function provider_mt:get_or_create(opts)
-  if opts.id == nil then
-    local record, err = self:create(opts)
-    if not record then return nil, err end
-    return record, true
-  end
   local record, err = self:get(opts.id)
   if err then return nil, err end
   if record and record.state == "running" then return record, false end

@@ -1,0 +1,33 @@
+--- JSON for sandkit, over lua-cjson: the one place that knows its habits.
+--
+-- lua-cjson 2.1 decodes every number as a float under Lua 5.4 (7 comes back as 7.0), so wire
+-- integers — seqs, exit codes, ports — go through json.integer before anyone sees them. It
+-- also writes '/' as '\/', which is valid JSON and left alone.
+
+local cjson = require "cjson.safe"
+
+local json = {}
+
+json.null = cjson.null
+
+--- A whole number as an integer (Lua 5.4), or as it is where numbers have no subtype; nil
+-- for anything else, fractions and NaN included.
+function json.integer(v)
+  if type(v) ~= "number" or v ~= v or v % 1 ~= 0 then return nil end
+  return math.tointeger and math.tointeger(v) or v
+end
+
+--- The value of a JSON text, or nil and why it is not one.
+function json.decode(text)
+  return cjson.decode(text)
+end
+
+--- The JSON text of a value; raises for a value JSON cannot hold (a caller's mistake: a
+-- function, a sparse array), naming what was refused.
+function json.encode(value)
+  local text, err = cjson.encode(value)
+  if not text then error("sandkit: cannot encode as JSON: " .. tostring(err), 2) end
+  return text
+end
+
+return json
