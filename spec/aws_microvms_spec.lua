@@ -64,6 +64,10 @@ end
 local function run_child(code, env)
   local out = os.tmpname()
   local full = { LUA_PATH = package.path, LUA_CPATH = package.cpath, PATH = os.getenv("PATH") }
+  -- A sanitizer build of the C core loads only where its runtime is preloaded (make check-asan).
+  for _, name in ipairs({ "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" }) do
+    full[name] = os.getenv(name)
+  end
   for k, v in pairs(env) do full[k] = v end
   local pid = assert(core.spawn({ LUA, "-e", code }, { env = full, stdout = out, stderr = out }))
   core.reap(pid, true)
