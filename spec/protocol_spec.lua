@@ -40,6 +40,23 @@ describe("the exec stream", function()
     assert.same({ type = "exit", code = 0, truncated = false }, items[2])
   end)
 
+  it("reads a frame line longer than the transfer's buffer, arriving in small pieces", function()
+    -- 200 KiB of payload is a line of about 273 KB: longer than the 128 KiB a transfer holds,
+    -- so the line must be handed to the decoder while it is still arriving. ("zzz" is "enp6".)
+    session, server = agent_session.open([[function(req, conn)
+      local line = '{"t":"stdout","seq":0,"data":"' .. string.rep("enp6", 68267) .. '"}\n'
+      local chunks = {}
+      for i = 1, #line, 7000 do chunks[#chunks + 1] = line:sub(i, i + 6999) end
+      chunks[#chunks + 1] = '{"t":"exit","code":0}\n'
+      respond.frames(conn, chunks)
+    end]])
+    local items = collect(session)
+    assert.equal(2, #items)
+    assert.equal(204801, #items[1].data)
+    assert.equal(string.rep("z", 204801), items[1].data)
+    assert.same({ type = "exit", code = 0, truncated = false }, items[2])
+  end)
+
   it("tolerates CRLF line ends, unknown fields and a missing truncated", function()
     session, server = agent_session.open([[function(req, conn)
       respond.frames(conn, { '{"t":"stdout","seq":0,"data":"aGk=","extra":{"a":[1,2]}}\r\n\r\n',

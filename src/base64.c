@@ -2,6 +2,7 @@
 #include "base64.h"
 
 #include <stdint.h>
+#include <string.h>
 
 static const char alphabet[64] =
 	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -26,15 +27,48 @@ static const uint8_t symbol_value[256] = {
 	255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255, 255,
 };
 
+/* Tables the compiler builds from a formula of the index: ROW256(f, i) is f(i) .. f(i + 255). */
+#define ROW4(f, i) f(i), f(i + 1), f(i + 2), f(i + 3)
+#define ROW16(f, i) ROW4(f, i), ROW4(f, i + 4), ROW4(f, i + 8), ROW4(f, i + 12)
+#define ROW64(f, i) ROW16(f, i), ROW16(f, i + 16), ROW16(f, i + 32), ROW16(f, i + 48)
+#define ROW256(f, i) ROW64(f, i), ROW64(f, i + 64), ROW64(f, i + 128), ROW64(f, i + 192)
+#define ROW1024(f, i) ROW256(f, i), ROW256(f, i + 256), ROW256(f, i + 512), ROW256(f, i + 768)
+
+/* The symbol for a 6-bit value, as a byte (the alphabet above, as arithmetic). */
+#define symbol_of(k) \
+	((k) < 26 ? (k) + 65 : (k) < 52 ? (k) + 71 : (k) < 62 ? (k) - 4 : (k) == 62 ? 43 : 47)
+/* Both symbols of a 12-bit value: a group encodes with two lookups and two 2-byte copies. */
+#define pair(i) { (char)symbol_of((i) >> 6), (char)symbol_of((i) & 63) }
+static const char pairs[4096][2] = { ROW1024(pair, 0), ROW1024(pair, 1024), ROW1024(pair, 2048),
+				     ROW1024(pair, 3072) };
+
+/* The value of a symbol byte, or -1 for a byte outside the alphabet. */
+#define value_of(i) ((i) >= 65 && (i) <= 90 ? (i) - 65 : (i) >= 97 && (i) <= 122 ? (i) - 71 : \
+		     (i) >= 48 && (i) <= 57 ? (i) + 4 : (i) == 43 ? 62 : (i) == 47 ? 63 : -1)
+/*
+ * For little-endian decoding of whole groups: placed[k][b] holds the bits of byte b as the
+ * k-th symbol of a group, already where they land in the group's three output bytes read as
+ * a little-endian word. A group is then four lookups ORed and one 4-byte store. A byte
+ * outside the alphabet sets BAD, in the word's fourth byte, which the next group overwrites.
+ */
+#define BAD 0x01000000u
+#define placed0(i) (value_of(i) < 0 ? BAD : (uint32_t)value_of(i) << 2)
+#define placed1(i) \
+	(value_of(i) < 0 ? BAD : (uint32_t)value_of(i) >> 4 | ((uint32_t)value_of(i) & 15) << 12)
+#define placed2(i) \
+	(value_of(i) < 0 ? BAD : ((uint32_t)value_of(i) >> 2) << 8 | ((uint32_t)value_of(i) & 3) << 22)
+#define placed3(i) (value_of(i) < 0 ? BAD : (uint32_t)value_of(i) << 16)
+static const uint32_t placed[4][256] = { { ROW256(placed0, 0) }, { ROW256(placed1, 0) },
+					 { ROW256(placed2, 0) }, { ROW256(placed3, 0) } };
+
 void sk_b64_encode(const unsigned char *in, size_t len, char *out)
 {
 	size_t i = 0;
 	for (; i + 3 <= len; i += 3) {
 		uint32_t v = ((uint32_t)in[i] << 16) | ((uint32_t)in[i + 1] << 8) | in[i + 2];
-		*out++ = alphabet[v >> 18];
-		*out++ = alphabet[(v >> 12) & 63];
-		*out++ = alphabet[(v >> 6) & 63];
-		*out++ = alphabet[v & 63];
+		memcpy(out, pairs[v >> 12], 2);
+		memcpy(out + 2, pairs[v & 4095], 2);
+		out += 4;
 	}
 	if (len - i == 1) {
 		uint32_t v = (uint32_t)in[i] << 16;
@@ -60,6 +94,22 @@ int sk_b64_decode(const char *in, size_t len, unsigned char *out, size_t *out_le
 		*out_len = len - len % 4;
 		return -1;
 	}
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	/* Two groups at a time while another group follows them, so the fourth byte each store
+	 * spills lands where later output goes. A bad symbol stops this loop; the one below finds
+	 * and reports it. */
+	for (; i + 8 < len; i += 8) {
+		uint32_t x = placed[0][s[i]] | placed[1][s[i + 1]] | placed[2][s[i + 2]] |
+			     placed[3][s[i + 3]];
+		uint32_t y = placed[0][s[i + 4]] | placed[1][s[i + 5]] | placed[2][s[i + 6]] |
+			     placed[3][s[i + 7]];
+		if ((x | y) & BAD)
+			break;
+		memcpy(out + o, &x, 4);
+		memcpy(out + o + 3, &y, 4);
+		o += 6;
+	}
+#endif
 	/* Every group but the last has no padding: decode those without per-symbol branching. */
 	for (; len >= 4 && i < len - 4; i += 4) {
 		uint8_t a = symbol_value[s[i]], b = symbol_value[s[i + 1]];

@@ -32,6 +32,8 @@ struct client_ud {
 
 struct transfer_ud {
 	sk_transfer *t;
+	/* Leading unread bytes known to hold no newline: a frame line still arriving. */
+	size_t partial;
 };
 
 static struct client_ud *check_client(lua_State *L, int idx)
@@ -211,6 +213,7 @@ static int client_request(lua_State *L)
 
 	struct transfer_ud *u = skc_newuserdata(L, sizeof *u);
 	u->t = NULL;
+	u->partial = 0;
 	luaL_setmetatable(L, TRANSFER_MT);
 	/* The user value keeps the client and the body alive for as long as the transfer. */
 	lua_createtable(L, 2, 0);
@@ -302,6 +305,20 @@ static int transfer_decode(lua_State *L)
 		size_t n;
 		const char *p = sk_transfer_peek(u->t, &n);
 		while (n > 0) {
+			/* A line still arriving stays in the transfer's buffer, where the rest of it
+			 * lands: handed to the decoder now, every byte of it would be copied into a
+			 * second buffer per stream. It is handed over incomplete only when the
+			 * transfer paused on it (a line longer than the buffer) or the body ended. */
+			if (u->partial > n)
+				u->partial = 0; /* read() took bytes since: nothing is known any more */
+			if (sk_frames_pending(d) == 0 && !sk_transfer_paused(u->t)) {
+				sk_transfer_state(u->t, &st);
+				if (!st.done && memchr(p + u->partial, '\n', n - u->partial) == NULL) {
+					u->partial = n;
+					break;
+				}
+			}
+			u->partial = 0;
 			const char *q = p;
 			size_t left = n;
 			sk_frame f;

@@ -507,6 +507,11 @@ const char *sk_transfer_peek(const sk_transfer *t, size_t *len)
 	return t->buf ? t->buf + t->start : "";
 }
 
+int sk_transfer_paused(const sk_transfer *t)
+{
+	return t->paused;
+}
+
 void sk_transfer_consume(sk_transfer *t, size_t n)
 {
 	if (n > t->len)

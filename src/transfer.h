@@ -21,9 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Per-transfer body buffer. Three 64 KiB output frames (base64-inflated) fit in it, and 128
- * concurrent streams stay within 32 MiB of buffers. */
-#define SK_TRANSFER_BUFFER ((size_t)256 * 1024)
+/* Per-transfer body buffer: one full output frame line (a 64 KiB payload is ~87.4 KB of
+ * base64 and JSON) and the next 16 KiB chunk fit in it, and 128 concurrent streams stay
+ * within 16 MiB of buffers. */
+#define SK_TRANSFER_BUFFER ((size_t)128 * 1024)
 /* libcurl hands the write callback at most CURL_MAX_WRITE_SIZE (16 KiB) at once; a buffer
  * must hold at least one such chunk or a paused transfer could never resume. */
 #define SK_TRANSFER_MIN_BUFFER ((size_t)16 * 1024)
@@ -102,5 +103,8 @@ int sk_transfer_header(const sk_transfer *t, int i, const char **name, size_t *n
 const char *sk_transfer_peek(const sk_transfer *t, size_t *len);
 /* Marks n bytes of the view as read; resumes a paused transfer once there is room. */
 void sk_transfer_consume(sk_transfer *t, size_t n);
+/* Whether the transfer waits for its reader: its buffer could not take the last chunk, and
+ * nothing more arrives until bytes are consumed. */
+int sk_transfer_paused(const sk_transfer *t);
 
 #endif

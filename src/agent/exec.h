@@ -2,7 +2,7 @@
  * exec.h — commands as child processes (PROTOCOL.md §3.3 "Execution semantics") and the
  * NDJSON frames their output becomes.
  *
- * A command is one process group led by the child the agent forks. Its stdout and stderr are
+ * A command is one process group led by the child the agent starts. Its stdout and stderr are
  * non-blocking pipes, its exit is a pidfd, its deadline a timer — all events on the agent's
  * one event_base. What happens to its output is up to a sink: the /v1/exec stream writes it to
  * the socket, a job keeps it for polls. The sink sees every kept chunk and exactly one ending.
@@ -48,7 +48,7 @@ struct command_spec {
 };
 
 /*
- * Forks and starts the command. Returns NULL and fills failure (spawnFailed) when it could not
+ * Starts the command (see exec.c for how the child is made). Returns NULL and fills failure (spawnFailed) when it could not
  * be started; nothing is left running then.
  */
 struct command *command_start(const struct command_spec *spec, const struct command_sink *sink,

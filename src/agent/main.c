@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,6 +33,8 @@
 #define TOKEN_FILE_MAX 4096
 /* The largest --output-cap: 16 jobs x 2 streams of it must still fit in a machine's memory. */
 #define OUTPUT_CAP_MAX (1ULL << 30)
+/* Freed heap the agent keeps for reuse rather than hand back to the kernel (see main). */
+#define HEAP_KEEP (32 * 1024 * 1024)
 
 struct agent agent;
 
@@ -319,6 +322,13 @@ int main(int argc, char **argv)
 	}
 	/* A caller that vanishes must not kill the agent with SIGPIPE mid-write. */
 	signal(SIGPIPE, SIG_IGN);
+	/* Each output frame is a fresh 128 KiB buffer (libevent rounds the ~87 KB line up to a
+	 * power of two), freed once the socket took it. At glibc's defaults each one is its own
+	 * mmap, unmapped again on free, so every frame faulted all its pages in anew: most of a
+	 * stream's CPU went there. The frames in flight still bound the memory in use; this only
+	 * keeps freed frames in the heap for the next ones. */
+	mallopt(M_MMAP_THRESHOLD, HEAP_KEEP);
+	mallopt(M_TRIM_THRESHOLD, HEAP_KEEP);
 	/* A precise clock: libevent's default coarse one can fire a deadline milliseconds early,
 	 * and a command must get at least the timeoutMs it asked for. */
 	struct event_config *ec = event_config_new();
