@@ -1,0 +1,333 @@
+--- sandkit's benchmark suite: `make bench` runs it from the repository root, with LUA_PATH,
+-- LUA_CPATH and SANDKIT_AGENT pointing at the build tree.
+--   lua5.4 bench/run.lua
+--
+-- Every benchmark is a script of its own started here as a separate process, so each one's
+-- peak RSS is its own; each prints one `RESULT <json>` line. At the end one table compares
+-- sandkit with its peers, every number from this run. Raw results and the table are also
+-- written to bench/out/results.json and bench/out/table.txt.
+--
+-- A peer that is not installed is reported as missing in the table, never left out.
+
+local here = (arg[0]:match("^(.*)/[^/]*$") or ".")
+package.path = here .. "/?.lua;" .. package.path
+
+local cjson = require "cjson"
+local common = require "common"
+local corpus = require "corpus"
+
+--- The interpreter running this script runs the Lua benchmarks too.
+local LUA = arg[-1] or "lua5.4"
+for i = -2, -10, -1 do
+  if arg[i] == nil then break end
+  LUA = arg[i]
+end
+
+--- Rounds of the decoding benchmark (see decoding()).
+local DECODE_ROUNDS = 2
+--- Streams in the fan-out benchmark; each count runs in its own process.
+local FANOUT = { 1, 16, 128 }
+
+-- Targets (reported against, enforced nowhere).
+local DECODE_VS_CJSON = 10      -- sandkit decodes at least 10x plain Lua + lua-cjson
+local STREAM_VS_CURL = 0.5      -- sandkit streams at least half of what curl -sN reads
+local LATENCY_OVER_SPAWN = 1.0  -- ms: a round trip within 1 ms of a local spawn at p50
+-- Run-to-run spread of the fan-out rounds on a shared 2-core machine is a few percent; a
+-- drop within it is noise, not throughput falling.
+local FANOUT_NOISE = 0.95
+local FANOUT_RSS = 64 * common.MIB
+local SLOW_CLIENT_RSS = 32 * common.MIB
+local SLOW_AGENT_RSS = 32 * common.MIB
+-- "Flat": RSS grew by less than this from the first tenth of the 1 GiB stream to its end.
+local FLAT_GROWTH = 2 * common.MIB
+
+local function quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function shell_line(command)
+  local p = io.popen(command .. " 2>/dev/null")
+  if not p then return nil end
+  local out = p:read("l")
+  p:close()
+  return out
+end
+
+local function have(program)
+  return os.execute("command -v " .. program .. " >/dev/null 2>&1") == true
+end
+
+local function machine()
+  local cpuinfo = common.read_file("/proc/cpuinfo") or ""
+  return {
+    nproc = shell_line("nproc"),
+    cpu = cpuinfo:match("model name%s*:%s*([^\n]+)") or "unknown",
+    kernel = shell_line("uname -r"),
+    debian = common.read_file("/etc/debian_version") and common.read_file("/etc/debian_version"):match("[^\n]+"),
+    lua = shell_line(LUA .. " -v"),
+    curl = shell_line("curl --version"),
+    libevent = shell_line("pkg-config --modversion libevent"),
+    python = have("python3") and shell_line("python3 --version") or "missing",
+    node = (have("node") or have("nodejs")) and shell_line("node --version || nodejs --version") or "missing",
+    load = (common.read_file("/proc/loadavg") or ""):match("^(%S+ %S+ %S+)"),
+  }
+end
+
+--- Runs one benchmark process; returns its decoded RESULT, or nil and the tail of its output.
+local function run(command)
+  local p = assert(io.popen(command .. " 2>&1"))
+  local result, lines = nil, {}
+  for line in p:lines() do
+    local json = line:match("^RESULT (.*)$")
+    if json then result = cjson.decode(json) else lines[#lines + 1] = line end
+  end
+  local ok = p:close()
+  if not ok or not result then
+    return nil, table.concat(lines, "\n"):sub(-1500)
+  end
+  return result
+end
+
+local function progress(fmt, ...)
+  io.stderr:write(string.format(fmt, ...), "\n")
+end
+
+local function lua_script(name, ...)
+  local parts = { LUA, quote(here .. "/" .. name) }
+  for _, a in ipairs({ ... }) do parts[#parts + 1] = quote(a) end
+  return table.concat(parts, " ")
+end
+
+-- The benchmarks ---------------------------------------------------------------------------
+
+local function decoding(corpus_path, info)
+  local node = have("node") and "node" or have("nodejs") and "nodejs" or nil
+  local decoders = {
+    { key = "sandkit", label = "sandkit core.decoder", command = lua_script("decode_sandkit.lua", corpus_path) },
+    { key = "cjson", label = "lua-cjson + Lua base64",
+      command = pcall(require, "cjson") and lua_script("decode_cjson.lua", corpus_path) },
+    { key = "python", label = "Python json + base64",
+      command = have("python3") and ("python3 " .. quote(here .. "/peers/decode.py") .. " " .. quote(corpus_path)) },
+    { key = "node", label = "Node JSON.parse + Buffer",
+      command = node and (node .. " " .. quote(here .. "/peers/decode.js") .. " " .. quote(corpus_path)) },
+  }
+  local function once(d)
+    if not d.command then return { missing = true } end
+    local r, err = run(d.command)
+    if not r then return { failed = err } end
+    if r.frames ~= info.frames or r.bytes ~= info.payload_bytes then
+      return { failed = string.format("decoded %s frames and %s bytes, not %d and %d",
+        tostring(r.frames), tostring(r.bytes), info.frames, info.payload_bytes) }
+    end
+    r.frames_per_s = r.frames / r.best_seconds
+    r.payload_mb_per_s = r.bytes / r.best_seconds / common.MB
+    r.input_mb_per_s = info.input_bytes / r.best_seconds / common.MB
+    return r
+  end
+  -- Each decoder runs once per round, the rounds one after the other, and keeps its fastest:
+  -- a burst of other work on the machine then costs one decoder one round, not the ratio.
+  local out = {}
+  for round = 1, DECODE_ROUNDS do
+    for _, d in ipairs(decoders) do
+      local r = once(d)
+      r.label = d.label
+      local kept = out[d.key]
+      if not kept or (r.best_seconds and (not kept.best_seconds or r.best_seconds < kept.best_seconds)) then
+        out[d.key] = r
+      end
+      if r.payload_mb_per_s then
+        progress("decode  %-26s %9.0f frames/s %8.1f MB/s payload %8.1f MB/s input (round %d, %d passes)",
+          d.label, r.frames_per_s, r.payload_mb_per_s, r.input_mb_per_s, round, r.passes)
+      else
+        progress("decode  %-26s %s", d.label, r.missing and "missing" or ("failed: " .. r.failed))
+      end
+    end
+  end
+  -- Every decoder must have read the same payloads: a peer that decodes wrongly is no peer.
+  local check = out.sandkit.check
+  for key, r in pairs(out) do
+    if r.check and r.check ~= check then
+      out[key] = { failed = "payload checksum differs from sandkit's", label = r.label }
+    end
+  end
+  return out
+end
+
+local function step(name, command)
+  progress("running %s …", name)
+  local r, err = run(command)
+  if not r then
+    progress("%s failed:\n%s", name, err)
+    return { failed = err }
+  end
+  return r
+end
+
+-- The table --------------------------------------------------------------------------------
+
+local function mb(v) return string.format("%.0f MB/s", v) end
+local function mib(v) return string.format("%.1f MiB", v / common.MIB) end
+local function ms(v) return string.format("%.2f ms", v) end
+local function times(v) return string.format("%.2fx", v) end
+local function met(ok) if ok == nil then return "n/a" end return ok and "yes" or "NO" end
+
+local function peer_text(r, fmt)
+  if r.missing then return "missing" end
+  if r.failed then return "failed" end
+  return fmt(r)
+end
+
+local function rows(results)
+  local t = {}
+  local function row(bench, sandkit, peer, ratio, target, ok)
+    t[#t + 1] = { bench, sandkit or "failed", peer or "—", ratio or "—", target or "—", ok or "—" }
+  end
+
+  local d = results.decoding
+  local sk = d.sandkit
+  local function decode_row(key, name, target, pass)
+    local p = d[key]
+    if not sk.payload_mb_per_s then
+      row("decode vs " .. name, nil, peer_text(p, function(r) return mb(r.payload_mb_per_s) end), nil, target,
+        target and "NO")
+      return
+    end
+    local ratio = p.payload_mb_per_s and sk.payload_mb_per_s / p.payload_mb_per_s
+    row("decode vs " .. name, mb(sk.payload_mb_per_s), p.label .. ": "
+      .. peer_text(p, function(r) return mb(r.payload_mb_per_s) end),
+      ratio and times(ratio), target, target and met(ratio and pass(ratio)))
+  end
+  decode_row("cjson", "lua-cjson", ">= " .. DECODE_VS_CJSON .. "x", function(r) return r >= DECODE_VS_CJSON end)
+  decode_row("python", "Python", nil)
+  decode_row("node", "Node", "> 1x (ahead)", function(r) return r > 1 end)
+
+  local s = results.stream
+  if s.failed then
+    row("stream 1 GiB vs curl -sN", nil, nil, nil, ">= " .. STREAM_VS_CURL .. "x", "NO")
+  else
+    local curl = type(s.curl) == "table" and s.curl or { missing = true }
+    local ratio = curl.mb_per_s and s.sandkit.mb_per_s / curl.mb_per_s
+    row("stream 1 GiB vs curl -sN", mb(s.sandkit.mb_per_s),
+      "curl -sN: " .. peer_text(curl, function(r) return mb(r.mb_per_s) end),
+      ratio and times(ratio), ">= " .. STREAM_VS_CURL .. "x", met(ratio and ratio >= STREAM_VS_CURL))
+    row("stream 1 GiB vs local pipe", mb(s.sandkit.mb_per_s), "piped into cat: " .. mb(s.floor.mb_per_s),
+      times(s.sandkit.mb_per_s / s.floor.mb_per_s))
+  end
+
+  local l = results.latency
+  if l.failed then
+    row("round trip p50 vs spawn", nil, nil, nil, "<= +" .. LATENCY_OVER_SPAWN .. " ms", "NO")
+  else
+    local over = l.sandkit.p50 - l.spawn.p50
+    row("round trip p50 vs spawn", ms(l.sandkit.p50), "posix_spawn true: " .. ms(l.spawn.p50),
+      string.format("%+.2f ms", over), "<= +" .. string.format("%.0f", LATENCY_OVER_SPAWN) .. " ms",
+      met(over <= LATENCY_OVER_SPAWN))
+    row("round trip p99 vs spawn", ms(l.sandkit.p99), "posix_spawn true: " .. ms(l.spawn.p99),
+      string.format("%+.2f ms", l.sandkit.p99 - l.spawn.p99))
+  end
+
+  local f = results.fanout
+  for _, n in ipairs(FANOUT) do
+    local r = f[tostring(n)]
+    if r.failed then
+      row(string.format("fan-out %d x 8 MiB", n), nil)
+    else
+      row(string.format("fan-out %d x 8 MiB", n), mb(r.mb_per_s) .. ", RSS " .. mib(r.rss_peak),
+        string.format("%d session%s", r.sessions, r.sessions == 1 and "" or "s"))
+    end
+  end
+  local f16, f128 = f["16"], f["128"]
+  if f16.mb_per_s and f128.mb_per_s then
+    local ratio = f128.mb_per_s / f16.mb_per_s
+    -- Three decimals: this ratio is read against 0.95, and 0.945 must not print as 0.95.
+    row("fan-out 128 vs 16 streams", mb(f128.mb_per_s), "16 streams: " .. mb(f16.mb_per_s),
+      string.format("%.3fx", ratio),
+      string.format(">= %.2fx (not falling)", FANOUT_NOISE), met(ratio >= FANOUT_NOISE))
+  else
+    row("fan-out 128 vs 16 streams", nil, nil, nil, "not falling", "NO")
+  end
+  if f128.rss_peak then
+    row("fan-out 128 client peak RSS", mib(f128.rss_peak), nil, nil, "< " .. mib(FANOUT_RSS),
+      met(f128.rss_peak < FANOUT_RSS))
+  end
+
+  local w = results.slow
+  if w.failed then
+    row("slow consumer client RSS", nil, nil, nil, "< " .. mib(SLOW_CLIENT_RSS) .. ", flat", "NO")
+  else
+    local function slow_row(name, side, bound)
+      local growth = side.rss_late_max - side.rss_early
+      row("slow consumer " .. name .. " RSS", "peak " .. mib(side.peak) .. ", +" .. mib(growth) .. " after 10%",
+        nil, nil, "< " .. mib(bound) .. ", +< " .. mib(FLAT_GROWTH),
+        met(side.peak < bound and growth < FLAT_GROWTH))
+    end
+    slow_row("client", w.client, SLOW_CLIENT_RSS)
+    slow_row("agent", w.agent, SLOW_AGENT_RSS)
+  end
+  return t
+end
+
+local function render(t)
+  local head = { "benchmark", "sandkit", "peer(s)", "ratio", "target", "met?" }
+  local widths = {}
+  for i, h in ipairs(head) do widths[i] = #h end
+  for _, r in ipairs(t) do
+    for i, cell in ipairs(r) do widths[i] = math.max(widths[i], utf8.len(cell) or #cell) end
+  end
+  local function line(cells)
+    local parts = {}
+    for i, cell in ipairs(cells) do
+      parts[i] = cell .. string.rep(" ", widths[i] - (utf8.len(cell) or #cell))
+    end
+    return "| " .. table.concat(parts, " | ") .. " |"
+  end
+  local sep = {}
+  for i, w in ipairs(widths) do sep[i] = string.rep("-", w) end
+  local out = { line(head), line(sep) }
+  for _, r in ipairs(t) do out[#out + 1] = line(r) end
+  return table.concat(out, "\n")
+end
+
+-- Main -------------------------------------------------------------------------------------
+
+assert(os.execute("mkdir -p " .. quote(common.out)))
+-- A run that was killed (its benchmarks' own clean-up never ran) leaves agents behind; they
+-- would compete with this run for the CPU.
+for _, session in ipairs(common.sandbox():list() or {}) do
+  progress("terminating session %s left by an earlier run", session.id)
+  session:terminate()
+end
+local started = common.now()
+local results = { machine = machine() }
+local m = results.machine
+progress("machine: %s x %s, Linux %s, Debian %s; %s; %s; libevent %s; %s; Node %s; load %s",
+  m.nproc, m.cpu, m.kernel, m.debian, m.lua, m.curl, m.libevent, m.python, m.node, m.load)
+
+local corpus_path = common.out .. "/corpus.ndjson"
+local info = corpus.generate(corpus_path)
+results.corpus = info
+progress("corpus: %d frames, %.1f MB payload, %.1f MB NDJSON", info.frames, info.payload_bytes / common.MB,
+  info.input_bytes / common.MB)
+
+results.decoding = decoding(corpus_path, info)
+results.stream = step("streaming (1 GiB: sandkit, curl -sN, local pipe)", lua_script("stream.lua"))
+results.latency = step("latency (1000 round trips, 1000 spawns)", lua_script("latency.lua"))
+results.fanout = {}
+for _, n in ipairs(FANOUT) do
+  results.fanout[tostring(n)] = step(string.format("fan-out (%d streams)", n), lua_script("fanout.lua", n))
+end
+results.slow = step("slow consumer (1 GiB, 1 ms per frame)", lua_script("slow.lua"))
+results.seconds = common.now() - started
+results.machine.load_after = (common.read_file("/proc/loadavg") or ""):match("^(%S+ %S+ %S+)")
+
+local table_text = render(rows(results))
+print(table_text)
+print(string.format("(all numbers from this run, %.0f s; load average %s before, %s after)", results.seconds,
+  m.load, results.machine.load_after))
+
+local f = assert(io.open(common.out .. "/results.json", "wb"))
+f:write(cjson.encode(results), "\n")
+f:close()
+f = assert(io.open(common.out .. "/table.txt", "wb"))
+f:write(table_text, "\n")
+f:close()
