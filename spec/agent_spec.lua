@@ -16,6 +16,7 @@
 -- SANDKIT_AGENT names the binary. Run: SANDKIT_AGENT=$PWD/build/agent/sandkit-agent
 --   busted --lua=lua5.4 spec/agent_spec.lua
 
+local files = require "support.files"
 local raw = require "support.raw_http"
 local cjson = require "cjson"
 local core = require "sandkit.core"
@@ -28,9 +29,7 @@ local DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 ---------------------------------------------------------------------------------------------
 -- helpers
 
-local function shell_quote(s)
-  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
-end
+local shell_quote, read_file, write_file = files.shell_quote, files.read, files.write
 
 local function run(cmd)
   local p = assert(io.popen(cmd, "r"))
@@ -41,20 +40,6 @@ end
 
 local function tmpdir()
   return (run("mktemp -d"):gsub("%s+$", ""))
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_file(path, data)
-  local f = assert(io.open(path, "wb"))
-  f:write(data)
-  f:close()
 end
 
 local function exists(path)

@@ -269,10 +269,32 @@ static int transfer_timeout(lua_State *L)
 	return push_timeout(L, c);
 }
 
+/*
+ * For read and decode once nothing they can use is buffered: pushes nil when the body is over,
+ * or false (would block) when the client was already stepped once or is gone, and returns 1;
+ * otherwise steps the client — without waiting — and returns 0 so the caller looks again.
+ */
+static int nothing_buffered(lua_State *L, struct transfer_ud *u, int stepped)
+{
+	struct sk_transfer_state st;
+	sk_transfer_state(u->t, &st);
+	if (st.done) {
+		lua_pushnil(L);
+		return 1;
+	}
+	sk_client *c = transfer_client(L, 1);
+	if (stepped || c == NULL) {
+		lua_pushboolean(L, 0);
+		return 1;
+	}
+	if (sk_client_step(c) < 0)
+		return luaL_error(L, "libcurl's multi interface failed");
+	return 0;
+}
+
 static int transfer_read(lua_State *L)
 {
 	struct transfer_ud *u = check_transfer(L, 1);
-	struct sk_transfer_state st;
 	for (int stepped = 0;; stepped = 1) {
 		size_t n;
 		const char *p = sk_transfer_peek(u->t, &n);
@@ -281,18 +303,8 @@ static int transfer_read(lua_State *L)
 			sk_transfer_consume(u->t, n);
 			return 1;
 		}
-		sk_transfer_state(u->t, &st);
-		if (st.done) {
-			lua_pushnil(L);
+		if (nothing_buffered(L, u, stepped))
 			return 1;
-		}
-		sk_client *c = transfer_client(L, 1);
-		if (stepped || c == NULL) {
-			lua_pushboolean(L, 0);
-			return 1;
-		}
-		if (sk_client_step(c) < 0)
-			return luaL_error(L, "libcurl's multi interface failed");
 	}
 }
 
@@ -333,18 +345,8 @@ static int transfer_decode(lua_State *L)
 				return skl_push_decoder_failure(L, d);
 			p = sk_transfer_peek(u->t, &n);
 		}
-		sk_transfer_state(u->t, &st);
-		if (st.done) {
-			lua_pushnil(L);
+		if (nothing_buffered(L, u, stepped))
 			return 1;
-		}
-		sk_client *c = transfer_client(L, 1);
-		if (stepped || c == NULL) {
-			lua_pushboolean(L, 0);
-			return 1;
-		}
-		if (sk_client_step(c) < 0)
-			return luaL_error(L, "libcurl's multi interface failed");
 		stepped = 1;
 	}
 }

@@ -19,6 +19,7 @@ local core = require "sandkit.core"
 local socket = require "socket"
 local wait = require "sandkit.wait"
 local fake_http = require "support.fake_http"
+local files = require "support.files"
 
 local aws_endpoint_proxy = {}
 
@@ -30,19 +31,7 @@ local START_TIMEOUT = 10
 local proxy_mt = {}
 proxy_mt.__index = proxy_mt
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function write_file(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local read_file, write_file = files.read, files.write
 
 local function executable(path)
   return os.execute("test -x '" .. path .. "'") == true

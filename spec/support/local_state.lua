@@ -1,5 +1,6 @@
 --- A private state folder for local-provider specs, and a way to run Lua in a second process.
 local core = require "sandkit.core"
+local files = require "support.files"
 local sandkit = require "sandkit"
 
 local local_state = {}
@@ -22,9 +23,7 @@ function local_state.clean(root)
   core.remove_tree(root)
 end
 
-local function shell_quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local shell_quote = files.shell_quote
 local_state.shell_quote = shell_quote
 
 --- The environment a child Lua process needs to find this checkout's sandkit.

@@ -18,20 +18,17 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 
-/* Longest path shown back in an error: the answer stays far below the client's 4096 bytes. */
-#define SHOWN_MAX 200
-
 /* Answers a path_result that is not PATH_OK for the caller's path p. */
 static void reply_path(struct evhttp_request *req, enum path_result r, const char *p, size_t len,
 		       const char *operation, int missing_is_404)
 {
-	char shown[SHOWN_MAX];
+	if (r == PATH_REFUSED) {
+		reply_path_refused(req, p, len, paths_refusal_reason());
+		return;
+	}
+	char shown[REPLY_SHOWN_PATH_MAX];
 	util_printable(p, len, shown, sizeof shown);
 	switch (r) {
-	case PATH_REFUSED:
-		reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown,
-			    paths_refusal_reason());
-		break;
 	case PATH_MISSING:
 	case PATH_NOT_DIR:
 		if (missing_is_404)
@@ -49,14 +46,14 @@ static void reply_path(struct evhttp_request *req, enum path_result r, const cha
 
 static void reply_not_regular(struct evhttp_request *req, const char *p, size_t len)
 {
-	char shown[SHOWN_MAX];
+	char shown[REPLY_SHOWN_PATH_MAX];
 	util_printable(p, len, shown, sizeof shown);
 	reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' is not a regular file", shown);
 }
 
 static void reply_too_large(struct evhttp_request *req, const char *p, size_t len)
 {
-	char shown[SHOWN_MAX];
+	char shown[REPLY_SHOWN_PATH_MAX];
 	util_printable(p, len, shown, sizeof shown);
 	reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' is over the %zu byte transfer limit",
 		    shown, AGENT_FILE_MAX);
@@ -150,9 +147,7 @@ void files_get(struct evhttp_request *req)
 	unsigned char *data = NULL;
 	struct stat before, after;
 	if (why) {
-		char shown[SHOWN_MAX];
-		util_printable(p, plen, shown, sizeof shown);
-		reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
+		reply_path_refused(req, p, plen, why);
 		goto out;
 	}
 	/* Look before opening for reading: opening a device or FIFO can itself act or block. */
@@ -346,9 +341,7 @@ void files_put(struct evhttp_request *req)
 	char rel[PATHS_MAX];
 	const char *why = paths_normalize(p, plen, rel), *last;
 	if (why) {
-		char shown[SHOWN_MAX];
-		util_printable(p, plen, shown, sizeof shown);
-		reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
+		reply_path_refused(req, p, plen, why);
 		goto out;
 	}
 	if ((data = decode_contents(req, &contents, p, plen, &n)) == NULL)
@@ -423,13 +416,11 @@ void files_mkdir(struct evhttp_request *req)
 	char rel[PATHS_MAX];
 	const char *why = paths_normalize(p, plen, rel);
 	if (why) {
-		char shown[SHOWN_MAX];
-		util_printable(p, plen, shown, sizeof shown);
-		reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
+		reply_path_refused(req, p, plen, why);
 	} else {
 		enum path_result r = paths_walk(rel, 1, 0, &dirfd, NULL);
 		if (r == PATH_NOT_DIR) {
-			char shown[SHOWN_MAX];
+			char shown[REPLY_SHOWN_PATH_MAX];
 			util_printable(p, plen, shown, sizeof shown);
 			reply_error(req, 400, "REQUEST_INVALID",
 				    "Request invalid: '%s' or one of its parents is not a directory", shown);

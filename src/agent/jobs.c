@@ -139,16 +139,10 @@ static void reply_job_id(struct evhttp_request *req, const char *id)
 
 void jobs_start(struct evhttp_request *req)
 {
-	size_t len;
-	const char *body = request_body(req, &len);
 	struct cmd_request r;
-	int rc = body ? cmd_request_parse(body, len, &r) : -2;
-	if (rc == -2) {
-		if (body)
-			cmd_request_free(&r);
-		reply_out_of_memory(req, "read the job request");
+	int rc = read_cmd_request(req, &r, "read the job request");
+	if (rc == -2)
 		return;
-	}
 	/* Validation before anything is reserved: an invalid start holds no slot. */
 	int cwd_fd = -1;
 	const char *why = NULL;
@@ -156,9 +150,7 @@ void jobs_start(struct evhttp_request *req)
 	if (rc == 0)
 		pr = paths_open_cwd(r.cwd, r.cwd_len, &cwd_fd, &why);
 	if (pr == PATH_REFUSED) {
-		char shown[200];
-		util_printable(r.cwd, r.cwd_len, shown, sizeof shown);
-		reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
+		reply_path_refused(req, r.cwd, r.cwd_len, why);
 		goto out;
 	}
 	if (r.invalid) {
@@ -202,7 +194,7 @@ void jobs_start(struct evhttp_request *req)
 	jobs[slot] = j;
 	struct outcome failure;
 	if (pr != PATH_OK) {
-		char shown[200];
+		char shown[REPLY_SHOWN_PATH_MAX];
 		util_printable(r.cwd, r.cwd_len, shown, sizeof shown);
 		outcome_error(&failure, "spawnFailed", "cannot enter the working directory '%s': %s",
 			      shown, why);

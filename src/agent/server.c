@@ -5,6 +5,7 @@
 #include "files.h"
 #include "jobs.h"
 #include "log.h"
+#include "request.h"
 #include "stream.h"
 #include "util.h"
 
@@ -105,6 +106,26 @@ void reply_out_of_memory(struct evhttp_request *req, const char *operation)
 {
 	reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s", operation,
 		    strerror(ENOMEM));
+}
+
+void reply_path_refused(struct evhttp_request *req, const char *p, size_t len, const char *why)
+{
+	char shown[REPLY_SHOWN_PATH_MAX];
+	util_printable(p, len, shown, sizeof shown);
+	reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
+}
+
+int read_cmd_request(struct evhttp_request *req, struct cmd_request *r, const char *operation)
+{
+	size_t len;
+	const char *body = request_body(req, &len);
+	int rc = body ? cmd_request_parse(body, len, r) : -2;
+	if (rc == -2) {
+		if (body)
+			cmd_request_free(r);
+		reply_out_of_memory(req, operation);
+	}
+	return rc;
 }
 
 const char *request_body(struct evhttp_request *req, size_t *len)

@@ -31,4 +31,17 @@ void reply_out_of_memory(struct evhttp_request *req, const char *operation);
 /* The request body as one contiguous span; NULL only when memory ran out. */
 const char *request_body(struct evhttp_request *req, size_t *len);
 
+/* Longest caller path shown back in an error: the answer stays far below the client's
+ * 4096-byte error-body bound. */
+#define REPLY_SHOWN_PATH_MAX 200
+
+struct cmd_request;
+/* Reads req's body as an exec or job request (request.h). Returns what cmd_request_parse
+ * returns, or -2 once it has answered 500 itself because memory ran out; except after -2, the
+ * caller frees r with cmd_request_free. */
+int read_cmd_request(struct evhttp_request *req, struct cmd_request *r, const char *operation);
+/* 400 PATH_REFUSED naming the caller's path, made printable and cut short (a caller's path
+ * cannot forge lines or swell the answer). */
+void reply_path_refused(struct evhttp_request *req, const char *p, size_t len, const char *why);
+
 #endif

@@ -108,16 +108,10 @@ static void on_close(struct evhttp_connection *evcon, void *arg)
 
 void stream_exec(struct evhttp_request *req)
 {
-	size_t len;
-	const char *body = request_body(req, &len);
 	struct cmd_request r;
-	int rc = body ? cmd_request_parse(body, len, &r) : -2;
-	if (rc == -2) {
-		if (body)
-			cmd_request_free(&r);
-		reply_out_of_memory(req, "read the exec request");
+	int rc = read_cmd_request(req, &r, "read the exec request");
+	if (rc == -2)
 		return;
-	}
 	if (rc == -1) {
 		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s", r.invalid);
 		cmd_request_free(&r);
@@ -127,9 +121,7 @@ void stream_exec(struct evhttp_request *req)
 	const char *why = NULL;
 	enum path_result pr = paths_open_cwd(r.cwd, r.cwd_len, &cwd_fd, &why);
 	if (pr == PATH_REFUSED) {
-		char shown[200];
-		util_printable(r.cwd, r.cwd_len, shown, sizeof shown);
-		reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
+		reply_path_refused(req, r.cwd, r.cwd_len, why);
 		cmd_request_free(&r);
 		return;
 	}
@@ -161,7 +153,7 @@ void stream_exec(struct evhttp_request *req)
 		outcome_error(&early, "requestInvalid", "%s", r.invalid);
 		finish(s, &early);
 	} else if (pr != PATH_OK) {
-		char shown[200];
+		char shown[REPLY_SHOWN_PATH_MAX];
 		util_printable(r.cwd, r.cwd_len, shown, sizeof shown);
 		outcome_error(&early, "spawnFailed", "cannot enter the working directory '%s': %s",
 			      shown, why);

@@ -1,0 +1,24 @@
+--- Small file and shell helpers the specs share.
+local files = {}
+
+--- The whole file, or nil when it cannot be opened.
+function files.read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+function files.write(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+--- A word the shell passes on unchanged, whatever it holds.
+function files.shell_quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+return files
