@@ -130,9 +130,9 @@ describe("a stalled error body", function()
   end
 end)
 
-describe("a 401 whose body stalls", function()
-  it("does not hold up another operation on the same session, and is itself neither replayed nor unbounded", function()
-    local body_bound = 2
+--- A session whose cached route answers an exec with a 401 whose body never finishes, and
+-- a file read at once; the route and its credential are already cached.
+local function stalled_401_session(body_bound)
     local server = start([[function(req, conn, respond)
       if req.path == "/v1/exec" then
         conn:write("HTTP/1.1 401 Unauthorized\r\nContent-Length: 100\r\n\r\n")
@@ -148,6 +148,13 @@ describe("a 401 whose body stalls", function()
     local sb = agents.sandbox(dp, { header_timeout = 10, error_body_timeout = body_bound })
     agents.cache_route(sb, "session", agents.url(server), token(7))
     local conn = agents.connection(sb, "session")
+  return server, dp, conn
+end
+
+describe("a 401 whose body stalls", function()
+  it("does not hold up another operation on the same session, and is itself neither replayed nor unbounded", function()
+    local body_bound = 2
+    local server, dp, conn = stalled_401_session(body_bound)
 
     local first, second = {}, {}
     -- Both end within the first one's body bound plus a margin, or the spec fails.
@@ -179,21 +186,7 @@ describe("a 401 whose body stalls", function()
 
   it("does not hold up another operation on the same session under sandkit.run either", function()
     local body_bound = 2
-    local server = start([[function(req, conn, respond)
-      if req.path == "/v1/exec" then
-        conn:write("HTTP/1.1 401 Unauthorized\r\nContent-Length: 100\r\n\r\n")
-        return conn:sleep(60)
-      end
-      if req.path == "/v1/files" then return respond.json(conn, "200 OK", { contentsBase64 = "b2s=" }) end
-      respond.status(conn, "404 Not Found", "")
-    end]])
-    local dp = azure_dataplane.new()
-      :expect("agent_port_url", 1):on("agent_port_url", function() return agents.url(server) end)
-      :expect("read_file", 1):on("read_file", function() return token(7) end)
-      :expect("get_sandbox", 0)
-    local sb = agents.sandbox(dp, { header_timeout = 10, error_body_timeout = body_bound })
-    agents.cache_route(sb, "session", agents.url(server), token(7))
-    local conn = agents.connection(sb, "session")
+    local server, dp, conn = stalled_401_session(body_bound)
 
     local results = table.pack(sandkit.run(function()
       local first = sandkit.spawn(protocol.exec, conn, { "true" }, { timeout = 5 })
