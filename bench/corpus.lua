@@ -10,7 +10,7 @@ local core = require "sandkit.core"
 
 local corpus = {}
 
---- Full frames carry the most a frame may (PROTOCOL.md §3.3: 64 KiB decoded).
+--- Full frames carry the most a frame may (docs/protocol.md §3.3: 64 KiB decoded).
 corpus.FULL_FRAME = 64 * 1024
 --- 256 full frames and 64 short lines after each: 16,641 frames, about 17.6 MB of payload and
 -- 24 MB of NDJSON — long enough to time, short enough for plain Lua to get through in seconds.

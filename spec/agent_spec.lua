@@ -1,6 +1,6 @@
 -- Conformance of the real sandkit-agent binary (src/agent), driven over real sockets.
 --
--- Covers PROTOCOL.md §2, §3, §3.6, §5, §6 as the agent implements them: the conformance cases
+-- Covers docs/protocol.md §2, §3, §3.6, §5, §6 as the agent implements them: the conformance cases
 -- every agent of this protocol answers in bearer mode (health and its version check, refusals
 -- of missing, wrong and malformed credentials, streamed output with a real exit code, the
 -- timeout frame, files, path refusals, mkdir, jobs polled across calls, exec creating no job,

@@ -1,4 +1,4 @@
--- The agent protocol client (PROTOCOL.md §4) against fake agents that send exact bytes over
+-- The agent protocol client (docs/protocol.md §4) against fake agents that send exact bytes over
 -- real sockets. Every failure case of the original protocol client's tests has a spec here
 -- with the same meaning, named after what it establishes.
 

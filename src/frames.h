@@ -1,5 +1,5 @@
 /*
- * frames.h — incremental decoder for the agent's NDJSON output stream (PROTOCOL.md §3.3, §4).
+ * frames.h — incremental decoder for the agent's NDJSON output stream (docs/protocol.md §3.3, §4).
  * Sans-I/O with a plain C ABI, so the Lua C module and an FFI binding can share it:
  * hand it bytes as they arrive, take frames out.
  *

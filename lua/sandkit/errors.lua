@@ -1,4 +1,4 @@
---- Error objects (DESIGN.md §4): one metatable, fields a caller branches on, a message a
+--- Error objects (README.md, "Errors"): one metatable, fields a caller branches on, a message a
 -- person reads, and the chain of causes behind it.
 --
 -- `code` is what callers branch on; `retryable` says whether sending the same operation

@@ -1,4 +1,4 @@
---- The sandbox agent protocol (PROTOCOL.md §3–4), written once over a transport.
+--- The sandbox agent protocol (docs/protocol.md §3–4), written once over a transport.
 --
 -- A connection `conn` says where requests go and how long to wait:
 --   conn.transport:prepare(method, path, operation) -> { url =, headers = {…}, ca_file = } | nil, err
@@ -39,7 +39,7 @@ local ACTIVATE = "sandbox.activate"
 
 protocol.PROTOCOL_VERSION = 1
 
---- Limits (PROTOCOL.md §5). Each is a bound on what one answer can make this process hold.
+--- Limits (docs/protocol.md §5). Each is a bound on what one answer can make this process hold.
 protocol.MAX_ERROR_BODY = 4096            -- an error body longer than this is not an answer
 protocol.MAX_FILE_BYTES = 32 * 1024 * 1024
 -- A file read's JSON envelope: the file's base64 plus room for the member name.

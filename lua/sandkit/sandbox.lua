@@ -1,4 +1,4 @@
---- Sandbox, Session and Job objects: the public API of DESIGN.md §3 over any provider.
+--- Sandbox, Session and Job objects: the public API (README.md) over any provider.
 --
 -- Capabilities are checked here, before a provider is asked anything: an operation a provider
 -- cannot do fails with OPERATION_NOT_SUPPORTED and sends nothing.

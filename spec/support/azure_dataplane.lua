@@ -1,4 +1,4 @@
---- A recording fake of the Azure data-plane object (DESIGN.md §5) for azure provider specs.
+--- A recording fake of the Azure data-plane object (docs/azure.md) for azure provider specs.
 -- Every call of every method is recorded and counted; a method answers only through a handler
 -- the spec installed, and an expectation ("exactly n times", 0 meaning never) fails the spec
 -- at the first call too many and again in verify() for calls too few.

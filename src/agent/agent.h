@@ -1,6 +1,6 @@
 /*
  * agent.h — sandkit-agent's configuration, process-wide state and protocol limits
- * (PROTOCOL.md §5). One agent serves one sandbox root from one libevent event_base.
+ * (docs/protocol.md §5). One agent serves one sandbox root from one libevent event_base.
  */
 #ifndef SANDKIT_AGENT_H
 #define SANDKIT_AGENT_H
@@ -11,7 +11,7 @@
 struct event_base;
 struct evhttp;
 
-/* PROTOCOL.md §5. */
+/* docs/protocol.md §5. */
 #define AGENT_PROTOCOL_VERSION 1
 /* Decoded bytes per data frame: one pipe read at most, so a frame never waits for more input. */
 #define AGENT_FRAME_MAX 65536

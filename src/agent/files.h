@@ -1,5 +1,5 @@
 /*
- * files.h — GET/PUT /v1/files and POST /v1/mkdir (PROTOCOL.md §3.5), every path confined by
+ * files.h — GET/PUT /v1/files and POST /v1/mkdir (docs/protocol.md §3.5), every path confined by
  * paths.h. Sizes are limited to AGENT_FILE_MAX in both directions, on the descriptor.
  */
 #ifndef SANDKIT_AGENT_FILES_H

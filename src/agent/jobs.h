@@ -1,5 +1,5 @@
 /*
- * jobs.h — POST /v1/jobs/{start,poll,cancel} (PROTOCOL.md §3.4, §6 jobIdempotency): commands
+ * jobs.h — POST /v1/jobs/{start,poll,cancel} (docs/protocol.md §3.4, §6 jobIdempotency): commands
  * that outlive the connection that started them, their output kept for polling.
  *
  * At most AGENT_JOBS_MAX jobs exist, running and retained together. A start when full evicts

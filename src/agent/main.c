@@ -1,7 +1,7 @@
 /*
  * main.c — sandkit-agent: options, start-up and shutdown.
  *
- * The agent serves PROTOCOL.md for one sandbox root: it binds, tells its caller the port on
+ * The agent serves docs/protocol.md for one sandbox root: it binds, tells its caller the port on
  * --ready-fd/--ready-file, and runs one libevent loop until SIGTERM or SIGINT, which kill every
  * running command's process group before the agent exits 0.
  */

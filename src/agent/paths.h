@@ -1,5 +1,5 @@
 /*
- * paths.h — confinement of caller paths to the sandbox root (PROTOCOL.md §1, §3.5).
+ * paths.h — confinement of caller paths to the sandbox root (docs/protocol.md §1, §3.5).
  *
  * A caller path is always relative to the root, a leading '/' included. It is first checked
  * lexically (empty, NUL, '..' refused; '.' and repeated '/' dropped), then every open goes

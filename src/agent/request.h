@@ -1,5 +1,5 @@
 /*
- * request.h — the body shared by POST /v1/exec and POST /v1/jobs/start (PROTOCOL.md §3.3, §6):
+ * request.h — the body shared by POST /v1/exec and POST /v1/jobs/start (docs/protocol.md §3.3, §6):
  * {"command": [...], "timeoutMs"|"deadlineMs": N, "cwd"|"workingDirectory": "...",
  *  "env": {...}, "jobId": "..."}. The newer field names win when both spellings are present.
  */
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Caller-chosen job ids: 1-64 of [A-Za-z0-9_-] (PROTOCOL.md §6). */
+/* Caller-chosen job ids: 1-64 of [A-Za-z0-9_-] (docs/protocol.md §6). */
 #define REQUEST_JOB_ID_MAX 64
 
 /* The environment every command starts from; the request's env may replace PATH. */

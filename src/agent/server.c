@@ -183,7 +183,7 @@ static void activate(struct evhttp_request *req)
 	reply_empty(req, 204);
 }
 
-/* Bearer mode (PROTOCOL.md §2). 1 when the request may proceed; otherwise answered. */
+/* Bearer mode (docs/protocol.md §2). 1 when the request may proceed; otherwise answered. */
 static int authorized(struct evhttp_request *req)
 {
 	if (agent.cfg.no_auth)

@@ -1,5 +1,5 @@
 /*
- * server.h — the HTTP side: evhttp setup, routing (PROTOCOL.md §3), bearer authorization
+ * server.h — the HTTP side: evhttp setup, routing (docs/protocol.md §3), bearer authorization
  * (§2), activation (§3.2) and the text/plain error answers every route shares (§1, §3.6).
  */
 #ifndef SANDKIT_AGENT_SERVER_H

@@ -17,7 +17,7 @@
 
 /*
  * Frames that may wait in the connection's output buffer before the agent stops reading the
- * command's pipes (PROTOCOL.md §3.3 "a bounded number"). A frame line is at most ~87.5 KB, so
+ * command's pipes (docs/protocol.md §3.3 "a bounded number"). A frame line is at most ~87.5 KB, so
  * a stalled reader costs at most ~1.4 MB here; past that the command blocks on its own full
  * pipe.
  */
@@ -147,7 +147,7 @@ void stream_exec(struct evhttp_request *req)
 	evhttp_send_reply_start(req, 200, "OK");
 	bufferevent_set_timeouts(evhttp_connection_get_bufferevent(s->evcon), NULL, NULL);
 
-	/* From here every failure is a frame (PROTOCOL.md §3.3). */
+	/* From here every failure is a frame (docs/protocol.md §3.3). */
 	struct outcome early;
 	if (r.invalid) {
 		outcome_error(&early, "requestInvalid", "%s", r.invalid);

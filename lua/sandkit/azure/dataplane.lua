@@ -1,5 +1,5 @@
 --- The Azure Container Apps sandbox data plane, over REST: the calls the azure provider makes
--- (DESIGN.md §5), each one whole request and answer.
+-- (docs/azure.md), each one whole request and answer.
 --
 --   local dataplane = require "sandkit.azure.dataplane"
 --   local dp = assert(dataplane.new{

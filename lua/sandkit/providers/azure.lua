@@ -4,7 +4,7 @@
 --   sandkit.sandbox{ provider = "azure", group = "…", image = "…",
 --                    egress = { mode = "deny" },  -- or "allow", or "allowDomains" + domains
 --                    cpu = "1000m", memory = "2048Mi", agent = false,
---                    dataplane = nil,             -- an object (DESIGN.md §5), else the REST client
+--                    dataplane = nil,             -- an object (docs/azure.md), else the REST client
 --                    subscription =, resource_group =, region = | endpoint =, token =, api_version =,
 --                    header_timeout, grace, error_body_timeout, connect_timeout = 10,
 --                    command_timeout, ready_timeout = 60, ready_interval = 0.5,
@@ -208,7 +208,7 @@ function azure.new(options)
     dp, err = require("sandkit.azure.dataplane").new(options)
     if not dp then return nil, err end
   elseif type(dp) ~= "table" then
-    return nil, errors.invalid_input("sandkit.sandbox", "dataplane", "dataplane is an object (DESIGN.md §5)")
+    return nil, errors.invalid_input("sandkit.sandbox", "dataplane", "dataplane is an object with the methods docs/azure.md lists")
   end
   local conn_options = { connect_timeout = times.connect_timeout }
   for _, name in ipairs{ "header_timeout", "grace", "error_body_timeout", "body_timeout" } do
