@@ -208,7 +208,8 @@ function azure.new(options)
     dp, err = require("sandkit.azure.dataplane").new(options)
     if not dp then return nil, err end
   elseif type(dp) ~= "table" then
-    return nil, errors.invalid_input("sandkit.sandbox", "dataplane", "dataplane is an object with the methods docs/azure.md lists")
+    return nil, errors.invalid_input("sandkit.sandbox", "dataplane",
+      "dataplane is an object with the methods docs/azure.md lists")
   end
   local conn_options = { connect_timeout = times.connect_timeout }
   for _, name in ipairs{ "header_timeout", "grace", "error_body_timeout", "body_timeout" } do
