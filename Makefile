@@ -2,7 +2,7 @@
 #
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
 #   make                     builds build/<lua>/sandkit/core.so and build/sandkit-agent
-#   make check               installs missing Debian packages, builds, runs the busted suite
+#   make check               installs missing Debian packages, lints, builds, runs the busted suite
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                runs examples/quickstart.lua against a local session
 #   make bench               runs the benchmarks in bench/
@@ -84,6 +84,7 @@ test:
 	  $(BUSTED) --lua=$(LUA) --cpath='$(MODDIR)/?.so' $(BUSTED_ARGS)
 
 check: deps
+	$(MAKE) lint
 	$(MAKE) all
 	$(MAKE) test
 
@@ -117,7 +118,7 @@ fuzz:
 	$(BUILD)/fuzz/frames_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)/fuzz/corpus
 
 lint:
-	luacheck lua spec bin examples bench
+	luacheck --no-color lua spec bin examples bench
 
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)

@@ -4,7 +4,7 @@
 # peers it measures against); a no-op once everything is there.
 set -eu
 
-packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-socket lua-cqueues
+packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-check lua-socket lua-cqueues
 libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit libluajit-5.1-dev nginx
 bubblewrap curl openssl procps"
 if [ "${1:-}" = "bench" ]; then
