@@ -44,10 +44,16 @@ function sandkit.sandbox(options)
   if not module_name then
     return nil, errors.invalid_input("sandkit.sandbox", "provider", "unknown provider " .. tostring(name))
   end
+  -- Absent from this installation is said plainly; a module that is there and fails to load
+  -- is a broken install, and its first line says why.
+  if not package.loaded[module_name] and not package.searchpath(module_name, package.path) then
+    return nil, errors.not_supported("sandkit.sandbox",
+      "the " .. name .. " provider is not part of this sandkit installation")
+  end
   local ok, module = pcall(require, module_name)
   if not ok then
     return nil, errors.not_supported("sandkit.sandbox", "the " .. name
-      .. " provider is not available: " .. tostring(module))
+      .. " provider could not be loaded: " .. tostring(module):match("^[^\n]*"))
   end
   local provider, err = module.new(options)
   if not provider then return nil, err end

@@ -1,0 +1,16 @@
+-- The entry module: choosing a provider.
+
+local sandkit = require "sandkit"
+
+describe("sandkit.sandbox", function()
+  it("refuses a provider this installation lacks in one sentence, and an unknown one as bad input", function()
+    local sb, err = sandkit.sandbox{ provider = "kubernetes" }
+    assert.is_nil(sb)
+    assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+    assert.matches("not part of this sandkit installation", err.message, 1, true)
+    assert.is_nil(err.message:find("\n", 1, true))
+    sb, err = sandkit.sandbox{ provider = "nope" }
+    assert.is_nil(sb)
+    assert.equal("INVALID_INPUT", err.code)
+  end)
+end)
