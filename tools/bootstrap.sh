@@ -5,7 +5,7 @@
 set -eu
 
 packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-check lua-socket lua-cqueues
-libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit libluajit-5.1-dev nginx
+libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit2 libluajit2-5.1-dev nginx
 bubblewrap curl openssl procps"
 if [ "${1:-}" = "bench" ]; then
 	packages="$packages python3 nodejs valgrind"
@@ -30,4 +30,6 @@ else
 fi
 # A stale package list makes apt-get miss packages that exist; refresh it once per bootstrap.
 $sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+# --no-remove: a package that conflicts with one already here (Debian's two LuaJITs, say) stops
+# the install with apt's reason instead of silently uninstalling what the machine relies on.
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends --no-remove $missing >/dev/null
