@@ -4,7 +4,12 @@
 -- integers — seqs, exit codes, ports — go through json.integer before anyone sees them. It
 -- also writes '/' as '\/', which is valid JSON and left alone.
 
-local cjson = require "cjson.safe"
+local found, cjson = pcall(require, "cjson.safe")
+if not found then
+  -- Said in one sentence: require's own text lists every path searched, which is no help.
+  error("sandkit needs lua-cjson, which is not installed: apt-get install lua-cjson, "
+    .. "or luarocks install lua-cjson", 0)
+end
 
 local json = {}
 
