@@ -63,14 +63,35 @@ protocol.DEFAULTS = {
 
 --- Converts a timeout in seconds to the wire's milliseconds: saturated, not wrapped, and
 -- refused when it is not positive once converted (a sub-millisecond timeout floors to 0).
+-- The refusal is the caller's input, so INVALID_INPUT; nothing is sent either way (§4).
 function protocol.timeout_ms(timeout, operation)
   local ms = type(timeout) == "number" and timeout == timeout and math.floor(timeout * 1000) or 0
   if ms <= 0 then
-    return nil, errors.command_failed("invalidRequest", "a command must carry a non-zero timeout",
-      { operation = operation })
+    return nil, errors.invalid_input(operation, "timeout", timeout == nil
+      and "a command needs a timeout in seconds (or the sandbox's command_timeout)"
+      or "a command must carry a non-zero timeout of at least 0.001 seconds")
   end
   if ms > MAX_TIMEOUT_MS then ms = MAX_TIMEOUT_MS end
   return to_integer(ms) or ms
+end
+
+--- SANDBOX_COMMAND_FAILED for a command's own ending (an error frame, a job's error). The
+-- agent counts its deadline in milliseconds; the API counts seconds, so its timeout sentence
+-- is said again in seconds, the agent's own text kept after it.
+function protocol.command_error(code, message, fields)
+  if code == "timeoutExceeded" or code == "deadlineExceeded" then
+    local ms = tonumber(tostring(message):match("(%d+)ms"))
+    if ms then
+      message = string.format("the command did not finish within its %gs timeout (the agent: %s)",
+        ms / 1000, message)
+    end
+  end
+  return errors.command_failed(code, message, fields)
+end
+
+--- The agent's error code from an error body ("CODE: message"), or nil.
+local function agent_reason(text)
+  return text:match("^([A-Z][A-Z0-9_]+):")
 end
 
 local function header_timeout_text(conn)
@@ -131,11 +152,11 @@ local function attempt(conn, target, operation, method, body, max_body)
   if status >= 400 and status < 500 then
     return nil, errors.command_failed("agentRefused",
       string.format("%s returned %d: %s", operation, status, text),
-      { operation = operation, status = status, body = text })
+      { operation = operation, status = status, body = text, reason = agent_reason(text) })
   end
   return nil, errors.unanswered(operation,
     string.format("the sandbox host returned %d: %s", status, text),
-    { status = status, sent = true, body = text })
+    { status = status, sent = true, body = text, reason = agent_reason(text) })
 end
 
 --- Sends a request, letting the transport settle a failure; at most one replay, and only at
@@ -197,18 +218,28 @@ local function check_string_map(map, what)
   end
 end
 
---- The body /v1/exec and /v1/jobs/start both take.
-local function command_body(operation, argv, opts)
+--- The body /v1/exec and /v1/jobs/start both take. `output_cap` goes only to an agent that
+-- advertises outputCap (§6), and only for exec: jobs keep the agent's cap, and an agent that
+-- does not know the field keeps its own.
+local function command_body(operation, argv, opts, conn)
   if not check_argv(argv) then
     return nil, errors.invalid_input(operation, "command", "a command needs at least a program")
   end
   check_string_map(opts.env, "env")
   if opts.cwd ~= nil and type(opts.cwd) ~= "string" then error("sandkit: cwd must be a string", 3) end
+  local cap = opts.output_cap
+  if cap ~= nil and (not to_integer(cap) or cap < 0) then
+    return nil, errors.invalid_input(operation, "output_cap", "output_cap is a whole number of bytes (0: none)")
+  end
   local ms, err = protocol.timeout_ms(opts.timeout, operation)
   if not ms then return nil, err end
   local body = { command = argv, timeoutMs = ms, cwd = opts.cwd }
   if opts.env and next(opts.env) then body.env = opts.env end
   if opts.job_id then body.jobId = opts.job_id end
+  -- A stream needs no cap: backpressure already bounds what is held. Unless asked, none.
+  if operation == RUN and conn and conn.features and conn.features.outputCap then
+    body.outputCap = to_integer(cap or 0)
+  end
   return encode(body)
 end
 
@@ -249,7 +280,7 @@ function stream_mt:next()
         return frame
       elseif ftype == "error" then
         -- The command's own ending: it surfaces as a failure, never as a stream that stopped.
-        return end_stream(self, errors.command_failed(frame.code, frame.message,
+        return end_stream(self, protocol.command_error(frame.code, frame.message,
           { operation = RUN }))
       end
       return frame
@@ -280,7 +311,7 @@ end
 
 --- Starts a command and returns its output stream once the agent's headers arrived.
 function protocol.exec(conn, argv, opts)
-  local body, err = command_body(RUN, argv, opts)
+  local body, err = command_body(RUN, argv, opts, conn)
   if not body then return nil, err end
   local started = core.now()
   local resp
@@ -364,7 +395,8 @@ function protocol.job_poll(conn, job_id, since)
     return nil, errors.unanswered(JOB_POLL, "the poll's body could not be read",
       { cause = errors.unexpected(JOB_POLL, "running", "missing or not a boolean") })
   end
-  local page = { running = value.running, frames = {} }
+  -- `next` is the cursor for the following poll: the highest seq seen, or `since` again.
+  local page = { running = value.running, frames = {}, next = since }
   if type(value.frames) == "table" then
     for i, raw in ipairs(value.frames) do
       local frame, why = poll_frame(raw)
@@ -373,6 +405,7 @@ function protocol.job_poll(conn, job_id, since)
           { cause = errors.unexpected(JOB_POLL, "frames", why) })
       end
       page.frames[i] = frame
+      if page.next == nil or frame.seq > page.next then page.next = frame.seq end
     end
   end
   local code = to_integer(value.exitCode)

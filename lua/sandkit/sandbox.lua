@@ -15,10 +15,15 @@
 -- and optionally get_or_create(opts) -> record, created (opts.id is set); session_capabilities(record);
 -- preview(record, port); pause(record); resume(record); snapshot(record); and
 -- refusals = { [capability] = "why not, and what to do instead" }.
--- A record is { id =, state =, generation = } plus whatever the provider keeps.
+-- The provider's module exports OPTIONS (sandbox options besides the common ones) and may export
+-- CREATE_OPTIONS (create options besides id and env); unknown keys are refused before it is asked.
+-- A record is { id =, state =, generation = } plus whatever the provider keeps (boot_id,
+-- created_at).
 -- A connection may carry `ops`, replacing protocol functions for sessions without an agent.
 
 local errors = require "sandkit.errors"
+local lines = require "sandkit.lines"
+local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local wait = require "sandkit.wait"
 
@@ -54,8 +59,18 @@ local function refuse(caps, what, provider)
     reason or ("the " .. provider.name .. " provider does not offer " .. need[1]))
 end
 
-function sandbox.new(provider, options)
-  return setmetatable({ provider = provider, options = options or {} }, sandbox_mt)
+--- Options each call knows (options.check refuses the rest, naming the nearest).
+local CREATE_OPTIONS = options_check.set{ "id", "env" }
+local COMMAND_OPTIONS = options_check.set{ "timeout", "cwd", "env" }
+local RUN_OPTIONS = options_check.set{ "output_cap", "lines" }
+local EXEC_OPTIONS = options_check.set{ "output_cap", "max_output" }
+local JOB_OPTIONS = options_check.set{ "id" }
+local FRAMES_OPTIONS = options_check.set{ "since", "interval" }
+
+--- `module` is the provider's module, for its CREATE_OPTIONS.
+function sandbox.new(provider, options, module)
+  return setmetatable({ provider = provider, options = options or {},
+    create_options = module and module.CREATE_OPTIONS or {} }, sandbox_mt)
 end
 
 function sandbox_mt:capabilities()
@@ -70,6 +85,7 @@ local function new_session(sb, record)
     state = record.state,
     generation = record.generation or 1,
     boot_id = record.boot_id,
+    created_at = record.created_at,
     sandbox = sb,
     record = record,
   }, session_mt)
@@ -85,6 +101,8 @@ function sandbox_mt:create(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("sandkit: create takes an options table", 2) end
   check_id(opts.id, "create")
+  local unknown = options_check.check("sandbox.create", opts, CREATE_OPTIONS, self.create_options)
+  if unknown then return nil, unknown end
   local record, err = self.provider:create(opts)
   if not record then return nil, err end
   return new_session(self, record)
@@ -106,6 +124,8 @@ end
 function sandbox_mt:get_or_create(opts)
   opts = opts or {}
   check_id(opts.id, "get_or_create")
+  local unknown = options_check.check("sandbox.get_or_create", opts, CREATE_OPTIONS, self.create_options)
+  if unknown then return nil, unknown end
   if opts.id == nil then
     local session, err = self:create(opts)
     if not session then return nil, err end
@@ -189,11 +209,27 @@ local function command_options(session, opts, conn)
   return filled
 end
 
---- Starts a command and returns its output stream (stream:next() -> frame | nil, err).
-function session_mt:stream(argv, opts)
-  local conn, err = connection(self)
+local function check_command_options(opts, operation, extra, level)
+  if opts ~= nil and type(opts) ~= "table" then error("sandkit: command options are a table", level + 1) end
+  return options_check.check(operation, opts, COMMAND_OPTIONS, extra)
+end
+
+--- Starts a command once its options were checked; the stream of protocol.exec, or of lines.
+local function open_stream(session, argv, opts)
+  local conn, err = connection(session)
   if not conn then return nil, err end
-  return ops(conn).exec(conn, argv, command_options(self, opts, conn))
+  local stream
+  stream, err = ops(conn).exec(conn, argv, command_options(session, opts, conn))
+  if stream and opts and opts.lines then return lines.wrap(stream) end
+  return stream, err
+end
+
+--- Starts a command and returns its output stream: stream:next() -> frame | nil (ended with
+-- its exit frame) | nil, err; stream:close() stops it. Takes run's options.
+function session_mt:stream(argv, opts)
+  local unknown = check_command_options(opts, protocol.OPERATIONS.run, RUN_OPTIONS, 2)
+  if unknown then return nil, unknown end
+  return open_stream(self, argv, opts)
 end
 
 local function next_frame(stream)
@@ -208,8 +244,13 @@ end
 -- truncated =, signal = }). Any failure raises a sandkit error from the loop, so a stream that
 -- stops short can never look like success. On Lua 5.4 the stream is the loop's closing
 -- value: `break` or an error closes the connection at once, which cancels the command.
+-- With `lines = true` each stdout/stderr frame is one whole line (sandkit/lines.lua).
+-- `output_cap` (bytes per stream; default none) asks an agent that offers outputCap to keep
+-- that much; the exit frame's `truncated` says whether any output was dropped.
 function session_mt:run(argv, opts)
-  local stream, err = self:stream(argv, opts)
+  local unknown = check_command_options(opts, protocol.OPERATIONS.run, RUN_OPTIONS, 2)
+  local stream, err
+  if unknown then err = unknown else stream, err = open_stream(self, argv, opts) end
   if not stream then
     return function() error(err, 0) end
   end
@@ -220,12 +261,22 @@ end
 local DEFAULT_MAX_OUTPUT = 1024 * 1024
 
 --- Runs a command to its end: { code =, stdout =, stderr =, truncated =, signal = } or nil, err.
+-- A failure after the command started (its timeout, a lost stream) carries what output had
+-- arrived as err.stdout and err.stderr.
 function session_mt:exec(argv, opts)
-  if opts ~= nil and type(opts) ~= "table" then error("sandkit: command options are a table", 2) end
+  local unknown = check_command_options(opts, protocol.OPERATIONS.run, EXEC_OPTIONS, 2)
+  if unknown then return nil, unknown end
   opts = opts or {}
   local limit = opts.max_output or DEFAULT_MAX_OUTPUT
   if type(limit) ~= "number" or limit < 0 then error("sandkit: max_output must be a byte count", 2) end
-  local stream, err = self:stream(argv, opts)
+  -- The agent need not send what would be cut here anyway (0 would mean no cap at all).
+  local stream_opts = opts
+  if opts.output_cap == nil and limit > 0 then
+    stream_opts = {}
+    for k, v in pairs(opts) do stream_opts[k] = v end
+    stream_opts.output_cap = limit
+  end
+  local stream, err = open_stream(self, argv, stream_opts)
   if not stream then return nil, err end
   local kept = { stdout = {}, stderr = {} }
   local size = { stdout = 0, stderr = 0 }
@@ -235,8 +286,11 @@ function session_mt:exec(argv, opts)
     frame, err = stream:next()
     if not frame then
       stream:close()
-      return nil, err or errors.unanswered("sandbox.runCommand",
+      err = err or errors.unanswered("sandbox.runCommand",
         "the output stream ended without a terminal frame")
+      err.stdout = table.concat(kept.stdout)
+      err.stderr = table.concat(kept.stderr)
+      return nil, err
     end
     local kind = frame.type
     if kind == "exit" then
@@ -264,6 +318,8 @@ end
 function session_mt:start_job(argv, opts)
   local refusal = gate(self, "start_job")
   if refusal then return nil, refusal end
+  local unknown = check_command_options(opts, protocol.OPERATIONS.job_start, JOB_OPTIONS, 2)
+  if unknown then return nil, unknown end
   local conn, err = connection(self)
   if not conn then return nil, err end
   local id
@@ -350,8 +406,9 @@ end
 
 -- Jobs --------------------------------------------------------------------------------------
 
---- One poll: { running =, frames = {…}, exit = { code =, truncated = } | nil,
--- error = { code =, message = } | nil }. `since` is the highest seq already seen.
+--- One poll: { running =, frames = {…}, next =, exit = { code =, truncated =, signal = } | nil,
+-- error = { code =, message = } | nil }. `since` is the highest seq already seen (nil: from the
+-- start); `next` is the cursor for the following poll.
 function job_mt:poll(since)
   local conn, err = connection(self.session)
   if not conn then return nil, err end
@@ -368,6 +425,8 @@ end
 -- Polls with a cursor and yields each frame once, in order, ending with the exit frame; a job
 -- that ended in an error raises it, as a failed poll does.
 function job_mt:frames(opts)
+  local unknown = options_check.check("sandbox.jobPoll", opts, FRAMES_OPTIONS)
+  if unknown then return function() error(unknown, 0) end end
   opts = opts or {}
   local interval = opts.interval or 0.2
   if type(interval) ~= "number" or interval <= 0 then
@@ -404,7 +463,7 @@ function job_mt:frames(opts)
           queue[#queue + 1] = { type = "exit", code = page.exit.code,
             truncated = page.exit.truncated, signal = page.exit.signal }
         elseif page.error then
-          failure = errors.command_failed(page.error.code, page.error.message,
+          failure = protocol.command_error(page.error.code, page.error.message,
             { operation = "sandbox.jobPoll", job_id = job.id })
         else
           failure = errors.unanswered("sandbox.jobPoll",
