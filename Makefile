@@ -53,7 +53,8 @@ LUA_NAME := $(patsubst lua50%,lua5.%,$(shell printf '\043include <lua.h>\n\043if
 MODDIR := $(BUILD)/$(or $(LUA_NAME),$(LUA_PC))
 
 CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
-            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c
+            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \
+            src/signals.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 

@@ -100,15 +100,14 @@ end
 
 --- One attempt: sends the request and waits for its headers. A 2xx comes back as the
 -- response; anything else becomes the error §4 says it is, with the agent's own text kept.
+-- `body` is JSON text, or a raw byte stream { reader =, length =, on_body = } (rawFiles).
 local function attempt(conn, target, operation, method, body, max_body)
   local headers = {}
   for k, v in pairs(target.headers or {}) do headers[k] = v end
-  if body then headers["Content-Type"] = "application/json" end
-  local resp, failure = http.send{
+  local spec = {
     method = method,
     url = target.url,
     headers = headers,
-    body = body,
     fresh_connect = not errors.is_idempotent(operation),
     ca_file = target.ca_file,
     connect_timeout = math.min(conn.connect_timeout, conn.header_timeout),
@@ -116,7 +115,21 @@ local function attempt(conn, target, operation, method, body, max_body)
     max_error_body = protocol.MAX_ERROR_BODY,
     header_deadline = core.now() + conn.header_timeout,
   }
+  if type(body) == "table" then
+    headers["Content-Type"] = "application/octet-stream"
+    spec.body_reader, spec.body_length, spec.on_body = body.reader, body.length, body.on_body
+    -- The bytes may take long to send; what bounds the wait is their stopping.
+    spec.stall_timeout, spec.header_timeout = conn.body_timeout, conn.header_timeout
+  elseif body then
+    headers["Content-Type"] = "application/json"
+    spec.body = body
+  end
+  local resp, failure = http.send(spec)
   if not resp then
+    if failure.source_error ~= nil then
+      return nil, errors.invalid_input(operation, "source", "the file to send could not be read: "
+        .. tostring(failure.source_error))
+    end
     local reason
     if failure.kind == "timeout" then
       reason = header_timeout_text(conn)
@@ -174,7 +187,8 @@ local function send(conn, operation, method, path, body, max_body)
     if transport.settle then
       verdict, replacement = transport:settle(operation, err, target, replayed)
     end
-    if replayed or verdict ~= "replay" then return nil, replacement or err end
+    -- A streamed body was read as it went: there is nothing left to send again.
+    if replayed or verdict ~= "replay" or type(body) == "table" then return nil, replacement or err end
     replayed = true
   end
 end
@@ -482,6 +496,77 @@ function protocol.write_files(conn, files)
     resp:close()
   end
   return true
+end
+
+-- Raw files (§6 rawFiles): a file's bytes as the body, streamed both ways, of any size. ------
+
+local RAW_FILES = "/v1/files/raw?path="
+
+--- Reads a file out of the session into write(bytes) (a false or nil-and-error result stops
+-- it), a chunk at a time; progress(done, total) hears each chunk (total from Content-Length).
+-- Returns the byte count, or nil and an error. The wait is bounded by the bytes stopping for
+-- body_timeout seconds, not by the whole transfer, whose length is the file's.
+function protocol.read_file_raw(conn, path, write, progress)
+  check_path(path)
+  local resp, err = send(conn, READ_FILE, "GET", RAW_FILES .. query_escape(path), nil, nil)
+  if not resp then return nil, err end
+  local t = resp.transfer
+  local total = to_integer(tonumber(resp:headers()["content-length"]))
+  local done = 0
+  local idle = core.now() + conn.body_timeout
+  while true do
+    local chunk = t:read()
+    if chunk then
+      done = done + #chunk
+      local ok, werr = write(chunk)
+      if ok == false or (ok == nil and werr ~= nil) then
+        t:close()
+        return nil, errors.invalid_input(READ_FILE, "destination",
+          "the file's bytes could not be written: " .. tostring(werr))
+      end
+      if progress then progress(done, total) end
+      idle = core.now() + conn.body_timeout
+    elseif chunk == nil then
+      local st = t:state()
+      t:close()
+      if not st.ok then
+        return nil, errors.unanswered(READ_FILE, "the file's bytes stopped short: " .. tostring(st.error),
+          { sent = true })
+      end
+      if total and done ~= total then
+        return nil, errors.unanswered(READ_FILE, string.format(
+          "the file's body ended after %d of its %d bytes", done, total), { sent = true })
+      end
+      return done
+    elseif core.now() >= idle then
+      t:close()
+      return nil, errors.unanswered(READ_FILE, string.format(
+        "the file's bytes stopped coming for %gs", conn.body_timeout), { sent = true })
+    else
+      wait.ready(t, idle)
+    end
+  end
+end
+
+--- Writes the bytes read() returns (chunks, then nil; or nil and an error) to a file of the
+-- session; `length` (bytes, or nil: chunked) goes out as Content-Length. The agent renames the
+-- file into place only once the whole body arrived. Returns the byte count, or nil and an error.
+function protocol.write_file_raw(conn, path, read, length, progress)
+  check_path(path)
+  local sent = 0
+  local resp, err = send(conn, WRITE_FILES, "PUT", RAW_FILES .. query_escape(path), {
+    reader = read, length = length,
+    on_body = function(n)
+      sent = n
+      if progress then progress(n, length) end
+    end,
+  }, MAX_SMALL_BODY)
+  if not resp then
+    err.path = path
+    return nil, err
+  end
+  resp:close()
+  return sent
 end
 
 function protocol.mkdir(conn, path)

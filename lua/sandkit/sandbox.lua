@@ -23,6 +23,7 @@
 
 local errors = require "sandkit.errors"
 local lines = require "sandkit.lines"
+local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local wait = require "sandkit.wait"
@@ -38,6 +39,8 @@ job_mt.__index = job_mt
 local NEEDS = {
   read_file = { "files", "sandbox.readFile" },
   write_files = { "files", "sandbox.writeFiles" },
+  read_file_to = { "files", "sandbox.readFile" },
+  write_file_from = { "files", "sandbox.writeFiles" },
   mkdir = { "files", "sandbox.mkdir" },
   start_job = { "jobs", "sandbox.jobStart" },
   job = { "jobs", "sandbox.jobPoll" },
@@ -66,6 +69,7 @@ local RUN_OPTIONS = options_check.set{ "output_cap", "lines" }
 local EXEC_OPTIONS = options_check.set{ "output_cap", "max_output" }
 local JOB_OPTIONS = options_check.set{ "id" }
 local FRAMES_OPTIONS = options_check.set{ "since", "interval" }
+local TRANSFER_OPTIONS = options_check.set{ "progress" }
 
 --- `module` is the provider's module, for its CREATE_OPTIONS.
 function sandbox.new(provider, options, module)
@@ -350,6 +354,120 @@ function session_mt:write_files(files)
   local conn, err = connection(self)
   if not conn then return nil, err end
   return ops(conn).write_files(conn, files)
+end
+
+--- Why a file over 32 MiB cannot move to or from this session.
+local WITHOUT_RAW = "this agent does not offer the rawFiles extension, so a file moves in one "
+  .. "request of at most 33554432 bytes (32 MiB)"
+
+local function raw_files(conn)
+  return conn.ops == nil and conn.features ~= nil and conn.features.rawFiles == true
+end
+
+local function transfer_options(opts, operation)
+  if opts ~= nil and type(opts) ~= "table" then error("sandkit: transfer options are a table", 3) end
+  local unknown = options_check.check(operation, opts, TRANSFER_OPTIONS)
+  if unknown then return nil, unknown end
+  opts = opts or {}
+  if opts.progress ~= nil and type(opts.progress) ~= "function" then
+    error("sandkit: progress is a function(done, total)", 3)
+  end
+  return opts
+end
+
+--- Sends a file of any size into the session, in bounded memory: `source` is a local path, an
+-- object with :read(n) (io.stdin), or a function returning the next chunk and nil at the end.
+-- opts.progress(done, total) hears the bytes as they go (total nil when unknown). Returns the
+-- byte count, or nil and an error. Without the agent's rawFiles extension the file goes in one
+-- request, and one over 32 MiB is refused before anything is sent.
+function session_mt:write_file_from(path, source, opts)
+  if type(path) ~= "string" then error("sandkit: a path is a string", 2) end
+  local refusal = gate(self, "write_file_from")
+  if refusal then return nil, refusal end
+  local topts, bad = transfer_options(opts, NEEDS.write_file_from[2])
+  if not topts then return nil, bad end
+  local conn, err = connection(self)
+  if not conn then return nil, err end
+  local src
+  src, err = localfile.source(source, NEEDS.write_file_from[2])
+  if not src then return nil, err end
+  local sent
+  if raw_files(conn) then
+    sent, err = protocol.write_file_raw(conn, path, src.read, src.length, topts.progress)
+  else
+    local parts, size = {}, 0
+    while true do
+      local chunk, rerr = src.read()
+      if chunk == nil then
+        if rerr ~= nil then
+          src.close()
+          return nil, errors.invalid_input(NEEDS.write_file_from[2], "source",
+            "the file to send could not be read: " .. tostring(rerr))
+        end
+        break
+      end
+      size = size + #chunk
+      if size > protocol.MAX_FILE_BYTES then
+        src.close()
+        return nil, errors.invalid_input(NEEDS.write_file_from[2], "source", path
+          .. " is larger than 32 MiB, and " .. WITHOUT_RAW)
+      end
+      parts[#parts + 1] = chunk
+    end
+    sent, err = ops(conn).write_files(conn, { [path] = table.concat(parts) })
+    if sent then
+      sent = size
+      if topts.progress then topts.progress(size, size) end
+    end
+  end
+  src.close()
+  if not sent then return nil, err end
+  return sent
+end
+
+--- Brings a file of any size out of the session, in bounded memory: `sink` is a local path
+-- (written beside it and renamed into place once whole), an object with :write(bytes)
+-- (io.stdout), or a function(bytes). opts.progress(done, total) as for write_file_from.
+-- Returns the byte count, or nil and an error.
+function session_mt:read_file_to(path, sink, opts)
+  if type(path) ~= "string" then error("sandkit: a path is a string", 2) end
+  local refusal = gate(self, "read_file_to")
+  if refusal then return nil, refusal end
+  local topts, bad = transfer_options(opts, NEEDS.read_file_to[2])
+  if not topts then return nil, bad end
+  local conn, err = connection(self)
+  if not conn then return nil, err end
+  local dst
+  dst, err = localfile.sink(sink, NEEDS.read_file_to[2])
+  if not dst then return nil, err end
+  local done
+  if raw_files(conn) then
+    done, err = protocol.read_file_raw(conn, path, dst.write, topts.progress)
+  else
+    local bytes
+    bytes, err = ops(conn).read_file(conn, path)
+    if bytes then
+      local ok, werr = dst.write(bytes)
+      if ok then
+        done = #bytes
+        if topts.progress then topts.progress(done, done) end
+      else
+        err = errors.invalid_input(NEEDS.read_file_to[2], "destination",
+          "the file's bytes could not be written: " .. tostring(werr))
+      end
+    elseif err.reason == "REQUEST_INVALID" and tostring(err.body):find("limit", 1, true) then
+      err.message = err.message .. " (" .. WITHOUT_RAW .. ")"
+    end
+  end
+  if not done then
+    dst.abort()
+    return nil, err
+  end
+  local ok, cerr = dst.commit()
+  if not ok then
+    return nil, errors.invalid_input(NEEDS.read_file_to[2], "destination", tostring(cerr))
+  end
+  return done
 end
 
 function session_mt:mkdir(path)
