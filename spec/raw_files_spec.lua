@@ -90,7 +90,7 @@ describe("a file sent with rawFiles", function()
     core.remove_tree(dir)
     assert.is_nil(sent)
     assert.equal("INVALID_INPUT", err.code)
-    assert.matches("cannot be read as a file", err.message, 1, true)
+    assert.matches("is a directory: a transfer moves one file", err.message, 1, true)
     assert.equal(0, #server:requests_to("/v1/files/raw"))
   end)
 

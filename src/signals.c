@@ -3,6 +3,7 @@
  * `sandkit` command: it has a remote command to stop and a session to remove before it goes.
  *
  *   core.trap{ core.SIGINT, core.SIGTERM }   -- catch these from now on; true | nil, err
+ *                                               (SIGINT, SIGTERM, SIGHUP, SIGPIPE)
  *   core.caught()                            -- the first signal caught since the last call, or nil
  *
  * Once a trap is set, core.wait and core.poll return as soon as a trapped signal arrives: the
@@ -53,8 +54,9 @@ static int core_trap(lua_State *L)
 		lua_rawgeti(L, 1, i + 1);
 		sigs[i] = (int)skc_checkinteger(L, -1);
 		lua_pop(L, 1);
-		luaL_argcheck(L, sigs[i] == SIGINT || sigs[i] == SIGTERM || sigs[i] == SIGHUP, 1,
-			      "only SIGINT, SIGTERM and SIGHUP can be trapped");
+		luaL_argcheck(L, sigs[i] == SIGINT || sigs[i] == SIGTERM || sigs[i] == SIGHUP ||
+				  sigs[i] == SIGPIPE, 1,
+			      "only SIGINT, SIGTERM, SIGHUP and SIGPIPE can be trapped");
 	}
 	if (trap_pipe[0] < 0 && pipe2(trap_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		lua_pushnil(L);
@@ -110,4 +112,6 @@ void skl_open_signals(lua_State *L)
 	lua_setfield(L, -2, "SIGINT");
 	lua_pushinteger(L, SIGHUP);
 	lua_setfield(L, -2, "SIGHUP");
+	lua_pushinteger(L, SIGPIPE);
+	lua_setfield(L, -2, "SIGPIPE");
 }

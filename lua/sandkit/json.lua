@@ -35,4 +35,30 @@ function json.encode(value)
   return text
 end
 
+--- Marks a list as a JSON array, so that an empty one is written [] and not {}.
+local array_mt = {}
+function json.array(list)
+  return setmetatable(list, array_mt)
+end
+
+--- The JSON text of a document people and scripts read (the `sandkit` command's --json): object
+-- keys in sorted order, so the same document is always the same text, and arrays marked with
+-- json.array kept arrays when empty. Scalars are lua-cjson's.
+function json.encode_document(value)
+  if type(value) ~= "table" then return json.encode(value) end
+  local parts = {}
+  if getmetatable(value) == array_mt then
+    for i, item in ipairs(value) do parts[i] = json.encode_document(item) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  end
+  local keys = {}
+  for k in pairs(value) do
+    if type(k) ~= "string" then error("sandkit: a JSON document's keys are strings", 2) end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys)
+  for i, k in ipairs(keys) do parts[i] = json.encode(k) .. ":" .. json.encode_document(value[k]) end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
 return json

@@ -16,6 +16,9 @@ local errors = require "sandkit.errors"
 
 local localfile = {}
 
+--- Linux's errno for reading a directory as a file.
+local EISDIR = 21
+
 --- Bytes read from a local file per call: a quarter of the transfer's send buffer, so a feed
 -- rarely leaves a remainder to copy.
 localfile.CHUNK = 64 * 1024
@@ -39,9 +42,12 @@ function localfile.source(source, operation)
   if not f then return refuse(operation, "source", tostring(err)) end
   -- A directory opens like a file on Linux and fails only when read: refused here, before
   -- anything is sent, rather than sent as nothing.
-  local probe, perr = f:read(0)
+  local probe, perr, code = f:read(0)
   if probe == nil and perr ~= nil then
     f:close()
+    if code == EISDIR then
+      return refuse(operation, "source", source .. " is a directory: a transfer moves one file")
+    end
     return refuse(operation, "source", source .. " cannot be read as a file: " .. tostring(perr))
   end
   local length = f:seek("end")

@@ -33,6 +33,15 @@ local provider_local = {}
 -- create options besides id and env.
 provider_local.OPTIONS = options_check.set{ "root", "isolate", "agent_path", "output_cap", "ready_timeout" }
 provider_local.CREATE_OPTIONS = options_check.set{ "lifetime" }
+--- The flags the `sandkit` command takes for this provider, before or after its command: each
+-- sets the sandbox option it names (sandkit/cli.lua reads this table; `convert`, when given,
+-- turns the text into the option's value or returns nil and why not).
+provider_local.CLI_OPTIONS = {
+  { flag = "root", arg = "DIR", option = "root",
+    help = "the state folder (default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit)" },
+  { flag = "isolate", arg = "bwrap", option = "isolate",
+    help = "run the commands of new sessions under bubblewrap" },
+}
 
 local provider_mt = {}
 provider_mt.__index = provider_mt
