@@ -23,6 +23,8 @@ local unpack = table.unpack or rawget(_G, "unpack")
 
 local EXIT_FAILED, EXIT_USAGE = 1, 2
 local EXIT_TIMEOUT, EXIT_SANDKIT, EXIT_SPAWN = 124, 125, 127
+--- Linux's errno for a write to a pipe nobody reads.
+local EPIPE = 32
 --- A cancelled job's status: the agent kills its process group with SIGKILL.
 local EXIT_CANCELLED = 128 + 9
 --- A CLI user rarely means a deadline; the protocol needs one, so a day stands in for none.
@@ -177,9 +179,11 @@ end
 -- ends the command like any signal; another write failure ends it as sandkit's own.
 local function write_frame(frame)
   local out = frame.type == "stdout" and io.stdout or io.stderr
-  local ok, err = out:write(frame.data)
-  if ok then ok, err = out:flush() end
+  local ok, err, code = out:write(frame.data)
+  if ok then ok, err, code = out:flush() end
   if not ok and frame.type == "stdout" then
+    -- EPIPE without the signal: this process was started with SIGPIPE ignored.
+    if code == EPIPE and not interrupt.pending then interrupt.pending = core.SIGPIPE end
     check_signals()
     error("standard output: " .. tostring(err), 0)
   end

@@ -22,11 +22,14 @@ wrapper_mt.__index = wrapper_mt
 
 function lines.wrap(stream)
   return setmetatable({ stream = stream, partial = { stdout = {}, stderr = {} },
-    partial_size = { stdout = 0, stderr = 0 }, queue = {}, head = 1, done = false }, wrapper_mt)
+    partial_size = { stdout = 0, stderr = 0 }, queue = {}, head = 1, count = 0, done = false }, wrapper_mt)
 end
 
+--- The queue keeps its own count: taken slots are cleared, and `#` of a table with holes at
+-- its start is any border under LuaJIT.
 local function push(self, frame)
-  self.queue[#self.queue + 1] = frame
+  self.count = self.count + 1
+  self.queue[self.count] = frame
 end
 
 local function emit_partial(self, kind, seq)
@@ -88,14 +91,14 @@ end
 -- error once every line before it was delivered.
 function wrapper_mt:next()
   while true do
-    if self.head <= #self.queue then
+    if self.head <= self.count then
       local frame = self.queue[self.head]
       self.queue[self.head] = nil
       self.head = self.head + 1
       return frame
     end
     if self.done then return nil, self.failed end
-    self.queue, self.head = {}, 1
+    self.queue, self.head, self.count = {}, 1, 0
     local frame, err = self.stream:next()
     if not frame then
       flush(self)

@@ -551,12 +551,18 @@ function job_mt:frames(opts)
     error("sandkit: interval must be a positive number of seconds", 2)
   end
   local since = opts.since
-  local queue, head = {}, 1
+  -- The queue's length is kept apart: taken slots are cleared, and `#` of a table with holes at
+  -- its start is any border under LuaJIT.
+  local queue, head, count = {}, 1, 0
   local finished, failure = false, nil
   local job = self
+  local function push(frame)
+    count = count + 1
+    queue[count] = frame
+  end
   return function()
     while true do
-      if head <= #queue then
+      if head <= count then
         local frame = queue[head]
         queue[head] = nil
         head = head + 1
@@ -565,21 +571,21 @@ function job_mt:frames(opts)
       -- Raised only once every frame before it was delivered: output that arrived is never lost.
       if failure then error(failure, 0) end
       if finished then return nil end
-      queue, head = {}, 1
+      queue, head, count = {}, 1, 0
       local page, err = job:poll(since)
       if not page then error(err, 0) end
       for _, frame in ipairs(page.frames) do
         -- The agent's cursor is exclusive; this only guards against a peer that repeats itself.
         if since == nil or frame.seq > since then
-          queue[#queue + 1] = frame
+          push(frame)
           since = frame.seq
         end
       end
       if not page.running then
         finished = true
         if page.exit then
-          queue[#queue + 1] = { type = "exit", code = page.exit.code,
-            truncated = page.exit.truncated, signal = page.exit.signal }
+          push({ type = "exit", code = page.exit.code,
+            truncated = page.exit.truncated, signal = page.exit.signal })
         elseif page.error then
           failure = protocol.command_error(page.error.code, page.error.message,
             { operation = "sandbox.jobPoll", job_id = job.id })
@@ -587,7 +593,7 @@ function job_mt:frames(opts)
           failure = errors.unanswered("sandbox.jobPoll",
             "the job ended and reported neither an exit nor an error", { job_id = job.id })
         end
-      elseif #queue == 0 then
+      elseif count == 0 then
         wait.sleep(interval)
       end
     end
