@@ -12,12 +12,7 @@ local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 -- flags and variables would otherwise leak into the inner one.
 local CLEAN_ENV = "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u BUSTED_ARGS "
 
-local function temp_dir()
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(core.mkdir(dir, 448))
-  return dir
-end
+local temp_dir = local_state.new
 
 describe("the build", function()
   it("puts the C core in a folder named after the Lua whose headers it is built against", function()

@@ -12,6 +12,7 @@
 
 local core = require "sandkit.core"
 local json = require "sandkit.json"
+local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
 local sandkit = require "sandkit"
 local wait = require "sandkit.wait"
@@ -424,19 +425,11 @@ local function transfer(fn, ...)
   return 0
 end
 
-local function is_directory(path)
-  local f = io.open(path, "rb")
-  if not f then return false end
-  local _, _, code = f:read(0)
-  f:close()
-  return code == 21 -- EISDIR
-end
-
 local function put(ctx)
   local name, src, dst = ctx.args[1], ctx.args[2], ctx.args[3]
   local session, err = open_session(ctx.sandbox, name)
   if not session then return fail(EXIT_FAILED, err) end
-  if src ~= "-" and is_directory(src) then
+  if src ~= "-" and localfile.is_directory(src) then
     return fail(EXIT_FAILED, src .. " is a directory: put copies one file (tar it, and put the archive)")
   end
   return transfer(session.write_file_from, session, dst, src == "-" and io.stdin or src)
@@ -447,7 +440,9 @@ local function get(ctx)
   local session, err = open_session(ctx.sandbox, name)
   if not session then return fail(EXIT_FAILED, err) end
   -- Into a directory, as cp does: under the remote file's own name.
-  if dst ~= "-" and is_directory(dst) then dst = dst:gsub("/+$", "") .. "/" .. (src:match("([^/]+)/*$") or src) end
+  if dst ~= "-" and localfile.is_directory(dst) then
+    dst = dst:gsub("/+$", "") .. "/" .. (src:match("([^/]+)/*$") or src)
+  end
   return transfer(session.read_file_to, session, src, dst == "-" and io.stdout or dst)
 end
 

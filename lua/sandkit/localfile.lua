@@ -23,6 +23,15 @@ local EISDIR = 21
 -- rarely leaves a remainder to copy.
 localfile.CHUNK = 64 * 1024
 
+--- Whether path names a directory (which opens like a file on Linux and fails only when read).
+function localfile.is_directory(path)
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local _, _, code = f:read(0)
+  f:close()
+  return code == EISDIR
+end
+
 local function refuse(operation, field, why)
   return nil, errors.invalid_input(operation, field, why)
 end
@@ -67,6 +76,15 @@ local function hex(bytes)
   return (bytes:gsub(".", function(c) return string.format("%02x", c:byte()) end))
 end
 
+--- write(bytes) -> true | nil, err over an object with :write (a file handle returns itself).
+local function writer_of(object)
+  return function(bytes)
+    local ok, err = object:write(bytes)
+    if not ok then return nil, err end
+    return true
+  end
+end
+
 function localfile.sink(sink, operation)
   local kind = type(sink)
   if kind == "function" then
@@ -74,15 +92,7 @@ function localfile.sink(sink, operation)
   end
   if kind ~= "string" then
     if (kind == "table" or kind == "userdata") and sink.write then
-      return {
-        write = function(bytes)
-          local ok, err = sink:write(bytes)
-          if not ok then return nil, err end
-          return true
-        end,
-        commit = function() return true end,
-        abort = function() end,
-      }
+      return { write = writer_of(sink), commit = function() return true end, abort = function() end }
     end
     error("sandkit: a destination is a path, an object with :write(bytes), or a function", 3)
   end
@@ -90,11 +100,7 @@ function localfile.sink(sink, operation)
   local f, err = io.open(partial, "wb")
   if not f then return refuse(operation, "destination", tostring(err)) end
   return {
-    write = function(bytes)
-      local ok, werr = f:write(bytes)
-      if not ok then return nil, werr end
-      return true
-    end,
+    write = writer_of(f),
     commit = function()
       local closed, cerr = f:close()
       if not closed then

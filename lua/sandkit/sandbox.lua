@@ -364,15 +364,20 @@ local function raw_files(conn)
   return conn.ops == nil and conn.features ~= nil and conn.features.rawFiles == true
 end
 
-local function transfer_options(opts, operation)
+--- What both file transfers check first: the path, the capability, the options; then the
+-- connection. Returns the options and the connection, or nil and an error.
+local function start_transfer(session, what, path, opts)
+  if type(path) ~= "string" then error("sandkit: a path is a string", 3) end
   if opts ~= nil and type(opts) ~= "table" then error("sandkit: transfer options are a table", 3) end
-  local unknown = options_check.check(operation, opts, TRANSFER_OPTIONS)
-  if unknown then return nil, unknown end
+  local refusal = gate(session, what) or options_check.check(NEEDS[what][2], opts, TRANSFER_OPTIONS)
+  if refusal then return nil, refusal end
   opts = opts or {}
   if opts.progress ~= nil and type(opts.progress) ~= "function" then
     error("sandkit: progress is a function(done, total)", 3)
   end
-  return opts
+  local conn, err = connection(session)
+  if not conn then return nil, err end
+  return opts, conn
 end
 
 --- Sends a file of any size into the session, in bounded memory: `source` is a local path, an
@@ -381,15 +386,9 @@ end
 -- byte count, or nil and an error. Without the agent's rawFiles extension the file goes in one
 -- request, and one over 32 MiB is refused before anything is sent.
 function session_mt:write_file_from(path, source, opts)
-  if type(path) ~= "string" then error("sandkit: a path is a string", 2) end
-  local refusal = gate(self, "write_file_from")
-  if refusal then return nil, refusal end
-  local topts, bad = transfer_options(opts, NEEDS.write_file_from[2])
-  if not topts then return nil, bad end
-  local conn, err = connection(self)
-  if not conn then return nil, err end
-  local src
-  src, err = localfile.source(source, NEEDS.write_file_from[2])
+  local topts, conn = start_transfer(self, "write_file_from", path, opts)
+  if not topts then return nil, conn end
+  local src, err = localfile.source(source, NEEDS.write_file_from[2])
   if not src then return nil, err end
   local sent
   if raw_files(conn) then
@@ -430,15 +429,9 @@ end
 -- (io.stdout), or a function(bytes). opts.progress(done, total) as for write_file_from.
 -- Returns the byte count, or nil and an error.
 function session_mt:read_file_to(path, sink, opts)
-  if type(path) ~= "string" then error("sandkit: a path is a string", 2) end
-  local refusal = gate(self, "read_file_to")
-  if refusal then return nil, refusal end
-  local topts, bad = transfer_options(opts, NEEDS.read_file_to[2])
-  if not topts then return nil, bad end
-  local conn, err = connection(self)
-  if not conn then return nil, err end
-  local dst
-  dst, err = localfile.sink(sink, NEEDS.read_file_to[2])
+  local topts, conn = start_transfer(self, "read_file_to", path, opts)
+  if not topts then return nil, conn end
+  local dst, err = localfile.sink(sink, NEEDS.read_file_to[2])
   if not dst then return nil, err end
   local done
   if raw_files(conn) then
