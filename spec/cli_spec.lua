@@ -364,12 +364,15 @@ describe("the sandkit command", function()
 
   it("takes provider options after the command as well as before it", function()
     local other = local_state.new()
-    local out, err, status = local_state.sh(local_state.lua_env() .. " " .. LUA .. " bin/sandkit create x --root "
-      .. q(other))
+    -- The default state folder is the root of this spec: a --root not taken lands there, not in $HOME.
+    local out, err, status = local_state.sh("XDG_STATE_HOME=" .. q(root) .. " " .. local_state.lua_env() .. " "
+      .. LUA .. " bin/sandkit create x --root " .. q(other))
     assert.equal(0, status, err)
     assert.equal("x\n", out)
     assert.truthy(files.read(other .. "/sessions/x/record.json"))
+    assert.is_nil(files.read(root .. "/sandkit/sessions/x/record.json"))
     local_state.clean(other)
+    local_state.clean(root .. "/sandkit")
   end)
 end)
 
