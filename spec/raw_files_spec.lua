@@ -17,6 +17,15 @@ local function temp_path()
   return path
 end
 
+--- AddressSanitizer's quarantine keeps freed memory resident on purpose: peaks measured under
+-- it (make check-asan) say nothing about sandkit's own bounds.
+local SANITIZED = (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) ~= nil
+
+local function assert_peak(peak, bound, what)
+  if SANITIZED then return end
+  assert.is_true(peak < bound, "peak " .. peak .. " MiB to " .. what)
+end
+
 --- Peak resident memory of a child Lua process running `source`, which prints its result line
 -- first; returns that line and the peak in MiB.
 local function run_measured(source)
@@ -110,7 +119,7 @@ describe("a file sent with rawFiles", function()
     local put = server:requests_to("/v1/files/raw")[1]
     assert.equal(#data, put.body_length)
     assert.equal(files.checksum(data), put.body_sum)
-    assert.is_true(peak < 24, "peak " .. peak .. " MiB to send 48 MiB")
+    assert_peak(peak, 24, "send 48 MiB")
   end)
 end)
 
@@ -179,7 +188,7 @@ describe("a file read with rawFiles", function()
     assert.equal(tostring(48 * 1024 * 1024), result)
     assert.equal(files.checksum(files.pattern(48 * 1024 * 1024)), files.checksum(files.read(dst)))
     os.remove(dst)
-    assert.is_true(peak < 24, "peak " .. peak .. " MiB to read 48 MiB")
+    assert_peak(peak, 24, "read 48 MiB")
   end)
 end)
 
