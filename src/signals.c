@@ -9,8 +9,9 @@
  * Once a trap is set, core.wait and core.poll return as soon as a trapped signal arrives: the
  * handler writes the signal's number to a pipe both of them watch (the self-pipe trick), so a
  * signal is seen whether it interrupts poll(2), lands just before it, or is delivered to
- * another thread (libcurl's resolver). Nothing else changes: a program that never calls
- * core.trap keeps its signals as they were.
+ * another thread (libcurl's resolver). Until core.caught() takes the signal, every wait
+ * returns at once, so a program that traps must ask after each wait (the `sandkit` command's
+ * wait scheduler does). A program that never calls core.trap keeps its signals as they were.
  *
  * Signal dispositions belong to the whole process, so this file keeps the one piece of
  * process-wide state in the core: that pipe.
