@@ -46,6 +46,13 @@ describe("the sandkit command", function()
     local argv = { "sh", "-c", local_state.lua_env() .. " exec " .. LUA .. " bin/sandkit --root " .. q(root)
       .. " " .. args }
     local pid = assert(core.spawn(argv, { stdout = out, stderr = err }))
+    -- A spec that fails before it reaped the command still leaves nothing running.
+    finally(function()
+      if not core.reap(pid) then
+        core.kill(pid, core.SIGKILL)
+        core.reap(pid, true)
+      end
+    end)
     return pid, function() return files.read(out) or "", files.read(err) or "" end
   end
 
@@ -364,6 +371,7 @@ describe("the sandkit command", function()
 
   it("takes provider options after the command as well as before it", function()
     local other = local_state.new()
+    finally(function() local_state.clean(other) end)
     -- The default state folder is the root of this spec: a --root not taken lands there, not in $HOME.
     local out, err, status = local_state.sh("XDG_STATE_HOME=" .. q(root) .. " " .. local_state.lua_env() .. " "
       .. LUA .. " bin/sandkit create x --root " .. q(other))
@@ -371,7 +379,6 @@ describe("the sandkit command", function()
     assert.equal("x\n", out)
     assert.truthy(files.read(other .. "/sessions/x/record.json"))
     assert.is_nil(files.read(root .. "/sandkit/sessions/x/record.json"))
-    local_state.clean(other)
     local_state.clean(root .. "/sandkit")
   end)
 end)
