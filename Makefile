@@ -3,6 +3,7 @@
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
 #   make                     builds build/<lua>/sandkit/core.so and build/sandkit-agent
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
+#   make rock                packs build/sandkit-scm-1.src.rock from the files git tracks
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                runs examples/quickstart.lua against a local session
 #   make bench               runs the benchmarks in bench/
@@ -23,8 +24,11 @@ LUA_LMOD ?= $(PREFIX)/share/lua/$(LUA_VERSION)
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
-# The warnings are part of the contract, not a suggestion: they stay on whatever CFLAGS says.
-STRICT  := -std=c99 -Wall -Wextra -Werror -Werror=implicit-function-declaration -D_GNU_SOURCE -fPIC
+# The warnings are part of the contract, not a suggestion: they stay on whatever CFLAGS says,
+# and are errors here and in CI. A user's `luarocks make` passes WERROR= (see the rockspec):
+# a newer compiler's new warning must not stop someone else's install.
+WERROR  ?= -Werror
+STRICT  := -std=c99 -Wall -Wextra $(WERROR) -Werror=implicit-function-declaration -D_GNU_SOURCE -fPIC
 LIBFLAG ?= -shared
 
 # LuaRocks passes LUA_INCDIR; by hand it comes from pkg-config.
@@ -41,10 +45,16 @@ EVENT_CFLAGS   ?= $(shell $(PKG_CONFIG) --cflags libevent)
 EVENT_LIBS     ?= $(shell $(PKG_CONFIG) --libs libevent)
 
 BUILD ?= build
-MODDIR := $(BUILD)/$(LUA_PC)
+# The C core's folder is named after the Lua whose headers it is compiled against (lua5.4,
+# luajit, …), asked of the headers themselves: LuaRocks passes LUA_INCDIR and nothing else, so
+# a name taken from LUA_PC would put a build for one Lua where another's is looked for.
+LUA_NAME := $(patsubst lua50%,lua5.%,$(shell printf '\043include <lua.h>\n\043if __has_include(<luajit.h>)\nSANDKIT_LUA luajit\n\043else\nSANDKIT_LUA lua LUA_VERSION_NUM\n\043endif\n' \
+  | $(CC) $(LUA_CFLAGS) -E -P -x c - 2>/dev/null | sed -n 's/^SANDKIT_LUA //p' | tr -d ' '))
+MODDIR := $(BUILD)/$(or $(LUA_NAME),$(LUA_PC))
 
 CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
-            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c
+            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \
+            src/signals.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
@@ -54,7 +64,7 @@ AGENT_BIN := $(BUILD)/sandkit-agent
 
 LUA_FILES := $(shell find lua -name '*.lua' | sort)
 
-.PHONY: all deps test check check-asan demo bench fuzz install clean lint
+.PHONY: all deps test check check-asan demo bench fuzz install clean lint rock
 
 all: $(CORE_SO) $(AGENT_BIN)
 
@@ -128,6 +138,19 @@ install: all
 	done
 	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent
 	install -m 0755 bin/sandkit $(DESTDIR)$(BINDIR)/sandkit
+
+# A source rock as `luarocks pack` would make it, without fetching: the rockspec and the
+# tracked files under sandkit/ (the folder LuaRocks looks for, named after source.url).
+# `luarocks install build/sandkit-scm-1.src.rock` then builds it with no network.
+ROCK := $(BUILD)/sandkit-scm-1.src.rock
+rock:
+	rm -rf $(BUILD)/rock $(ROCK)
+	mkdir -p $(BUILD)/rock/sandkit
+	git ls-files -z | tar --null -T - -cf - | tar -xf - -C $(BUILD)/rock/sandkit
+	cp sandkit-scm-1.rockspec $(BUILD)/rock/
+	cd $(BUILD)/rock && zip -qr $(abspath $(ROCK)) sandkit-scm-1.rockspec sandkit
+	rm -rf $(BUILD)/rock
+	@echo $(ROCK)
 
 clean:
 	rm -rf build

@@ -15,12 +15,14 @@ description = {
   license = "MIT",
   labels = { "sandbox", "curl", "streaming" },
 }
--- lua-cjson is needed at run time. It is not listed here because LuaRocks cannot see a copy
--- installed by the system's package manager (Debian's lua-cjson), and listing it would make
--- an offline `luarocks make` fail; install it with `apt-get install lua-cjson` or
--- `luarocks install lua-cjson`.
+-- Lua 5.4 is the Lua whose build and suite LuaRocks can run here. LuaJIT 2.1 builds too
+-- (`make LUA_PC=luajit`), but LuaRocks sees it as Lua 5.1, which would admit PUC Lua 5.1, whose
+-- C API the core cannot build against.
+-- lua-cjson is needed at run time. With the system's copy (Debian's lua-cjson), which LuaRocks
+-- cannot see, install with `--deps-mode=none`.
 dependencies = {
-  "lua >= 5.1",
+  "lua >= 5.4, < 5.5",
+  "lua-cjson",
 }
 -- libcurl is found by library, not by header: Debian keeps curl/curl.h in a multiarch folder
 -- LuaRocks does not search.
@@ -34,6 +36,8 @@ build = {
   build_target = "all",
   build_variables = {
     CFLAGS = "$(CFLAGS)",
+    -- Warnings stay warnings in a user's build; `make check` turns them into errors.
+    WERROR = "",
     LIBFLAG = "$(LIBFLAG)",
     LUA_INCDIR = "$(LUA_INCDIR)",
     LUA = "$(LUA)",
@@ -46,6 +50,11 @@ build = {
     LUA_LMOD = "$(LUADIR)",
   },
 }
+-- `luarocks test` runs what `make check` runs after its bootstrap: the build, then the busted
+-- suite with the paths and environment the Makefile sets (the agent binary, the C module of the
+-- build tree). Extra arguments reach make: `luarocks test -- BUSTED_ARGS=spec/cli_spec.lua`.
 test = {
-  type = "busted",
+  type = "command",
+  command = "make",
+  flags = { "all", "test" },
 }

@@ -24,7 +24,7 @@ local ROUNDS = 5
 
 local function round(sessions)
   local t0 = common.now()
-  local total = assert(sandkit.run(function()
+  local _, total = assert(sandkit.run(function()
     local tasks = {}
     for i = 1, N do
       local session = sessions[(i - 1) % #sessions + 1]

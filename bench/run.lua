@@ -31,6 +31,7 @@ local FANOUT = { 1, 16, 128 }
 -- Targets (reported against, enforced nowhere).
 local DECODE_VS_CJSON = 10      -- sandkit decodes at least 10x plain Lua + lua-cjson
 local STREAM_VS_CURL = 0.5      -- sandkit streams at least half of what curl -sN reads
+local FILES_VS_CURL = 0.7       -- a 1 GiB put or get at least 0.7x of curl -T / curl -o
 local LATENCY_OVER_SPAWN = 1.0  -- ms: a round trip within 1 ms of a local spawn at p50
 -- Run-to-run spread of the fan-out rounds on a shared 2-core machine is a few percent; a
 -- drop within it is noise, not throughput falling.
@@ -251,6 +252,21 @@ local function rows(results)
       met(f128.rss_peak < FANOUT_RSS))
   end
 
+  local files = results.files
+  for _, dir in ipairs{ { "put", "curl -T" }, { "get", "curl -o" } } do
+    local name = string.format("%s 1 GiB vs %s", dir[1], dir[2])
+    if files.failed then
+      row(name, nil, nil, nil, ">= " .. FILES_VS_CURL .. "x", "NO")
+    elseif files.skipped then
+      row(name, "skipped: " .. files.skipped, nil, nil, ">= " .. FILES_VS_CURL .. "x", "n/a")
+    else
+      local ours, peer = files[dir[1]].sandkit, files[dir[1]].curl
+      local ratio = ours.mb_per_s / peer.mb_per_s
+      row(name, mb(ours.mb_per_s), dir[2] .. ": " .. mb(peer.mb_per_s), times(ratio),
+        ">= " .. FILES_VS_CURL .. "x", met(ratio >= FILES_VS_CURL))
+    end
+  end
+
   local w = results.slow
   if w.failed then
     row("slow consumer client RSS", nil, nil, nil, "< " .. mib(SLOW_CLIENT_RSS) .. ", flat", "NO")
@@ -317,6 +333,7 @@ for _, n in ipairs(FANOUT) do
   results.fanout[tostring(n)] = step(string.format("fan-out (%d streams)", n), lua_script("fanout.lua", n))
 end
 results.slow = step("slow consumer (1 GiB, 1 ms per frame)", lua_script("slow.lua"))
+results.files = step("files (1 GiB put and get: sandkit, curl -T, curl -o)", lua_script("files.lua"))
 results.seconds = common.now() - started
 results.machine.load_after = (common.read_file("/proc/loadavg") or ""):match("^(%S+ %S+ %S+)")
 

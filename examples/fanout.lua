@@ -21,7 +21,7 @@ local function line_writer(prefix)
   end
 end
 
-local codes = assert(sandkit.run(function()
+local _, codes = assert(sandkit.run(function()
   local tasks = {}
   for i = 1, n do
     tasks[i] = sandkit.spawn(function()

@@ -1,99 +1,393 @@
 -- The `sandkit` command, run as a separate process against a private state folder.
 
+local cjson = require "cjson"
+local sandkit = require "sandkit"
+local core = require "sandkit.core"
+local wait = require "sandkit.wait"
+local files = require "support.files"
 local local_state = require "support.local_state"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 local q = local_state.shell_quote
 
+--- The features the real agent advertises, read through a session of the API.
+local function agent_features(root)
+  local session = assert(assert(sandkit.sandbox{ provider = "local", root = root }):create{ id = "probe" })
+  assert(session:exec({ "true" }, { timeout = 5 }))
+  local features = session.conn.features
+  assert(session:terminate())
+  return features
+end
+
+--- Waits, at most `timeout` seconds, until predicate() holds.
+local function wait_until(predicate, timeout, what)
+  local deadline = core.now() + timeout
+  while not predicate() do
+    if core.now() >= deadline then error("timed out waiting for " .. what, 2) end
+    wait.sleep(0.02)
+  end
+end
+
 describe("the sandkit command", function()
   local root
-  local function sandkit(args)
-    return local_state.sh(local_state.lua_env() .. " " .. LUA .. " bin/sandkit --root " .. q(root) .. " " .. args)
+  local function command(args)
+    return local_state.lua_env() .. " " .. LUA .. " bin/sandkit --root " .. q(root) .. " " .. args
+  end
+  local function sandkit_cmd(args)
+    return local_state.sh(command(args))
   end
   before_each(function() root = local_state.new() end)
   after_each(function() local_state.clean(root) end)
 
+  --- Starts the command in the background with stdout and stderr in files: pid, and a
+  -- function returning what each holds so far.
+  local function start(args)
+    local out, err = root .. "/cli.out", root .. "/cli.err"
+    local argv = { "sh", "-c", local_state.lua_env() .. " exec " .. LUA .. " bin/sandkit --root " .. q(root)
+      .. " " .. args }
+    local pid = assert(core.spawn(argv, { stdout = out, stderr = err }))
+    -- A spec that fails before it reaped the command still leaves nothing running.
+    finally(function()
+      if not core.reap(pid) then
+        core.kill(pid, core.SIGKILL)
+        core.reap(pid, true)
+      end
+    end)
+    return pid, function() return files.read(out) or "", files.read(err) or "" end
+  end
+
   it("streams a command's stdout and stderr to its own and exits with its status", function()
-    local out, err, status = sandkit("run -- sh -c 'echo hi; echo oops >&2; exit 3'")
+    local out, err, status = sandkit_cmd("run -- sh -c 'echo hi; echo oops >&2; exit 3'")
     assert.equal("hi\n", out)
     assert.equal("oops\n", err)
     assert.equal(3, status)
   end)
 
   it("removes the throwaway session a run without --session used", function()
-    sandkit("run -- true")
-    local out = sandkit("ls")
-    assert.equal("", out)
+    sandkit_cmd("run -- true")
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))))
   end)
 
   it("exits 124 with a one-line reason when the command outlives its timeout", function()
-    local out, err, status = sandkit("run --timeout 0.3 -- sleep 30")
+    local out, err, status = sandkit_cmd("run --timeout 0.3 -- sleep 30")
     assert.equal("", out)
     assert.equal(124, status)
-    assert.matches("^sandkit: [^\n]*timeout[^\n]*\n$", err)
+    assert.matches("^sandkit: [^\n]*0.3s timeout[^\n]*\n$", err)
   end)
 
   it("exits 127 when the program cannot be started", function()
-    local _, err, status = sandkit("run -- /no/such/program")
+    local _, err, status = sandkit_cmd("run -- /no/such/program")
     assert.equal(127, status)
     assert.matches("^sandkit: ", err)
   end)
 
+  it("exits 127 alike for a --cwd that is missing and one outside the session", function()
+    for _, cwd in ipairs{ "/nosuch", "../" } do
+      local out, err, status = sandkit_cmd("run --cwd " .. cwd .. " -- true")
+      assert.equal(127, status, cwd .. ": " .. err)
+      assert.equal("", out)
+      assert.matches("^sandkit: [^\n]+\n$", err)
+    end
+  end)
+
   it("passes --cwd and --env to the command", function()
-    sandkit("create work")
-    sandkit("run --session work -- mkdir sub")
-    local out, _, status = sandkit("run --session work --cwd /sub --env A=1 --env B=x=y -- "
+    sandkit_cmd("create work")
+    sandkit_cmd("run --session work -- mkdir sub")
+    local out, _, status = sandkit_cmd("run --session work --cwd /sub --env A=1 --env B=x=y -- "
       .. "sh -c 'pwd | sed s,.*/,,; echo $A $B'")
     assert.equal(0, status)
     assert.equal("sub\n1 x=y\n", out)
   end)
 
-  it("copies files in and out of a named session", function()
-    local src = os.tmpname()
-    local f = io.open(src, "wb")
-    f:write("bytes\0and more")
-    f:close()
-    assert.equal("work\n", (sandkit("create work")))
-    local _, err, status = sandkit("put work " .. q(src) .. " /data/in.bin")
+  it("refuses to run in a session that does not exist unless --create", function()
+    local out, err, status = sandkit_cmd("run --session ghost -- echo hi")
+    assert.equal(125, status)
+    assert.equal("", out)
+    assert.matches("no session named ghost %(%-%-create makes it%)", err)
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "nothing was created")
+    out, err, status = sandkit_cmd("run --session ghost --create -- echo hi")
     assert.equal(0, status, err)
-    local out = sandkit("get work /data/in.bin -")
-    assert.equal("bytes\0and more", out)
+    assert.equal("hi\n", out)
+    assert.equal("ghost", cjson.decode((sandkit_cmd("ls --json"))).sessions[1].id)
+  end)
+
+  it("copies files in and out of a named session, standard input and output included", function()
+    local src = os.tmpname()
+    files.write(src, "bytes\0and more")
+    assert.equal("work\n", (sandkit_cmd("create work")))
+    local _, err, status = sandkit_cmd("put work " .. q(src) .. " /data/in.bin")
+    assert.equal(0, status, err)
+    assert.equal("bytes\0and more", (sandkit_cmd("get work /data/in.bin -")))
+    _, err, status = local_state.sh("printf 'from stdin' | " .. command("put work - /data/piped"))
+    assert.equal(0, status, err)
+    assert.equal("from stdin", (sandkit_cmd("get work /data/piped -")))
+    local dir = local_state.new()
+    _, err, status = sandkit_cmd("get work /data/piped " .. q(dir))
+    assert.equal(0, status, err)
+    assert.equal("from stdin", files.read(dir .. "/piped"), "into a directory, under the file's name")
+    core.remove_tree(dir)
     os.remove(src)
   end)
 
-  it("lists sessions and removes them", function()
-    sandkit("create a1")
-    sandkit("create b2")
-    assert.equal("a1\trunning\t1\nb2\trunning\t1\n", (sandkit("ls")))
-    local _, _, status = sandkit("rm a1 b2")
+  it("refuses a directory to put, sending nothing", function()
+    sandkit_cmd("create work")
+    local dir = local_state.new()
+    local _, err, status = sandkit_cmd("put work " .. q(dir) .. " /copy")
+    core.remove_tree(dir)
+    assert.equal(1, status)
+    assert.matches("is a directory: put copies one file", err)
+    local _, _, missing = sandkit_cmd("get work /copy -")
+    assert.equal(1, missing, "no file was made")
+  end)
+
+  it("says when a file is over what an agent without rawFiles moves", function()
+    if agent_features(root).rawFiles then return pending("this agent offers rawFiles") end
+    sandkit_cmd("create work")
+    local _, err, status = local_state.sh("head -c 33554433 /dev/zero | " .. command("put work - /big"))
+    assert.equal(1, status)
+    assert.matches("does not offer the rawFiles extension", err)
+  end)
+
+  it("moves a file over 32 MiB both ways once the agent offers rawFiles", function()
+    if not agent_features(root).rawFiles then return pending("waits for the agent's rawFiles extension") end
+    sandkit_cmd("create work")
+    local src, dst = os.tmpname(), os.tmpname()
+    local data = files.pattern(40 * 1024 * 1024)
+    files.write(src, data)
+    local _, err, status = sandkit_cmd("put work " .. q(src) .. " /big")
+    assert.equal(0, status, err)
+    _, err, status = sandkit_cmd("get work /big " .. q(dst))
+    assert.equal(0, status, err)
+    assert.equal(files.checksum(data), files.checksum(files.read(dst)))
+    os.remove(src)
+    os.remove(dst)
+  end)
+
+  it("shows a progress bar for a transfer over a second on a terminal, and none elsewhere", function()
+    sandkit_cmd("create work")
+    -- `script` gives the command a terminal; the source trickles for more than a second.
+    local slow = "(printf abc; sleep 1.5; printf def) | " .. command("put work - /slow")
+    local shown = local_state.sh("script -qfec " .. q(slow) .. " /dev/null")
+    assert.matches("6 B / 6 B  [%d.]+ B/s", shown)
+    assert.matches("\r", shown, 1, true)
+    local _, quiet, status = local_state.sh(slow)
     assert.equal(0, status)
-    assert.equal("", (sandkit("ls")))
+    assert.equal("", quiet, "no bar when stderr is not a terminal")
+    local fast = local_state.sh("script -qfec " .. q("printf x | " .. command("put work - /fast")) .. " /dev/null")
+    assert.is_nil(fast:find("B/s", 1, true), "no bar for a transfer under a second")
+  end)
+
+  it("lists sessions with a header, their state and creation time, and as JSON", function()
+    local before = os.time()
+    sandkit_cmd("create a1")
+    sandkit_cmd("create b2")
+    local out = sandkit_cmd("ls")
+    local lines = {}
+    for line in out:gmatch("[^\n]+") do lines[#lines + 1] = line end
+    assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED$", lines[1])
+    assert.matches("^a1%s+running%s+1%s+%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%dZ$", lines[2])
+    assert.matches("^b2%s+running%s+1%s+", lines[3])
+    local doc = cjson.decode((sandkit_cmd("ls --json")))
+    assert.equal(2, #doc.sessions)
+    local first = doc.sessions[1]
+    assert.same({ "created_at", "generation", "id", "state" }, (function()
+      local keys = {}
+      for k in pairs(first) do keys[#keys + 1] = k end
+      table.sort(keys)
+      return keys
+    end)())
+    assert.equal("a1", first.id)
+    assert.equal(os.date("!%Y-%m-%d", before), first.created_at:sub(1, 10))
+    local _, _, status = sandkit_cmd("rm a1 b2")
+    assert.equal(0, status)
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))))
+  end)
+
+  it("prunes the sessions whose agent is gone, and only those", function()
+    sandkit_cmd("create alive")
+    sandkit_cmd("create dead")
+    local sb = assert(sandkit.sandbox{ provider = "local", root = root })
+    local pid = assert(sb:get("dead")).record.pid
+    core.kill(pid, core.SIGKILL)
+    wait_until(function() return not core.alive(pid) end, 5, "the agent to die")
+    local out, err, status = sandkit_cmd("prune")
+    assert.equal(0, status, err)
+    assert.equal("dead\n", out)
+    local doc = cjson.decode((sandkit_cmd("ls --json")))
+    assert.equal(1, #doc.sessions)
+    assert.equal("alive", doc.sessions[1].id)
+    assert.same({ removed = {} }, cjson.decode((sandkit_cmd("prune --json"))))
+  end)
+
+  it("creates a session with a lifetime, and prints it as JSON", function()
+    local out, err, status = sandkit_cmd("create brief --lifetime 60 --json")
+    assert.equal(0, status, err)
+    local doc = cjson.decode(out)
+    assert.equal("brief", doc.id)
+    assert.equal("running", doc.state)
+    assert.equal(1, doc.generation)
+    assert.is_string(doc.boot_id)
+    local record = cjson.decode(files.read(root .. "/sessions/brief/record.json"))
+    assert.is_true(record.expires_at >= os.time() + 55)
   end)
 
   it("starts a job, polls it, and follows it to its exit status", function()
-    sandkit("create jobs")
-    local id = (sandkit("job start jobs -- sh -c 'echo one; echo two >&2; exit 6'")):match("^(%S+)\n$")
+    sandkit_cmd("create jobs")
+    local id = (sandkit_cmd("job start jobs -- sh -c 'echo one; echo two >&2; exit 6'")):match("^(%S+)\n$")
     assert.is_not_nil(id)
-    local out, err, status = sandkit("job poll jobs " .. id .. " --follow")
+    local out, err, status = sandkit_cmd("job poll jobs " .. id .. " --follow")
     assert.equal("one\n", out)
     assert.equal("two\n", err)
     assert.equal(6, status)
   end)
 
-  it("cancels a job", function()
-    sandkit("create jobs")
-    local id = (sandkit("job start jobs -- sleep 60")):match("^(%S+)\n$")
-    local _, _, status = sandkit("job cancel jobs " .. id)
-    assert.equal(0, status)
-    local _, err, follow = sandkit("job poll jobs " .. id .. " --follow")
-    assert.equal(125, follow)
-    assert.matches("cancel", err)
+  it("prints a job's start and a poll as JSON, the poll with its next cursor", function()
+    sandkit_cmd("create jobs")
+    local started = cjson.decode((sandkit_cmd("job start jobs --json -- sh -c 'echo one; exit 4'")))
+    assert.is_string(started.id)
+    assert(sandkit_cmd("job poll jobs " .. started.id .. " --follow"))
+    local doc = cjson.decode((sandkit_cmd("job poll jobs " .. started.id .. " --json")))
+    assert.equal(started.id, doc.id)
+    assert.is_false(doc.running)
+    assert.equal("stdout", doc.frames[1].type)
+    assert.equal("one\n", core.b64decode(doc.frames[1].data_base64))
+    assert.equal(doc.frames[1].seq, doc.next)
+    assert.equal(4, doc.exit.code)
+    assert.equal(cjson.null, doc.error)
+    local after = cjson.decode((sandkit_cmd("job poll jobs " .. started.id .. " --json --since " .. doc.next)))
+    assert.same({}, after.frames)
+    assert.equal("[]", (sandkit_cmd("job poll jobs " .. started.id .. " --json --since " .. doc.next))
+      :match('"frames":(%[%])'), "an empty list is a JSON array")
   end)
 
-  it("refuses a malformed command line with status 2", function()
-    for _, args in ipairs({ "run sh", "frobnicate", "run --timeout x -- true", "run --env NOVALUE -- true" }) do
-      local _, _, status = sandkit(args)
-      assert.equal(2, status, args)
+  it("exits 137 for a cancelled job, not as a sandkit failure", function()
+    sandkit_cmd("create jobs")
+    local id = (sandkit_cmd("job start jobs -- sleep 60")):match("^(%S+)\n$")
+    local _, _, status = sandkit_cmd("job cancel jobs " .. id)
+    assert.equal(0, status)
+    local _, err, follow = sandkit_cmd("job poll jobs " .. id .. " --follow")
+    assert.equal(137, follow)
+    assert.matches("cancel", err)
+    local _, _, once = sandkit_cmd("job poll jobs " .. id)
+    assert.equal(137, once)
+  end)
+
+  it("says on stderr when the agent dropped output, the command's status kept", function()
+    if agent_features(root).outputCap then
+      local out, err, status = sandkit_cmd("run --output-cap 1000 -- head -c 5000 /dev/zero")
+      assert.equal(0, status)
+      assert.equal(1000, #out)
+      assert.matches("truncated", err)
+      out, err = sandkit_cmd("run -- head -c 10000000 /dev/zero")
+      assert.equal(10000000, #out, "a stream is not capped unless asked")
+      assert.equal("", err)
+    else
+      local out, err, status = sandkit_cmd("run -- head -c 5000000 /dev/zero")
+      assert.equal(0, status)
+      assert.equal(4194304, #out)
+      assert.matches("^sandkit: the output was truncated[^\n]*\n$", err)
     end
+  end)
+
+  it("writes whole lines with --lines, so stdout and stderr never split a line", function()
+    local script = "printf out1; printf err1 >&2; sleep 0.2; printf 'out2\\n'; sleep 0.2; "
+      .. "printf 'err2\\n' >&2; printf tail"
+    local out, _, status = local_state.sh("{ " .. command("run --lines -- sh -c " .. q(script)) .. " 2>&1; }")
+    assert.equal(0, status)
+    assert.equal("out1out2\nerr1err2\ntail", out)
+  end)
+
+  it("on SIGINT stops the command at once, removes its throwaway session and exits 130", function()
+    local pid, output = start("run -- sh -c 'echo started $$; exec sleep 10'")
+    wait_until(function() return output():find("started %d+\n") end, 10, "the command to start")
+    local remote = tonumber(output():match("started (%d+)"))
+    local signalled = core.now()
+    core.kill(pid, core.SIGINT)
+    local _, status = core.reap(pid, true)
+    local took = core.now() - signalled
+    assert.equal(130, status)
+    assert.is_true(took < 3, "exited " .. took .. "s after the signal; the command would run 10s")
+    local _, err = output()
+    assert.equal("sandkit: stopped by SIGINT\n", err)
+    assert.is_nil(err:find("traceback", 1, true))
+    wait_until(function() return not core.alive(remote) end, 5, "the remote command to stop")
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "the throwaway session is gone")
+  end)
+
+  it("on SIGTERM stops the command in a named session, keeps the session and exits 143", function()
+    sandkit_cmd("create kept")
+    local pid, output = start("run --session kept -- sh -c 'echo started $$; exec sleep 10'")
+    wait_until(function() return output():find("started %d+\n") end, 10, "the command to start")
+    local remote = tonumber(output():match("started (%d+)"))
+    core.kill(pid, core.SIGTERM)
+    local _, status = core.reap(pid, true)
+    assert.equal(143, status)
+    wait_until(function() return not core.alive(remote) end, 5, "the remote command to stop")
+    assert.equal("running", cjson.decode((sandkit_cmd("ls --json"))).sessions[1].state)
+  end)
+
+  it("removes a throwaway session when the reader of its output goes away", function()
+    local out, _, status = local_state.sh("bash -c " .. q(command("run -- sh -c 'yes | head -c 100000000'")
+      .. " | head -c 1 >/dev/null; exit ${PIPESTATUS[0]}"))
+    assert.equal("", out)
+    assert.equal(141, status)
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))))
+  end)
+
+  it("parses its command line strictly: unknown commands, options and extra arguments exit 2", function()
+    for _, args in ipairs({ "run sh", "frobnicate", "run --timeout x -- true", "run --env NOVALUE -- true",
+        "ls --bogus", "ls extra", "rm", "put a b", "job", "job frob a", "job poll a", "--bogus ls",
+        "run --timeout 1 --timeout 2 -- true", "ls --json=yes", "run --create -- true" }) do
+      local out, err, status = sandkit_cmd(args)
+      assert.equal(2, status, args)
+      assert.equal("", out, args)
+      assert.matches("^sandkit: [^\n]+\n$", err, nil, args)
+    end
+    local _, err = sandkit_cmd("ls --bogus")
+    assert.matches("unknown option %-%-bogus for ls", err)
+    _, err = sandkit_cmd("ls extra")
+    assert.matches("ls takes no arguments; extra: extra", err)
+    _, err = sandkit_cmd("run --timout 5 -- true")
+    assert.matches("did you mean %-%-timeout%?", err)
+  end)
+
+  it("prints its version, its help and each command's help", function()
+    local out, _, status = sandkit_cmd("--version")
+    assert.equal(0, status)
+    assert.equal("sandkit " .. sandkit.VERSION .. "\n", out)
+    local help
+    help, _, status = sandkit_cmd("--help")
+    assert.equal(0, status)
+    assert.matches("^usage: sandkit ", help)
+    assert.equal(help, (sandkit_cmd("help")))
+    local run_help = sandkit_cmd("run --help")
+    assert.matches("^usage: sandkit run ", run_help)
+    assert.matches("%-%-output%-cap BYTES", run_help)
+    assert.matches("%-%-root DIR", run_help, nil, "the provider's options are listed")
+    assert.equal(run_help, (sandkit_cmd("help run")))
+    assert.matches("^usage: sandkit job poll ", (sandkit_cmd("job poll --help")))
+    assert.matches("^usage: sandkit job poll ", (sandkit_cmd("help job poll")))
+  end)
+
+  it("takes provider options after the command as well as before it", function()
+    local other = local_state.new()
+    finally(function() local_state.clean(other) end)
+    -- The default state folder is the root of this spec: a --root not taken lands there, not in $HOME.
+    local out, err, status = local_state.sh("XDG_STATE_HOME=" .. q(root) .. " " .. local_state.lua_env() .. " "
+      .. LUA .. " bin/sandkit create x --root " .. q(other))
+    assert.equal(0, status, err)
+    assert.equal("x\n", out)
+    assert.truthy(files.read(other .. "/sessions/x/record.json"))
+    assert.is_nil(files.read(root .. "/sandkit/sessions/x/record.json"))
+    local_state.clean(root .. "/sandkit")
+  end)
+end)
+
+describe("the README", function()
+  it("shows exactly what `sandkit --help` prints, exit statuses included", function()
+    local help = local_state.sh(local_state.lua_env() .. " " .. LUA .. " bin/sandkit --help")
+    local readme = assert(files.read("README.md"))
+    assert.truthy(readme:find("```text\n" .. help .. "```\n", 1, true),
+      "README's command section must hold `sandkit --help` verbatim")
   end)
 end)

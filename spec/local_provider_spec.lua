@@ -123,6 +123,8 @@ describe("the local provider", function()
     assert.is_false(again)
     assert.equal("running", revived.state)
     assert.equal(2, revived.generation)
+    assert.is_string(revived.boot_id)
+    assert.are_not.equal(session.boot_id, revived.boot_id, "a fresh agent has a fresh boot id")
     assert.equal("kept", assert(revived:read_file("/keep.txt")))
     local same, third = sandbox:get_or_create{ id = "phoenix" }
     assert.is_false(third)
@@ -193,11 +195,65 @@ describe("the local provider", function()
     local cap = assert(session:preview(port))
     assert.equal("http://127.0.0.1:" .. port, cap.endpoint)
     assert.same({ port }, cap.allowed_ports)
+    assert.equal(math.huge, cap.expires_in, "a loopback preview never expires")
     local http = require "sandkit.http"
     local answer = assert(http.exchange{ method = "GET", url = cap.endpoint .. "/", headers = cap.headers,
       deadline = core.now() + 10 })
     assert.equal("preview", answer.body)
     server_job:cancel()
+  end)
+
+  it("keeps the agent's code of a refusal as err.reason", function()
+    local session = assert(sandbox:create{ id = "reasons" })
+    local bytes, err = session:read_file("/no/such/file")
+    assert.is_nil(bytes)
+    assert.equal("SANDBOX_COMMAND_FAILED", err.code)
+    assert.equal("PATH_NOT_FOUND", err.reason)
+    local _, perr = session:read_file("../outside")
+    assert.equal("PATH_REFUSED", perr.reason)
+  end)
+
+  it("says a command's timeout in seconds, and hands back the output that arrived before it", function()
+    local session = assert(sandbox:create{ id = "slow" })
+    local result, err = session:exec({ "sh", "-c", "echo partial; echo warned >&2; exec sleep 30" },
+      { timeout = 0.5 })
+    assert.is_nil(result)
+    assert.equal("timeoutExceeded", err.failure)
+    assert.matches("^the command did not finish within its 0.5s timeout", err.message)
+    assert.equal("partial\n", err.stdout)
+    assert.equal("warned\n", err.stderr)
+  end)
+
+  it("records when a session was created", function()
+    local before = os.time()
+    local session = assert(sandbox:create{ id = "dated" })
+    assert.is_true(session.created_at >= before and session.created_at <= os.time())
+    assert.equal(session.created_at, assert(sandbox:get("dated")).created_at)
+  end)
+
+  it("ends a session with a lifetime: its agent leaves and the session reads as absent", function()
+    local session = assert(sandbox:create{ id = "brief", lifetime = 1 })
+    local pid = session.record.pid
+    assert.equal("ok\n", assert(session:exec({ "echo", "ok" }, { timeout = 5 })).stdout)
+    -- The agent leaves on its own once the second is over; bounded wait for that.
+    local deadline = core.now() + 10
+    while core.alive(pid) and not core.reap(pid) and core.now() < deadline do
+      require("sandkit.wait").sleep(0.05)
+    end
+    assert.is_false(core.alive(pid), "the agent left at the end of its lifetime")
+    assert.is_nil((sandbox:get("brief")))
+    assert.is_nil(io.open(root .. "/sessions/brief/record.json"), "its files went with it")
+    local _, err = sandbox:create{ id = "never", lifetime = 0 }
+    assert.equal("lifetime", err.field)
+  end)
+
+  it("refuses a sandkit-agent that does not exist as bad input, not as an unsupported operation", function()
+    local missing = assert(sandkit.sandbox{ provider = "local", root = root, agent_path = "/no/such/sandkit-agent" })
+    local session, err = missing:create{ id = "orphan" }
+    assert.is_nil(session)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.equal("agent_path", err.field)
+    assert.matches("/no/such/sandkit-agent", err.message, 1, true)
   end)
 
   it("reports an agent that cannot start instead of waiting for it", function()

@@ -39,13 +39,13 @@ describe("the runner", function()
       for i = 1, n do all[i] = assert(handles[i]:join()) end
       return all
     end) }
-    local all = results[1]
-    assert.is_table(all, tostring(results[2]))
+    assert.is_true(results[1], tostring(results[2]))
+    local all = results[2]
     for i = 1, n do assert.equal("done " .. i .. "\n|exit 0", all[i]) end
   end)
 
   it("yields during job polls and readiness waits, so other tasks go on", function()
-    local out = sandkit.run(function()
+    local _, out = sandkit.run(function()
       local job = assert(session:start_job({ "sh", "-c", "while [ ! -e go ]; do sleep 0.01; done; echo released" },
         { timeout = 20 }))
       local follower = sandkit.spawn(function()
@@ -66,13 +66,14 @@ describe("the runner", function()
   end)
 
   it("returns a task's failure from join instead of raising it", function()
-    local value, err = sandkit.run(function()
+    local ok, value, err = sandkit.run(function()
       local failing = sandkit.spawn(function() error("task broke", 0) end)
       local ok = sandkit.spawn(function() return "fine", 2 end)
       local a, aerr = failing:join()
       local b, c = ok:join()
       return { a = a, aerr = aerr, b = b, c = c }
     end)
+    assert.is_true(ok)
     assert.is_nil(err)
     assert.same({ aerr = "task broke", b = "fine", c = 2 }, value)
   end)
@@ -96,7 +97,13 @@ describe("the runner", function()
     end)
     assert.is_nil(value)
     assert.is_true(sandkit.errors.is_error(err))
-    assert.equal("invalidRequest", err.failure)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.equal("timeout", err.field)
+  end)
+
+  it("returns true first, so assert(sandkit.run(main)) holds when main returns nothing", function()
+    assert.same({ true }, { assert(sandkit.run(function() end)) })
+    assert.same({ true, false, nil, "x" }, { sandkit.run(function() return false, nil, "x" end) })
   end)
 
   it("refuses spawn outside a runner and a runner inside a runner", function()

@@ -160,4 +160,43 @@ describe("a transfer", function()
     end)
     for i, t in ipairs(transfers) do assert.equal("/t" .. i, t:read()) end
   end)
+
+  it("streams a request body the caller feeds, holding at most its send buffer, chunked without a length", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn) respond.status(conn, "204 No Content") end }
+    ]])
+    local client = core.client()
+    local t = client:request{ method = "PUT", url = server.url .. "/up", body_stream = true }
+    local block = string.rep("z", 100 * 1024)
+    -- Before libcurl has read anything the buffer takes 256 KiB and no more.
+    assert.equal(#block, t:feed(block))
+    assert.equal(#block, t:feed(block))
+    assert.equal(56 * 1024, t:feed(block), "the third feed fills the 256 KiB buffer")
+    assert.equal(0, t:feed(block))
+    local fed, total = 256 * 1024, 1024 * 1024
+    while fed < total do
+      client:step()
+      local n = t:feed(block:sub(1, math.min(#block, total - fed)))
+      fed = fed + n
+      if n == 0 then core.wait(t, 1) end
+    end
+    t:finish()
+    assert.has_error(function() t:feed("late") end)
+    run_until(client, function() return t:state().done end)
+    assert.is_true(t:state().ok)
+    assert.equal(204, t:state().status)
+    assert.equal(total, t:state().uploaded)
+    local req = server:requests_to("/up")[1]
+    assert.equal("chunked", req.headers["transfer-encoding"])
+    assert.equal(total, req.body_length)
+    t:close()
+  end)
+
+  it("refuses a request with both a body and a body stream", function()
+    local client = core.client()
+    assert.has_error(function()
+      client:request{ method = "PUT", url = "http://127.0.0.1:9/", body = "x", body_stream = true }
+    end)
+  end)
 end)

@@ -9,6 +9,19 @@
 #include <lua.h>
 #include <lauxlib.h>
 
+/* The core builds for Lua 5.4 and for LuaJIT 2.1 (the 5.1 ABI plus the 5.2 auxiliary calls
+ * LuaJIT adds: luaL_setmetatable, luaL_testudata, …). PUC 5.1 lacks those, and 5.2/5.3 lack
+ * user values on full userdata; both are refused here in one line rather than in a page of
+ * implicit-declaration errors. */
+#if LUA_VERSION_NUM == 501 && defined(__has_include)
+#if __has_include(<luajit.h>)
+#include <luajit.h>
+#endif
+#endif
+#if !(LUA_VERSION_NUM == 504 || (LUA_VERSION_NUM == 501 && defined(LUAJIT_VERSION_NUM)))
+#error "sandkit builds for Lua 5.4 or LuaJIT 2.1 only"
+#endif
+
 #if LUA_VERSION_NUM >= 502
 #define skc_newuserdata(L, size) lua_newuserdatauv((L), (size), 1)
 #define skc_setuservalue(L, idx) lua_setiuservalue((L), (idx), 1)

@@ -6,13 +6,18 @@
  *   client:step()                                          -- ready I/O, never blocks
  *   local t = client:request{ method =, url =, headers = { [name] = value }, body =,
  *                             fresh_connect =, ca_file =, proxy =, connect_timeout = <s>,
- *                             max_body =, max_error_body =, buffer_size = }
+ *                             max_body =, max_error_body =, buffer_size =,
+ *                             body_stream =, body_length = }
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
- *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received= }
+ *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
+ *                        uploaded= }
  *   t:headers()     -- { [lower-case name] = value }
  *   t:progress()    -- a counter that moves whenever headers, body bytes or the end arrive
  *   t:step()        -- client:step() for the transfer's client (a scheduler holds transfers)
+ *   t:feed(bytes)   -- with body_stream: bytes of the body taken (0: the buffer is full, wait
+ *                      on the transfer and feed the rest)
+ *   t:finish()      -- with body_stream: the body is complete
  *   t:close()       -- stops it; also __close and __gc
  * A transfer is pollable too (it answers for its client), so cqueues.poll(t) works.
  */
@@ -206,6 +211,16 @@ static int client_request(lua_State *L)
 	req.max_body = (size_t)opt_size(L, 2, "max_body");
 	req.max_error_body = (size_t)opt_size(L, 2, "max_error_body");
 	req.buffer_size = (size_t)opt_size(L, 2, "buffer_size");
+	lua_getfield(L, 2, "body_stream");
+	req.body_stream = lua_toboolean(L, -1);
+	lua_pop(L, 1);
+	lua_getfield(L, 2, "body_length");
+	req.body_length = lua_isnil(L, -1) ? -1 : (int64_t)skc_checkinteger(L, -1);
+	lua_pop(L, 1);
+	if (req.body_stream && req.body != NULL)
+		return luaL_error(L, "a request has a body or a body_stream, not both");
+	if (req.body_length < -1)
+		return luaL_error(L, "option body_length must not be negative");
 
 	const char *lines[SK_TRANSFER_MAX_REQUEST_HEADERS];
 	req.header_count = (size_t)header_lines(L, 2, lines);
@@ -377,7 +392,28 @@ static int transfer_state(lua_State *L)
 	}
 	lua_pushinteger(L, (lua_Integer)st.received);
 	lua_setfield(L, -2, "received");
+	lua_pushinteger(L, (lua_Integer)st.uploaded);
+	lua_setfield(L, -2, "uploaded");
 	return 1;
+}
+
+static int transfer_feed(lua_State *L)
+{
+	struct transfer_ud *u = check_transfer(L, 1);
+	size_t len;
+	const char *data = luaL_checklstring(L, 2, &len);
+	long n = sk_transfer_feed(u->t, data, len);
+	if (n < 0)
+		return luaL_error(L, "the transfer takes no more body bytes (no body_stream, finished, "
+				     "or out of memory)");
+	lua_pushinteger(L, (lua_Integer)n);
+	return 1;
+}
+
+static int transfer_finish(lua_State *L)
+{
+	sk_transfer_finish(check_transfer(L, 1)->t);
+	return 0;
 }
 
 static int transfer_step(lua_State *L)
@@ -436,6 +472,8 @@ void skl_open_transfer(lua_State *L)
 		{ "pollfd", transfer_pollfd },
 		{ "events", events },
 		{ "timeout", transfer_timeout },
+		{ "feed", transfer_feed },
+		{ "finish", transfer_finish },
 		{ "close", transfer_close },
 		{ NULL, NULL },
 	};

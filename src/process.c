@@ -10,7 +10,10 @@
  *   core.kill(pid, signal)      -- true | nil, err      (core.SIGTERM, core.SIGKILL)
  *   core.alive(pid)             -- true when a process with that pid exists
  *   core.reap(pid[, block])     -- collects the status of a child of ours that has ended;
- *                                  true once it is gone, false while it runs (never with block)
+ *                                  true once it is gone, false while it runs (never with block);
+ *                                  when this call collected it, also its status (the exit
+ *                                  code, or 128 + the signal that killed it)
+ *   core.isatty(fd)             -- whether descriptor fd is a terminal
  *   core.mkdir(path, mode)      -- true | nil, err, errno_name
  *   core.write_private(path, s) -- creates path (must not exist) with mode 0600 and writes s
  *   core.listdir(path)          -- array of names | nil, err
@@ -267,6 +270,15 @@ static int core_reap(lua_State *L)
 	while (r < 0 && errno == EINTR);
 	/* true: it is gone (or was never our child to wait for); false: still running. */
 	lua_pushboolean(L, r == pid || (r < 0 && errno == ECHILD));
+	if (r != pid)
+		return 1;
+	lua_pushinteger(L, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+	return 2;
+}
+
+static int core_isatty(lua_State *L)
+{
+	lua_pushboolean(L, isatty((int)skc_checkinteger(L, 1)) == 1);
 	return 1;
 }
 
@@ -408,6 +420,7 @@ void skl_open_process(lua_State *L)
 		{ "kill", core_kill },
 		{ "alive", core_alive },
 		{ "reap", core_reap },
+		{ "isatty", core_isatty },
 		{ "mkdir", core_mkdir },
 		{ "write_private", core_write_private },
 		{ "listdir", core_listdir },

@@ -10,6 +10,9 @@
  *   core.poll(list, s)         -- poll(2) on several pollables at once (their own timeouts are
  *                                 the caller's business here): an array of booleans, one per
  *                                 pollable, true where it is ready; all false on time.
+ * Both also return early (false, all false) when a signal interrupts them, and — once
+ * core.trap was called (signals.c) — as soon as a trapped signal arrives: callers re-check
+ * their state anyway, and the `sandkit` command asks core.caught() what happened.
  */
 #include <errno.h>
 #include <math.h>
@@ -88,7 +91,7 @@ static int core_poll(lua_State *L)
 	int n = (int)skc_rawlen(L, 1);
 	luaL_argcheck(L, n <= MAX_POLL, 1, "more than 1024 pollables");
 	double limit = lua_isnoneornil(L, 2) ? -1 : luaL_checknumber(L, 2);
-	struct pollfd pfd[MAX_POLL];
+	struct pollfd pfd[MAX_POLL + 1]; /* the last slot for the trapped-signal pipe */
 	for (int i = 0; i < n; i++) {
 		lua_rawgeti(L, 1, i + 1);
 		int obj = lua_gettop(L);
@@ -99,15 +102,21 @@ static int core_poll(lua_State *L)
 		pfd[i].revents = 0;
 		lua_pop(L, 1);
 	}
-	double deadline = limit < 0 ? -1 : monotonic_now() + limit;
-	int r;
-	while ((r = poll(pfd, (nfds_t)n, poll_ms(deadline))) < 0) {
-		if (errno != EINTR)
-			return luaL_error(L, "poll: %s", strerror(errno));
+	int watched = n;
+	if (skl_signal_fd() >= 0) {
+		pfd[watched].fd = skl_signal_fd();
+		pfd[watched].events = POLLIN;
+		pfd[watched].revents = 0;
+		watched++;
 	}
+	double deadline = limit < 0 ? -1 : monotonic_now() + limit;
+	/* EINTR ends the wait: a signal is news the caller may need at once. */
+	int r = poll(pfd, (nfds_t)watched, poll_ms(deadline));
+	if (r < 0 && errno != EINTR)
+		return luaL_error(L, "poll: %s", strerror(errno));
 	lua_createtable(L, n, 0);
 	for (int i = 0; i < n; i++) {
-		lua_pushboolean(L, pfd[i].revents != 0);
+		lua_pushboolean(L, r > 0 && pfd[i].revents != 0);
 		lua_rawseti(L, -2, i + 1);
 	}
 	return 1;
@@ -121,12 +130,13 @@ static int core_wait(lua_State *L)
 		if (limit < 0)
 			limit = 0;
 	}
-	struct pollfd pfd = { .fd = -1, .events = 0, .revents = 0 };
+	struct pollfd pfd[2] = { { .fd = -1, .events = 0, .revents = 0 },
+				 { .fd = skl_signal_fd(), .events = POLLIN, .revents = 0 } };
 	if (!lua_isnoneornil(L, 1)) {
 		call_method(L, 1, "pollfd");
-		pfd.fd = (int)luaL_checkinteger(L, -1);
+		pfd[0].fd = (int)luaL_checkinteger(L, -1);
 		lua_pop(L, 1);
-		pfd.events = poll_events(L, 1);
+		pfd[0].events = poll_events(L, 1);
 		call_method(L, 1, "timeout");
 		if (!lua_isnil(L, -1)) {
 			double t = luaL_checknumber(L, -1);
@@ -138,12 +148,11 @@ static int core_wait(lua_State *L)
 		lua_pop(L, 1);
 	}
 	double deadline = limit < 0 ? -1 : monotonic_now() + limit;
-	int r;
-	while ((r = poll(&pfd, pfd.fd >= 0 ? 1 : 0, poll_ms(deadline))) < 0) {
-		if (errno != EINTR)
-			return luaL_error(L, "poll: %s", strerror(errno));
-	}
-	lua_pushboolean(L, r > 0);
+	/* poll(2) skips entries whose fd is negative, so a sleep without a trap polls nothing. */
+	int r = poll(pfd, 2, poll_ms(deadline));
+	if (r < 0 && errno != EINTR)
+		return luaL_error(L, "poll: %s", strerror(errno));
+	lua_pushboolean(L, r > 0 && pfd[0].revents != 0);
 	return 1;
 }
 
@@ -164,6 +173,7 @@ int luaopen_sandkit_core(lua_State *L)
 	skl_open_transfer(L);
 	skl_open_process(L);
 	skl_open_sigv4(L);
+	skl_open_signals(L);
 	lua_pushliteral(L, SANDKIT_VERSION);
 	lua_setfield(L, -2, "_VERSION");
 	lua_pushinteger(L, SANDKIT_ABI);

@@ -34,6 +34,13 @@ struct sk_transfer {
 	char *buf;
 	size_t cap, start, len, buffer_size;
 
+	/* A streamed request body: fed bytes libcurl has not read yet are
+	 * send_buf[send_start, send_start + send_len), at most SK_TRANSFER_SEND_BUFFER. */
+	int streaming, send_finished, send_paused;
+	char *send_buf;
+	size_t send_start, send_len;
+	uint64_t uploaded;
+
 	struct header_span header[SK_TRANSFER_MAX_HEADERS];
 	int header_count;
 	size_t header_used;
@@ -344,6 +351,53 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 	return n;
 }
 
+/* libcurl asks for body bytes; an empty buffer pauses the upload until the next feed. */
+static size_t on_read(char *dest, size_t size, size_t nitems, void *ud)
+{
+	sk_transfer *t = ud;
+	size_t room = size * nitems;
+	if (t->send_len == 0) {
+		if (t->send_finished)
+			return 0; /* the end of the body */
+		t->send_paused = 1;
+		return CURL_READFUNC_PAUSE;
+	}
+	size_t n = t->send_len < room ? t->send_len : room;
+	memcpy(dest, t->send_buf + t->send_start, n);
+	t->send_start += n;
+	t->send_len -= n;
+	if (t->send_len == 0)
+		t->send_start = 0;
+	t->uploaded += n;
+	t->progress++; /* room in the buffer is news for a caller waiting to feed */
+	return n;
+}
+
+/* The pause state of a transfer is one call for both directions: each resume keeps the other
+ * direction as it is. */
+static void resume_direction(sk_transfer *t)
+{
+	if (t->in_multi)
+		curl_easy_pause(t->easy, (t->paused ? CURLPAUSE_RECV : 0) | (t->send_paused ? CURLPAUSE_SEND : 0));
+}
+
+static void set_stream_body(CURL *e, sk_transfer *t, const struct sk_request *req)
+{
+	curl_off_t length = req->body_length >= 0 ? (curl_off_t)req->body_length : -1;
+	curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
+	curl_easy_setopt(e, CURLOPT_READDATA, t);
+	curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+	if (strcmp(req->method, "PUT") == 0) {
+		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, length);
+		return;
+	}
+	curl_easy_setopt(e, CURLOPT_POST, 1L);
+	curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, length);
+	if (strcmp(req->method, "POST") != 0)
+		curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
+}
+
 /* Methods libcurl knows by option rather than by CUSTOMREQUEST. */
 static void set_method(CURL *e, const struct sk_request *req)
 {
@@ -432,7 +486,12 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 		curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
 	if (req->connect_timeout_ms > 0)
 		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
-	set_method(e, req);
+	if (req->body_stream) {
+		t->streaming = 1;
+		set_stream_body(e, t, req);
+	} else {
+		set_method(e, req);
+	}
 
 	CURLMcode mc = curl_multi_add_handle(c->multi, e);
 	if (mc != CURLM_OK) {
@@ -466,6 +525,7 @@ void sk_transfer_free(sk_transfer *t)
 	curl_easy_cleanup(t->easy);
 	curl_slist_free_all(t->request_headers);
 	free(t->buf);
+	free(t->send_buf);
 	free(t);
 }
 
@@ -480,6 +540,7 @@ void sk_transfer_state(const sk_transfer *t, struct sk_transfer_state *st)
 	st->result = (int)t->result;
 	st->error = t->done && !st->ok ? t->errbuf : NULL;
 	st->received = t->received;
+	st->uploaded = t->uploaded;
 	st->progress = t->progress;
 }
 
@@ -523,6 +584,41 @@ void sk_transfer_consume(sk_transfer *t, size_t n)
 	/* Resume below half full, not at the first free byte: fewer pause/resume round trips. */
 	if (t->paused && t->in_multi && t->len <= t->cap / 2) {
 		t->paused = 0;
-		curl_easy_pause(t->easy, CURLPAUSE_CONT);
+		resume_direction(t);
+	}
+}
+
+long sk_transfer_feed(sk_transfer *t, const char *data, size_t len)
+{
+	if (!t->streaming || t->send_finished)
+		return -1;
+	if (t->send_buf == NULL) {
+		t->send_buf = malloc(SK_TRANSFER_SEND_BUFFER);
+		if (t->send_buf == NULL)
+			return -1;
+	}
+	if (t->send_start > 0 && len > SK_TRANSFER_SEND_BUFFER - t->send_start - t->send_len) {
+		memmove(t->send_buf, t->send_buf + t->send_start, t->send_len);
+		t->send_start = 0;
+	}
+	size_t room = SK_TRANSFER_SEND_BUFFER - t->send_start - t->send_len;
+	size_t n = len < room ? len : room;
+	memcpy(t->send_buf + t->send_start + t->send_len, data, n);
+	t->send_len += n;
+	if (n > 0 && t->send_paused) {
+		t->send_paused = 0;
+		resume_direction(t);
+	}
+	return (long)n;
+}
+
+void sk_transfer_finish(sk_transfer *t)
+{
+	if (!t->streaming)
+		return;
+	t->send_finished = 1;
+	if (t->send_paused) {
+		t->send_paused = 0;
+		resume_direction(t);
 	}
 }

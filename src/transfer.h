@@ -33,6 +33,10 @@
 #define SK_TRANSFER_MAX_HEADERS 64
 /* Request headers a caller may add. */
 #define SK_TRANSFER_MAX_REQUEST_HEADERS 64
+/* A streamed request body waits here between the caller's feeds and libcurl's reads: four of
+ * libcurl's 64 KiB upload buffers, so one feed from Lua keeps the socket busy for several
+ * sends, and a file of any size goes up in this much memory. */
+#define SK_TRANSFER_SEND_BUFFER ((size_t)256 * 1024)
 
 typedef struct sk_client sk_client;
 typedef struct sk_transfer sk_transfer;
@@ -58,6 +62,11 @@ struct sk_request {
 	size_t max_body;         /* bytes a 2xx body may have; 0: unbounded (streamed) */
 	size_t max_error_body;   /* bytes a non-2xx body may have; 0: unbounded */
 	size_t buffer_size;      /* 0: SK_TRANSFER_BUFFER */
+	/* A body the caller feeds as it goes (sk_transfer_feed, sk_transfer_finish) instead of
+	 * `body`: sent with Content-Length when body_length >= 0, chunked when it is -1. Always
+	 * on a fresh connection: a stream cannot be rewound for a resend on a dead pooled one. */
+	int body_stream;
+	int64_t body_length;
 };
 
 struct sk_transfer_state {
@@ -70,6 +79,7 @@ struct sk_transfer_state {
 	int result;       /* libcurl's CURLcode when done */
 	const char *error; /* libcurl's message when done and not ok */
 	uint64_t received; /* body bytes accepted so far */
+	uint64_t uploaded; /* streamed request body bytes libcurl has taken */
 	/* Counts events a waiter may care about (headers, body bytes, the end): a scheduler that
 	 * saw it unchanged knows this transfer has nothing new for its reader. */
 	uint64_t progress;
@@ -106,5 +116,12 @@ void sk_transfer_consume(sk_transfer *t, size_t n);
 /* Whether the transfer waits for its reader: its buffer could not take the last chunk, and
  * nothing more arrives until bytes are consumed. */
 int sk_transfer_paused(const sk_transfer *t);
+
+/* Streamed request bodies (body_stream). Copies up to len bytes into the send buffer and
+ * returns how many it took (0 when full: wait for the transfer's progress, then feed the
+ * rest); -1 when the transfer has no streamed body, its body was finished, or memory ran out. */
+long sk_transfer_feed(sk_transfer *t, const char *data, size_t len);
+/* Marks the end of the streamed body; libcurl ends it once the buffer drained. */
+void sk_transfer_finish(sk_transfer *t);
 
 #endif

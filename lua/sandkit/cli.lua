@@ -1,47 +1,166 @@
---- The `sandkit` command: thin scripts over the public API for automation.
+--- The `sandkit` command: thin scripts over the public API for automation. `sandkit --help`
+-- prints the commands and the exit statuses; README's command section is the same text.
 --
---   sandkit [--root DIR] [--isolate bwrap] COMMAND …
---   sandkit run [--session NAME] [--timeout S] [--cwd DIR] [--env K=V]... -- ARGV...
---   sandkit create [NAME]            sandkit ls            sandkit rm NAME...
---   sandkit put NAME LOCAL REMOTE    sandkit get NAME REMOTE LOCAL|-
---   sandkit job start NAME [--id ID] [--timeout S] [--cwd DIR] [--env K=V]... -- ARGV...
---   sandkit job poll NAME JOB [--since N] [--follow]
---   sandkit job cancel NAME JOB
+-- The command line is read from tables: COMMANDS (each command's arguments and options, OPTIONS
+-- describing every option) and the chosen provider's CLI_OPTIONS (`--provider NAME`, default
+-- local): a provider module lists the flags it takes, and they are accepted before the command
+-- and after it alike.
 --
--- Exit status: the command's own for `run` and `job poll --follow` (128+N when a signal killed
--- it); 124 when it outlived its timeout; 125 when sandkit could not run it or lost its outcome;
--- 127 when it could not be started; 2 for a usage error; 1 for any other failure.
+-- A SIGINT, SIGTERM, SIGHUP or SIGPIPE ends any wait at once (core.trap): the remote command is
+-- stopped, a throwaway session removed, and the status is 128 + the signal. While a session is
+-- being made the signal is held until it exists, so that it can be removed.
 
+local core = require "sandkit.core"
+local json = require "sandkit.json"
+local localfile = require "sandkit.localfile"
+local options_check = require "sandkit.options"
 local sandkit = require "sandkit"
+local wait = require "sandkit.wait"
 
 local cli = {}
 
-local EXIT_USAGE, EXIT_FAILED = 2, 1
+local pack = table.pack or function(...) return { n = select("#", ...), ... } end
+local unpack = table.unpack or rawget(_G, "unpack")
+
+local EXIT_FAILED, EXIT_USAGE = 1, 2
 local EXIT_TIMEOUT, EXIT_SANDKIT, EXIT_SPAWN = 124, 125, 127
+--- Linux's errno for a write to a pipe nobody reads.
+local EPIPE = 32
+--- A cancelled job's status: the agent kills its process group with SIGKILL.
+local EXIT_CANCELLED = 128 + 9
 --- A CLI user rarely means a deadline; the protocol needs one, so a day stands in for none.
 local DEFAULT_TIMEOUT = 86400
+local DEFAULT_PROVIDER = "local"
+local SIGNAL_NAMES = { [core.SIGINT] = "SIGINT", [core.SIGTERM] = "SIGTERM", [core.SIGHUP] = "SIGHUP",
+  [core.SIGPIPE] = "SIGPIPE" }
 
-local USAGE = [[
-usage: sandkit [--root DIR] [--isolate bwrap] COMMAND ...
-
-  run [--session NAME] [--timeout S] [--cwd DIR] [--env K=V]... -- ARGV...
-        run ARGV in a session (a throwaway one without --session), streaming its output;
-        exits with its exit status
-  create [NAME]                      make a session and print its name
-  ls                                 list sessions: name, state, generation
-  rm NAME...                         terminate sessions and remove their files
-  put NAME LOCAL REMOTE              copy a local file into a session
-  get NAME REMOTE LOCAL              copy a file out of a session (LOCAL - is stdout)
-  job start NAME [--id ID] [--timeout S] [--cwd DIR] [--env K=V]... -- ARGV...
-                                     start a detached job; prints its id
-  job poll NAME JOB [--since N] [--follow]
-                                     print the job's output after seq N; with --follow, until
-                                     it ends, exiting with its status
-  job cancel NAME JOB                stop a job
-
-exit status: the command's own; 124 timed out; 125 sandkit failed or lost the outcome;
-127 could not start the command; 2 usage; 1 other failures
+local EXIT_STATUS = [[
+exit status:
+  N    run and job poll --follow: the command's own status (128+N when signal N killed
+       it; 137 for a cancelled job); 0 when any other command succeeds
+  1    sandkit could not do what was asked: no such session, a refused file, a failed call
+  2    the command line is wrong
+  124  the command outlived --timeout (default a day)
+  125  sandkit could not run the command (no such session, none could be made) or lost
+       its outcome
+  127  the command could not be started: its program or --cwd is missing, or the agent
+       refused it (a --cwd outside the session, a bad --env)
+  129, 130, 141, 143
+       sandkit was stopped by SIGHUP, SIGINT, SIGPIPE or SIGTERM: the command was stopped
+       and a throwaway session removed
 ]]
+
+-- Values ------------------------------------------------------------------------------------
+
+local function positive_seconds(text)
+  local n = tonumber(text)
+  if not n or n ~= n or n <= 0 then return nil, "a positive number of seconds" end
+  return n
+end
+
+local function whole_number(text)
+  local n = tonumber(text)
+  if not n or n < 0 or n % 1 ~= 0 then return nil, "a whole number" end
+  return n
+end
+
+local function lifetime(text)
+  local n = tonumber(text)
+  if not n or n ~= n or n < 1 then return nil, "a number of seconds, 1 or more" end
+  return n
+end
+
+local function env_pair(text)
+  local k, v = text:match("^([^=]+)=(.*)$")
+  if not k then return nil, "K=V" end
+  return { k, v }
+end
+
+--- The command's environment from the --env pairs, the last of a name winning.
+local function env_map(pairs_list)
+  if not pairs_list then return nil end
+  local env = {}
+  for _, kv in ipairs(pairs_list) do env[kv[1]] = kv[2] end
+  return env
+end
+
+--- Every option a command may take. `arg` names its value (a flag has none), `list` repeats,
+-- `convert` turns the text into the value or says what it should be.
+local OPTIONS = {
+  session = { arg = "NAME", help = "run in this session; it must exist unless --create" },
+  create = { help = "make the --session when it does not exist" },
+  lifetime = { arg = "S", convert = lifetime,
+    help = "a session this creates ends after S seconds: its agent exits, its files go" },
+  timeout = { arg = "S", convert = positive_seconds, help = "the command's deadline in seconds (default a day)" },
+  cwd = { arg = "DIR", help = "the working directory, inside the session" },
+  env = { arg = "K=V", list = true, convert = env_pair, help = "an environment variable for the command (repeatable)" },
+  ["output-cap"] = { arg = "BYTES", convert = whole_number,
+    help = "keep at most BYTES of each stream (default: everything, where the agent allows)" },
+  lines = { help = "write the output a whole line at a time" },
+  id = { arg = "ID", help = "the job's id (1-64 of [A-Za-z0-9_-]): starting it again starts nothing" },
+  since = { arg = "N", convert = whole_number, help = "only the output after seq N" },
+  follow = { help = "print until the job ends, then exit with its status" },
+  json = { help = "print one JSON document instead of text" },
+  help = { help = "print this help" },
+}
+
+--- Options every command takes (and that may come before the command).
+local GLOBAL = {
+  provider = { arg = "NAME", help = "the provider sessions live in (default local)" },
+  help = OPTIONS.help,
+  version = { help = "print sandkit's version" },
+}
+
+-- Interruption ------------------------------------------------------------------------------
+
+--- Raised through sandkit's code when a signal ends a wait.
+local INTERRUPTED = setmetatable({}, { __tostring = function() return "interrupted" end })
+local interrupt = { pending = nil, armed = false }
+
+--- Takes note of a caught signal; raises INTERRUPTED when one is pending and waits may end.
+local function check_signals()
+  local sig = core.caught()
+  if sig and not interrupt.pending then interrupt.pending = sig end
+  if interrupt.pending and interrupt.armed then error(INTERRUPTED, 0) end
+end
+
+local function install_signals()
+  assert(core.trap{ core.SIGINT, core.SIGTERM, core.SIGHUP, core.SIGPIPE })
+  -- Every wait of the command goes through here (sandkit.wait): a trapped signal wakes
+  -- core.wait at once, and the wait then ends by raising.
+  wait.register{
+    name = "sandkit.cli",
+    active = function() return true end,
+    wait = function(pollable, deadline)
+      check_signals()
+      local ready = core.wait(pollable, deadline and math.max(0, deadline - core.now()) or nil)
+      check_signals()
+      return ready
+    end,
+  }
+end
+
+--- Calls fn(...) with signals ending its waits: true and its results, or false and the error
+-- (INTERRUPTED when a signal ended it).
+local function interruptible(fn, ...)
+  interrupt.armed = true
+  local results = pack(pcall(function(...)
+    check_signals()
+    return fn(...)
+  end, ...))
+  interrupt.armed = false
+  return unpack(results, 1, results.n)
+end
+
+local function interrupted_status()
+  -- A reader that went away (SIGPIPE) is how pipelines end, not news for the terminal.
+  if interrupt.pending ~= core.SIGPIPE then
+    io.stderr:write("sandkit: stopped by ", SIGNAL_NAMES[interrupt.pending] or tostring(interrupt.pending), "\n")
+  end
+  return 128 + interrupt.pending
+end
+
+-- Output ------------------------------------------------------------------------------------
 
 local function fail(code, message)
   io.stderr:write("sandkit: ", message, "\n")
@@ -53,72 +172,95 @@ local function one_line(err)
     :gsub("\n.*", ""))
 end
 
---- Splits argv into options (per the spec table: name -> "flag" | "value" | "list") and
--- positionals; everything after "--" is positional.
-local function parse(args, first, spec)
-  local opts, rest = {}, {}
-  local i = first
-  while i <= #args do
-    local a = args[i]
-    if a == "--" then
-      for j = i + 1, #args do rest[#rest + 1] = args[j] end
-      return opts, rest, true
-    end
-    local name = a:match("^%-%-([%w%-]+)$")
-    if name and spec[name] then
-      if spec[name] == "flag" then
-        opts[name] = true
-      else
-        i = i + 1
-        if args[i] == nil then return nil, "--" .. name .. " needs a value" end
-        if spec[name] == "list" then
-          opts[name] = opts[name] or {}
-          table.insert(opts[name], args[i])
-        else
-          opts[name] = args[i]
-        end
-      end
-    elseif name then
-      return nil, "unknown option --" .. name
-    else
-      rest[#rest + 1] = a
-    end
-    i = i + 1
-  end
-  return opts, rest, false
+local function print_json(document)
+  io.stdout:write(json.encode_document(document), "\n")
 end
 
-local function command_options(opts)
-  local timeout = DEFAULT_TIMEOUT
-  if opts.timeout then
-    timeout = tonumber(opts.timeout)
-    if not timeout or timeout <= 0 then return nil, "--timeout needs a positive number of seconds" end
+--- Writes a frame's bytes to stdout or stderr. A reader that went away (a pipe closed: SIGPIPE)
+-- ends the command like any signal; another write failure ends it as sandkit's own.
+local function write_frame(frame)
+  local out = frame.type == "stdout" and io.stdout or io.stderr
+  local ok, err, code = out:write(frame.data)
+  if ok then ok, err, code = out:flush() end
+  if not ok and frame.type == "stdout" then
+    -- EPIPE without the signal: this process was started with SIGPIPE ignored.
+    if code == EPIPE and not interrupt.pending then interrupt.pending = core.SIGPIPE end
+    check_signals()
+    error("standard output: " .. tostring(err), 0)
   end
-  local env
-  for _, kv in ipairs(opts.env or {}) do
-    local k, v = kv:match("^([^=]+)=(.*)$")
-    if not k then return nil, "--env takes K=V, not " .. kv end
-    env = env or {}
-    env[k] = v
-  end
-  return { timeout = timeout, cwd = opts.cwd, env = env }
 end
 
---- The exit status a command's ending maps to.
+--- The exit status a command's failure maps to (EXIT_STATUS).
 local function status_of_error(err)
+  if err == INTERRUPTED then return 128 + interrupt.pending end
   if sandkit.errors.is_error(err) then
     if err.failure == "timeoutExceeded" or err.failure == "deadlineExceeded" then return EXIT_TIMEOUT end
-    if err.failure == "spawnFailed" then return EXIT_SPAWN end
-    if err.code == "SANDBOX_COMMAND_FAILED" and err.failure == "agentRefused" then return EXIT_FAILED end
+    if err.failure == "spawnFailed" or err.failure == "agentRefused" then return EXIT_SPAWN end
+    if err.failure == "cancelled" then return EXIT_CANCELLED end
   end
   return EXIT_SANDKIT
 end
 
-local function write_frame(frame)
-  local out = frame.type == "stdout" and io.stdout or io.stderr
-  out:write(frame.data)
-  out:flush()
+local function exit_status(code)
+  if code < 0 or code > 255 then return EXIT_FAILED end
+  return code
 end
+
+local function iso_time(t)
+  return t and os.date("!%Y-%m-%dT%H:%M:%SZ", t) or nil
+end
+
+local function size_text(bytes)
+  local units, i = { "B", "KiB", "MiB", "GiB", "TiB" }, 1
+  while bytes >= 1024 and i < #units do
+    bytes = bytes / 1024
+    i = i + 1
+  end
+  return i == 1 and string.format("%.0f B", bytes) or string.format("%.1f %s", bytes, units[i])
+end
+
+--- Seconds a transfer runs before its progress bar appears: a shorter one is over before a
+-- person could read it.
+local PROGRESS_AFTER = 1
+--- Seconds between redraws of the bar.
+local PROGRESS_EVERY = 0.1
+
+--- A progress bar on stderr for a transfer that takes more than a second: bytes, rate and
+-- time left. Nothing at all when stderr is not a terminal.
+local function progress_bar()
+  if not core.isatty(2) then return { finish = function() end } end
+  local started, last, drawn = core.now(), 0, false
+  local bar = {}
+  local function draw(done, total)
+    local elapsed = core.now() - started
+    local rate = done / math.max(elapsed, 0.001)
+    local text = size_text(done)
+    if total then text = text .. " / " .. size_text(total) end
+    text = text .. "  " .. size_text(rate) .. "/s"
+    if total and rate > 0 then
+      local left = math.floor((total - done) / rate + 0.5)
+      text = text .. string.format("  ETA %d:%02d", math.floor(left / 60), left % 60)
+    end
+    io.stderr:write("\r", text, "\027[K")
+    drawn = true
+  end
+  function bar.update(done, total)
+    local now = core.now()
+    bar.done, bar.total = done, total
+    if now - started < PROGRESS_AFTER or now - last < PROGRESS_EVERY then return end
+    last = now
+    draw(done, total)
+  end
+  function bar.finish()
+    if drawn then
+      draw(bar.done, bar.total)
+      io.stderr:write("\n")
+    end
+  end
+  return bar
+end
+
+-- Sessions ----------------------------------------------------------------------------------
 
 local function open_session(sandbox, name)
   local session, err = sandbox:get(name)
@@ -131,188 +273,502 @@ local function open_session(sandbox, name)
   return nil, err and one_line(err) or ("no session named " .. name)
 end
 
-local function run(sandbox, args, first)
-  local opts, argv, saw_dashes = parse(args, first, { session = "value", timeout = "value",
-    cwd = "value", env = "list" })
-  if not opts then return fail(EXIT_USAGE, argv) end
-  if not saw_dashes or #argv == 0 then return fail(EXIT_USAGE, "run needs -- ARGV...") end
-  local copts, bad = command_options(opts)
-  if not copts then return fail(EXIT_USAGE, bad) end
+--- The named session for `run`: served again when its agent is gone (its files are kept),
+-- made only when --create says so.
+local function run_session(sandbox, name, create, life)
+  local existing, err = sandbox:get(name)
+  if err then return nil, one_line(err) end
+  if not existing and not create then
+    return nil, "no session named " .. name .. " (--create makes it)"
+  end
+  if existing and existing.state == "running" then return existing end
+  local session
+  session, err = sandbox:get_or_create{ id = name, lifetime = not existing and life or nil }
+  if not session then return nil, one_line(err) end
+  return session
+end
+
+-- Commands ----------------------------------------------------------------------------------
+
+local function run(ctx)
+  local o = ctx.opts
+  if o.create and not o.session then return fail(EXIT_USAGE, "--create needs --session") end
+  if o.lifetime and o.session and not o.create then
+    return fail(EXIT_USAGE, "--lifetime is for a session this run creates (--create, or no --session)")
+  end
+  local copts = { timeout = o.timeout or DEFAULT_TIMEOUT, cwd = o.cwd, env = env_map(o.env),
+    output_cap = o.output_cap, lines = o.lines }
+  local sandbox = ctx.sandbox
   local session, err
-  local throwaway = opts.session == nil
+  local throwaway = o.session == nil
   if throwaway then
-    session, err = sandbox:create{}
+    session, err = sandbox:create{ lifetime = o.lifetime }
     if not session then return fail(EXIT_SANDKIT, one_line(err)) end
   else
-    session, err = sandbox:get_or_create{ id = opts.session }
-    if not session then return fail(EXIT_SANDKIT, one_line(err)) end
+    session, err = run_session(sandbox, o.session, o.create, o.lifetime)
+    if not session then return fail(EXIT_SANDKIT, err) end
   end
-  local status
-  local ok, failure = pcall(function()
-    for frame in session:run(argv, copts) do
+  local status, truncated
+  local ok, failure = interruptible(function()
+    local stream, serr = session:stream(ctx.argv, copts)
+    if not stream then error(serr, 0) end
+    ctx.stream = stream
+    while true do
+      local frame, ferr = stream:next()
+      if not frame then
+        if ferr then error(ferr, 0) end
+        break
+      end
       if frame.type == "exit" then
-        status = frame.code
+        status, truncated = frame.code, frame.truncated
       else
         write_frame(frame)
       end
     end
   end)
+  -- Closing mid-stream drops the connection, which the agent takes as: stop the command.
+  if ctx.stream then ctx.stream:close() end
   if throwaway then sandbox:terminate(session.id) end
+  if interrupt.pending then return interrupted_status() end
   if not ok then return fail(status_of_error(failure), one_line(failure)) end
-  if status < 0 or status > 255 then status = EXIT_FAILED end
-  return status
+  if truncated then
+    io.stderr:write("sandkit: the output was truncated: the agent kept at most "
+      .. (o.output_cap and (o.output_cap .. " bytes") or "its own cap") .. " of each stream\n")
+  end
+  return exit_status(status)
 end
 
-local function create(sandbox, args, first)
-  local session, err = sandbox:create{ id = args[first] }
+local function create(ctx)
+  local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = ctx.opts.lifetime }
+  if interrupt.pending then
+    if session then ctx.sandbox:terminate(session.id) end
+    return interrupted_status()
+  end
   if not session then return fail(EXIT_FAILED, one_line(err)) end
-  io.stdout:write(session.id, "\n")
-  return 0
-end
-
-local function ls(sandbox)
-  local sessions, err = sandbox:list()
-  if not sessions then return fail(EXIT_FAILED, one_line(err)) end
-  for _, s in ipairs(sessions) do
-    io.stdout:write(string.format("%s\t%s\t%d\n", s.id, s.state, s.generation))
+  if ctx.opts.json then
+    print_json{ id = session.id, state = session.state, generation = session.generation,
+      created_at = iso_time(session.created_at) or json.null, boot_id = session.boot_id or json.null }
+  else
+    io.stdout:write(session.id, "\n")
   end
   return 0
 end
 
-local function rm(sandbox, args, first)
-  if not args[first] then return fail(EXIT_USAGE, "rm needs a session name") end
+local function ls(ctx)
+  local sessions, err = ctx.sandbox:list()
+  if not sessions then return fail(EXIT_FAILED, one_line(err)) end
+  if ctx.opts.json then
+    local list = json.array{}
+    for i, s in ipairs(sessions) do
+      list[i] = { id = s.id, state = s.state, generation = s.generation,
+        created_at = iso_time(s.created_at) or json.null }
+    end
+    print_json{ sessions = list }
+    return 0
+  end
+  local rows = { { "NAME", "STATE", "GENERATION", "CREATED" } }
+  for _, s in ipairs(sessions) do
+    rows[#rows + 1] = { s.id, s.state, tostring(s.generation), iso_time(s.created_at) or "-" }
+  end
+  local widths = {}
+  for _, row in ipairs(rows) do
+    for c, cell in ipairs(row) do widths[c] = math.max(widths[c] or 0, #cell) end
+  end
+  for _, row in ipairs(rows) do
+    io.stdout:write(string.format("%-" .. widths[1] .. "s  %-" .. widths[2] .. "s  %" .. widths[3]
+      .. "s  %s\n", row[1], row[2], row[3], row[4]))
+  end
+  return 0
+end
+
+local function rm(ctx)
   local status = 0
-  for i = first, #args do
-    local ok, err = sandbox:terminate(args[i])
-    if not ok then status = fail(EXIT_FAILED, args[i] .. ": " .. one_line(err)) end
+  for _, name in ipairs(ctx.args) do
+    local ok, err = ctx.sandbox:terminate(name)
+    if not ok then status = fail(EXIT_FAILED, name .. ": " .. one_line(err)) end
   end
   return status
 end
 
-local function put(sandbox, args, first)
-  local name, src, dst = args[first], args[first + 1], args[first + 2]
-  if not dst then return fail(EXIT_USAGE, "put needs NAME LOCAL REMOTE") end
-  local f, ferr = io.open(src, "rb")
-  if not f then return fail(EXIT_FAILED, ferr) end
-  local bytes = f:read("a")
-  f:close()
-  local session, err = open_session(sandbox, name)
+local function prune(ctx)
+  local sessions, err = ctx.sandbox:list()
+  if not sessions then return fail(EXIT_FAILED, one_line(err)) end
+  local removed, status = json.array{}, 0
+  for _, s in ipairs(sessions) do
+    if s.state == "terminated" then
+      local ok, terr = ctx.sandbox:terminate(s.id)
+      if ok then
+        removed[#removed + 1] = s.id
+      else
+        status = fail(EXIT_FAILED, s.id .. ": " .. one_line(terr))
+      end
+    end
+  end
+  if ctx.opts.json then
+    print_json{ removed = removed }
+  else
+    for _, id in ipairs(removed) do io.stdout:write(id, "\n") end
+  end
+  return status
+end
+
+--- Runs a transfer with a progress bar, signals ending it; the exit status.
+local function transfer(fn, ...)
+  local bar = progress_bar()
+  local args = pack(...)
+  args[args.n + 1] = { progress = bar.update }
+  local ok, result, err = interruptible(fn, unpack(args, 1, args.n + 1))
+  bar.finish()
+  if interrupt.pending then return interrupted_status() end
+  if not ok then return fail(EXIT_FAILED, one_line(result)) end
+  if not result then return fail(EXIT_FAILED, one_line(err)) end
+  return 0
+end
+
+local function put(ctx)
+  local name, src, dst = ctx.args[1], ctx.args[2], ctx.args[3]
+  local session, err = open_session(ctx.sandbox, name)
+  if not session then return fail(EXIT_FAILED, err) end
+  if src ~= "-" and localfile.is_directory(src) then
+    return fail(EXIT_FAILED, src .. " is a directory: put copies one file (tar it, and put the archive)")
+  end
+  return transfer(session.write_file_from, session, dst, src == "-" and io.stdin or src)
+end
+
+local function get(ctx)
+  local name, src, dst = ctx.args[1], ctx.args[2], ctx.args[3]
+  local session, err = open_session(ctx.sandbox, name)
+  if not session then return fail(EXIT_FAILED, err) end
+  -- Into a directory, as cp does: under the remote file's own name.
+  if dst ~= "-" and localfile.is_directory(dst) then
+    dst = dst:gsub("/+$", "") .. "/" .. (src:match("([^/]+)/*$") or src)
+  end
+  return transfer(session.read_file_to, session, src, dst == "-" and io.stdout or dst)
+end
+
+local function job_start(ctx)
+  local session, err = open_session(ctx.sandbox, ctx.args[1])
+  if not session then return fail(EXIT_FAILED, err) end
+  local o = ctx.opts
+  local started
+  started, err = session:start_job(ctx.argv, { timeout = o.timeout or DEFAULT_TIMEOUT, cwd = o.cwd,
+    env = env_map(o.env), id = o.id })
+  if not started then return fail(status_of_error(err), one_line(err)) end
+  if o.json then print_json{ id = started.id } else io.stdout:write(started.id, "\n") end
+  return 0
+end
+
+local function job_cancel(ctx)
+  local session, err = open_session(ctx.sandbox, ctx.args[1])
   if not session then return fail(EXIT_FAILED, err) end
   local ok
-  ok, err = session:write_files{ [dst] = bytes }
+  ok, err = assert(session:job(ctx.args[2])):cancel()
   if not ok then return fail(EXIT_FAILED, one_line(err)) end
   return 0
 end
 
-local function get(sandbox, args, first)
-  local name, src, dst = args[first], args[first + 1], args[first + 2]
-  if not dst then return fail(EXIT_USAGE, "get needs NAME REMOTE LOCAL") end
-  local session, err = open_session(sandbox, name)
-  if not session then return fail(EXIT_FAILED, err) end
-  local bytes
-  bytes, err = session:read_file(src)
-  if not bytes then return fail(EXIT_FAILED, one_line(err)) end
-  if dst == "-" then
-    io.stdout:write(bytes)
-    return 0
-  end
-  local f, ferr = io.open(dst, "wb")
-  if not f then return fail(EXIT_FAILED, ferr) end
-  f:write(bytes)
-  f:close()
-  return 0
+local function job_ending_status(page, job_id)
+  if page.exit then return exit_status(page.exit.code) end
+  local failure = sandkit.errors.command_failed(page.error and page.error.code or "unknown",
+    page.error and page.error.message or "the job ended without an exit status")
+  return fail(status_of_error(failure), "job " .. job_id .. ": " .. one_line(failure))
 end
 
-local function job(sandbox, args, first)
-  local verb, name = args[first], args[first + 1]
-  if not name then return fail(EXIT_USAGE, "job needs start|poll|cancel NAME …") end
-  local session, err = open_session(sandbox, name)
-  if not session then return fail(EXIT_FAILED, err) end
-  if verb == "start" then
-    local opts, argv, saw_dashes = parse(args, first + 2, { id = "value", timeout = "value",
-      cwd = "value", env = "list" })
-    if not opts then return fail(EXIT_USAGE, argv) end
-    if not saw_dashes or #argv == 0 then return fail(EXIT_USAGE, "job start needs -- ARGV...") end
-    local copts, bad = command_options(opts)
-    if not copts then return fail(EXIT_USAGE, bad) end
-    copts.id = opts.id
-    local started
-    started, err = session:start_job(argv, copts)
-    if not started then return fail(status_of_error(err), one_line(err)) end
-    io.stdout:write(started.id, "\n")
-    return 0
-  end
-  local job_id = args[first + 2]
-  if not job_id then return fail(EXIT_USAGE, "job " .. tostring(verb) .. " needs NAME JOB") end
+local function job_poll(ctx)
+  local job_id, o = ctx.args[2], ctx.opts
+  if o.follow and o.json then return fail(EXIT_USAGE, "--follow streams output; --json prints one poll") end
+  local session, err = open_session(ctx.sandbox, ctx.args[1])
+  if not session then return fail(o.follow and EXIT_SANDKIT or EXIT_FAILED, err) end
   local handle = assert(session:job(job_id))
-  if verb == "cancel" then
-    local ok
-    ok, err = handle:cancel()
-    if not ok then return fail(EXIT_FAILED, one_line(err)) end
-    return 0
-  elseif verb == "poll" then
-    local opts, bad = parse(args, first + 3, { since = "value", follow = "flag" })
-    if not opts then return fail(EXIT_USAGE, bad) end
-    local since = opts.since and math.tointeger(tonumber(opts.since))
-    if opts.since and not since then return fail(EXIT_USAGE, "--since needs a seq number") end
-    if opts.follow then
-      local status
-      local ok, failure = pcall(function()
-        for frame in handle:frames{ since = since } do
-          if frame.type == "exit" then status = frame.code else write_frame(frame) end
-        end
-      end)
-      if not ok then return fail(status_of_error(failure), one_line(failure)) end
-      return (status >= 0 and status <= 255) and status or EXIT_FAILED
-    end
-    local page
-    page, err = handle:poll(since)
-    if not page then return fail(EXIT_FAILED, one_line(err)) end
-    local last = since
-    for _, frame in ipairs(page.frames) do
-      write_frame(frame)
-      last = frame.seq
-    end
-    if page.running then
-      io.stderr:write(string.format("sandkit: job %s running; next: --since %s\n", job_id,
-        last and tostring(last) or "(none yet)"))
-      return 0
-    end
-    if page.exit then return page.exit.code end
-    local failure = sandkit.errors.command_failed(page.error and page.error.code or "unknown",
-      page.error and page.error.message or "the job ended without an exit status")
-    return fail(status_of_error(failure), one_line(failure))
+  if o.follow then
+    local status
+    local ok, failure = interruptible(function()
+      for frame in handle:frames{ since = o.since } do
+        if frame.type == "exit" then status = frame.code else write_frame(frame) end
+      end
+    end)
+    if interrupt.pending then return interrupted_status() end
+    if not ok then return fail(status_of_error(failure), "job " .. job_id .. ": " .. one_line(failure)) end
+    return exit_status(status)
   end
-  return fail(EXIT_USAGE, "job needs start, poll or cancel")
+  local page
+  page, err = handle:poll(o.since)
+  if not page then return fail(EXIT_FAILED, one_line(err)) end
+  if o.json then
+    local frames = json.array{}
+    for i, f in ipairs(page.frames) do
+      frames[i] = { type = f.type, seq = f.seq, data_base64 = core.b64encode(f.data) }
+    end
+    print_json{ id = job_id, running = page.running, frames = frames, next = page.next or json.null,
+      exit = page.exit and { code = page.exit.code, truncated = page.exit.truncated,
+        signal = page.exit.signal or json.null } or json.null,
+      error = page.error and { code = page.error.code, message = page.error.message } or json.null }
+    return 0
+  end
+  for _, frame in ipairs(page.frames) do write_frame(frame) end
+  if page.running then
+    io.stderr:write(string.format("sandkit: job %s running; next: --since %s\n", job_id,
+      page.next and tostring(page.next) or "(none yet)"))
+    return 0
+  end
+  return job_ending_status(page, job_id)
 end
 
-local COMMANDS = { run = run, create = create, ls = ls, rm = rm, put = put, get = get, job = job }
+--- The commands, in the order --help lists them. `args` are the positional arguments (a
+-- trailing "..." repeats the last; brackets make one optional), `argv` a command after --.
+local COMMANDS = {
+  { name = "run", handler = run, argv = true,
+    options = { "session", "create", "lifetime", "timeout", "cwd", "env", "output-cap", "lines" },
+    synopsis = "run [--session NAME [--create]] [--timeout S] [--cwd DIR] [--env K=V]...\n"
+      .. "      [--output-cap BYTES] [--lines] [--lifetime S] -- ARGV...",
+    summary = "run ARGV in a session (a throwaway one without --session), streaming its\n"
+      .. "output as it comes; exits with its status" },
+  { name = "create", handler = create, args = { "[NAME]" }, options = { "lifetime", "json" },
+    synopsis = "create [NAME] [--lifetime S] [--json]", summary = "make a session and print its name" },
+  { name = "ls", handler = ls, options = { "json" }, synopsis = "ls [--json]",
+    summary = "list sessions: name, state, generation, creation time" },
+  { name = "rm", handler = rm, args = { "NAME..." }, synopsis = "rm NAME...",
+    summary = "terminate sessions and remove their files" },
+  { name = "prune", handler = prune, options = { "json" }, synopsis = "prune [--json]",
+    summary = "remove the sessions whose agent is gone; prints their names" },
+  { name = "put", handler = put, args = { "NAME", "LOCAL", "REMOTE" }, synopsis = "put NAME LOCAL|- REMOTE",
+    summary = "copy a local file (- : standard input) into a session" },
+  { name = "get", handler = get, args = { "NAME", "REMOTE", "LOCAL" }, synopsis = "get NAME REMOTE LOCAL|-",
+    summary = "copy a file out of a session (- : standard output)" },
+  { name = "job start", handler = job_start, args = { "NAME" }, argv = true,
+    options = { "id", "timeout", "cwd", "env", "json" },
+    synopsis = "job start NAME [--id ID] [--timeout S] [--cwd DIR] [--env K=V]... [--json]\n"
+      .. "      -- ARGV...",
+    summary = "start a detached job; prints its id" },
+  { name = "job poll", handler = job_poll, args = { "NAME", "JOB" }, options = { "since", "follow", "json" },
+    synopsis = "job poll NAME JOB [--since N] [--follow | --json]",
+    summary = "print the job's output after seq N; with --follow until it ends, exiting\n"
+      .. "with its status" },
+  { name = "job cancel", handler = job_cancel, args = { "NAME", "JOB" }, synopsis = "job cancel NAME JOB",
+    summary = "stop a job" },
+  { name = "help", args = { "[COMMAND]" }, synopsis = "help [COMMAND]",
+    summary = "this text, or a command's own" },
+}
+local BY_NAME = {}
+for _, command in ipairs(COMMANDS) do BY_NAME[command.name] = command end
+
+-- Help --------------------------------------------------------------------------------------
+
+--- The chosen provider's flags, by name: { arg =, option =, help =, convert = }.
+local function provider_flags(name)
+  if not name:match("^[%w_]+$") then return {}, nil end
+  local found, module = pcall(require, "sandkit.providers." .. name)
+  local flags = {}
+  if found and type(module) == "table" then
+    for _, f in ipairs(module.CLI_OPTIONS or {}) do flags[f.flag] = f end
+  end
+  return flags, found and module or nil
+end
+
+local function option_line(name, spec)
+  local left = "  --" .. name .. (spec.arg and (" " .. spec.arg) or "")
+  if #left >= 22 then return left .. "\n" .. string.rep(" ", 22) .. spec.help .. "\n" end
+  return left .. string.rep(" ", 22 - #left) .. spec.help .. "\n"
+end
+
+local function indent(text, by)
+  return (text:gsub("\n", "\n" .. string.rep(" ", by)))
+end
+
+local function provider_synopsis(provider, pflags)
+  local names, parts = {}, { "[--provider " .. provider .. "]" }
+  for name in pairs(pflags) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do parts[#parts + 1] = "[--" .. name .. " " .. pflags[name].arg .. "]" end
+  return table.concat(parts, " ")
+end
+
+local function global_help(provider, pflags)
+  local out = { "usage: sandkit " .. provider_synopsis(provider, pflags) .. " COMMAND ...\n\n" }
+  for _, c in ipairs(COMMANDS) do
+    out[#out + 1] = "  " .. c.synopsis .. "\n" .. "        " .. indent(c.summary, 8) .. "\n"
+  end
+  out[#out + 1] = "\n`sandkit COMMAND --help` describes a command's options; `sandkit --version` prints\n"
+    .. "the version. Provider options go before or after the command.\n\n"
+  out[#out + 1] = EXIT_STATUS
+  return table.concat(out)
+end
+
+local function command_help(command, provider, pflags)
+  local out = { "usage: sandkit " .. command.synopsis .. "\n\n" .. command.summary .. "\n" }
+  if command.options and #command.options > 0 then
+    out[#out + 1] = "\noptions:\n"
+    for _, name in ipairs(command.options) do out[#out + 1] = option_line(name, OPTIONS[name]) end
+  end
+  local names = {}
+  for name in pairs(pflags) do names[#names + 1] = name end
+  table.sort(names)
+  out[#out + 1] = "\nprovider options (" .. provider .. "):\n" .. option_line("provider", GLOBAL.provider)
+  for _, name in ipairs(names) do out[#out + 1] = option_line(name, pflags[name]) end
+  return table.concat(out)
+end
+
+-- Parsing -----------------------------------------------------------------------------------
+
+--- Which provider the command line names: its flags can be parsed only once that is known.
+local function provider_of(args)
+  for i = 1, #args do
+    local a = args[i]
+    if a == "--" then break end
+    local value = a:match("^%-%-provider=(.*)$")
+    if value then return value end
+    if a == "--provider" and args[i + 1] then return args[i + 1] end
+  end
+  return DEFAULT_PROVIDER
+end
+
+--- Reads the command line: { command =, opts = { [name] = value }, provider_opts =, args =,
+-- argv = } or nil, a message and the command it was about (for its help).
+local function parse(args, pflags)
+  local p = { opts = {}, provider_opts = {}, args = {} }
+  local command, pending_job
+  local i = 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--" then
+      local rest = {}
+      for j = i + 1, #args do rest[#rest + 1] = args[j] end
+      if command and command.argv then p.argv = rest
+      else for _, r in ipairs(rest) do p.args[#p.args + 1] = r end end
+      break
+    elseif a:sub(1, 2) == "--" and #a > 2 then
+      local name, value = a:match("^%-%-([^=]+)=(.*)$")
+      name = name or a:sub(3)
+      local spec, into = GLOBAL[name], p.opts
+      if not spec and pflags[name] then spec, into = pflags[name], p.provider_opts end
+      if not spec and command and command.options then
+        for _, allowed in ipairs(command.options) do
+          if allowed == name then spec = OPTIONS[name] end
+        end
+      end
+      if not spec then
+        local known = {}
+        for k in pairs(GLOBAL) do known[k] = true end
+        for k in pairs(pflags) do known[k] = true end
+        for _, k in ipairs(command and command.options or {}) do known[k] = true end
+        local near = options_check.nearest(name, known)
+        local where = command and (" for " .. command.name) or (OPTIONS[name] and " before the command" or "")
+        return nil, "unknown option --" .. name .. where .. (near and ("; did you mean --" .. near .. "?") or ""),
+          command
+      end
+      local key = name:gsub("%-", "_")
+      if spec.arg then
+        if value == nil then
+          i = i + 1
+          value = args[i]
+          if value == nil then return nil, "--" .. name .. " needs a value (" .. spec.arg .. ")", command end
+        end
+        local converted, why = value, nil
+        if spec.convert then converted, why = spec.convert(value) end
+        if converted == nil then return nil, "--" .. name .. " takes " .. why .. ", not " .. value, command end
+        if spec.list then
+          into[key] = into[key] or {}
+          table.insert(into[key], converted)
+        elseif into[key] ~= nil then
+          return nil, "--" .. name .. " is given twice", command
+        else
+          into[key] = converted
+        end
+      else
+        if value ~= nil then return nil, "--" .. name .. " takes no value", command end
+        into[key] = true
+      end
+    elseif a:sub(1, 1) == "-" and a ~= "-" then
+      return nil, "unknown option " .. a, command
+    elseif pending_job then
+      command = BY_NAME["job " .. a]
+      if not command then return nil, "job needs start, poll or cancel, not " .. a, BY_NAME["job start"] end
+      pending_job = false
+    elseif not command then
+      if a == "job" then
+        pending_job = true
+      else
+        command = BY_NAME[a]
+        if not command then
+          local names = {}
+          for name in pairs(BY_NAME) do if not name:find(" ") then names[name] = true end end
+          names.job = true
+          local near = options_check.nearest(a, names)
+          return nil, "unknown command " .. a .. (near and ("; did you mean " .. near .. "?") or "")
+        end
+      end
+    else
+      p.args[#p.args + 1] = a
+    end
+    i = i + 1
+  end
+  if pending_job then return nil, "job needs start, poll or cancel", BY_NAME["job start"] end
+  p.command = command
+  return p
+end
+
+--- Checks the positional arguments and the command after -- against the command's table.
+local function check_arguments(p)
+  local c = p.command
+  local spec = c.args or {}
+  local min, max = 0, 0
+  for _, a in ipairs(spec) do
+    if a:match("%.%.%.$") then max = math.huge else max = max + 1 end
+    if not a:match("^%[") then min = min + 1 end
+  end
+  if #p.args < min then return nil, c.name .. " needs " .. table.concat(spec, " ") end
+  if #p.args > max then
+    return nil, c.name .. (max == 0 and " takes no arguments" or (" takes " .. table.concat(spec, " ")))
+      .. "; extra: " .. p.args[max + 1]
+  end
+  if c.argv and not (p.argv and #p.argv > 0) then return nil, c.name .. " needs -- ARGV..." end
+  return true
+end
 
 --- Runs the command line in args (as the `arg` table) and returns the exit status.
 function cli.main(args)
-  local global, _ = {}, nil
-  local i = 1
-  while args[i] and args[i]:match("^%-%-") do
-    local name = args[i]:sub(3)
-    if name == "help" then
-      io.stdout:write(USAGE)
-      return 0
-    elseif (name == "root" or name == "isolate") and args[i + 1] then
-      global[name] = args[i + 1]
-      i = i + 2
-    else
-      return fail(EXIT_USAGE, "unknown option " .. args[i] .. "\n" .. USAGE)
-    end
+  local provider = provider_of(args)
+  local pflags, module = provider_flags(provider)
+  local p, err, about = parse(args, pflags)
+  if not p then
+    return fail(EXIT_USAGE, err .. " (see `sandkit " .. (about and (about.name .. " ") or "") .. "--help`)")
   end
-  local command = COMMANDS[args[i] or ""]
+  local command = p.command
+  if p.opts.version then
+    io.stdout:write("sandkit ", sandkit.VERSION, "\n")
+    return 0
+  end
+  if command and command.name == "help" then
+    local topic = p.args[1] and table.concat(p.args, " ")
+    if topic == "job" then topic = "job start" end
+    if topic and not BY_NAME[topic] then return fail(EXIT_USAGE, "no command " .. topic) end
+    io.stdout:write(topic and command_help(BY_NAME[topic], provider, pflags) or global_help(provider, pflags))
+    return 0
+  end
+  if p.opts.help then
+    io.stdout:write(command and command_help(command, provider, pflags) or global_help(provider, pflags))
+    return 0
+  end
   if not command then
-    io.stderr:write(USAGE)
+    io.stderr:write(global_help(provider, pflags))
     return EXIT_USAGE
   end
-  local sandbox, err = sandkit.sandbox{ provider = "local", root = global.root,
-    isolate = global.isolate }
-  if not sandbox then return fail(EXIT_FAILED, one_line(err)) end
-  return command(sandbox, args, i + 1)
+  local ok, bad = check_arguments(p)
+  if not ok then return fail(EXIT_USAGE, bad .. " (see `sandkit " .. command.name .. " --help`)") end
+  if not module then return fail(EXIT_USAGE, "unknown provider " .. provider) end
+
+  local sandbox_options = { provider = provider }
+  for key, value in pairs(p.provider_opts) do
+    local spec = pflags[key:gsub("_", "-")]
+    sandbox_options[spec.option or key] = value
+  end
+  local sandbox
+  sandbox, err = sandkit.sandbox(sandbox_options)
+  if not sandbox then
+    return fail(err.code == "INVALID_INPUT" and EXIT_USAGE or EXIT_FAILED, one_line(err))
+  end
+  install_signals()
+  return command.handler({ sandbox = sandbox, opts = p.opts, args = p.args, argv = p.argv })
 end
 
 return cli

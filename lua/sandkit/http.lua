@@ -30,14 +30,58 @@ response_mt.__index = response_mt
 --- Starts a request and waits for its response headers, at most until `header_deadline`.
 -- spec: method, url, headers, body, fresh_connect, ca_file, proxy, connect_timeout,
 --       max_body, max_error_body, buffer_size, header_deadline (absolute, core.now clock)
+-- A body of any size can instead come from `body_reader`, a function returning the next chunk,
+-- nil at the end, or nil and an error; `body_length` (bytes) sends it with a Content-Length,
+-- without it the body is chunked. It goes out on a fresh connection, in bounded memory, while
+-- this waits; the wait is then bounded by `stall_timeout` (seconds the body may stop moving)
+-- until it is all sent and by `header_timeout` (seconds) after that — a deadline fixed before
+-- a large upload would cut it — and `on_body(bytes_sent)` hears its progress.
 -- Returns a response, or nil and a failure: { kind = "refused" (nothing was sent) |
 -- "timeout" (no headers in time) | "failed" (the connection failed after sending),
--- sent = bool, detail = libcurl's sentence }.
+-- sent = bool, detail = libcurl's sentence, source_error = the reader's error when it failed }.
 function http.send(spec)
   local client = http.client()
-  local t = client:request(spec)
+  local reader = spec.body_reader
+  local request = spec
+  if reader then
+    request = {}
+    for k, v in pairs(spec) do request[k] = v end
+    request.body_reader, request.body_stream = nil, true
+  end
+  local t = client:request(request)
   local deadline = spec.header_deadline
+  local pending, fed, feeding = nil, 0, reader ~= nil
+  if feeding then deadline = core.now() + spec.stall_timeout end
   while true do
+    while feeding do
+      if not pending then
+        local chunk, rerr = reader()
+        if chunk == nil then
+          if rerr ~= nil then
+            local st = t:state()
+            t:close()
+            return nil, { kind = st.sent and "failed" or "refused", sent = st.sent,
+              detail = "the request body's source failed: " .. tostring(rerr), source_error = rerr }
+          end
+          t:finish()
+          feeding = false
+          deadline = core.now() + spec.header_timeout
+          break
+        end
+        pending = chunk
+      end
+      local taken = t:feed(pending)
+      if taken > 0 then
+        fed = fed + taken
+        deadline = core.now() + spec.stall_timeout
+        if spec.on_body then spec.on_body(fed) end
+      end
+      if taken < #pending then
+        pending = pending:sub(taken + 1)
+        break
+      end
+      pending = nil
+    end
     client:step()
     local st = t:state()
     if st.headers then

@@ -8,6 +8,8 @@
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
+local options_check = require "sandkit.options"
+local protocol = require "sandkit.protocol"
 local runner = require "sandkit.runner"
 local sandbox = require "sandkit.sandbox"
 
@@ -34,6 +36,11 @@ local PROVIDERS = {
   kubernetes = "sandkit.providers.kubernetes",
 }
 
+--- Options every provider takes: the provider's name, the protocol's timeouts and the default
+-- command timeout. A provider module adds its own as `OPTIONS`, a set of names.
+local COMMON_OPTIONS = options_check.set{ "provider", "command_timeout" }
+for name in pairs(protocol.DEFAULTS) do COMMON_OPTIONS[name] = true end
+
 --- Makes a sandbox for a provider: `local` (the default), `agent`, `aws`, `azure`,
 -- `kubernetes`. Returns the sandbox, or nil and an error.
 function sandkit.sandbox(options)
@@ -55,9 +62,11 @@ function sandkit.sandbox(options)
     return nil, errors.not_supported("sandkit.sandbox", "the " .. name
       .. " provider could not be loaded: " .. tostring(module):match("^[^\n]*"))
   end
+  local unknown = options_check.check("sandkit.sandbox", options, COMMON_OPTIONS, module.OPTIONS or {})
+  if unknown then return nil, unknown end
   local provider, err = module.new(options)
   if not provider then return nil, err end
-  return sandbox.new(provider, options)
+  return sandbox.new(provider, options, module)
 end
 
 return sandkit

@@ -4,7 +4,12 @@
 -- integers — seqs, exit codes, ports — go through json.integer before anyone sees them. It
 -- also writes '/' as '\/', which is valid JSON and left alone.
 
-local cjson = require "cjson.safe"
+local found, cjson = pcall(require, "cjson.safe")
+if not found then
+  -- Said in one sentence: require's own text lists every path searched, which is no help.
+  error("sandkit needs lua-cjson, which is not installed: apt-get install lua-cjson, "
+    .. "or luarocks install lua-cjson", 0)
+end
 
 local json = {}
 
@@ -28,6 +33,32 @@ function json.encode(value)
   local text, err = cjson.encode(value)
   if not text then error("sandkit: cannot encode as JSON: " .. tostring(err), 2) end
   return text
+end
+
+--- Marks a list as a JSON array, so that an empty one is written [] and not {}.
+local array_mt = {}
+function json.array(list)
+  return setmetatable(list, array_mt)
+end
+
+--- The JSON text of a document people and scripts read (the `sandkit` command's --json): object
+-- keys in sorted order, so the same document is always the same text, and arrays marked with
+-- json.array kept arrays when empty. Scalars are lua-cjson's.
+function json.encode_document(value)
+  if type(value) ~= "table" then return json.encode(value) end
+  local parts = {}
+  if getmetatable(value) == array_mt then
+    for i, item in ipairs(value) do parts[i] = json.encode_document(item) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  end
+  local keys = {}
+  for k in pairs(value) do
+    if type(k) ~= "string" then error("sandkit: a JSON document's keys are strings", 2) end
+    keys[#keys + 1] = k
+  end
+  table.sort(keys)
+  for i, k in ipairs(keys) do parts[i] = json.encode(k) .. ":" .. json.encode_document(value[k]) end
+  return "{" .. table.concat(parts, ",") .. "}"
 end
 
 return json

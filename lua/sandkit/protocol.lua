@@ -63,14 +63,35 @@ protocol.DEFAULTS = {
 
 --- Converts a timeout in seconds to the wire's milliseconds: saturated, not wrapped, and
 -- refused when it is not positive once converted (a sub-millisecond timeout floors to 0).
+-- The refusal is the caller's input, so INVALID_INPUT; nothing is sent either way (§4).
 function protocol.timeout_ms(timeout, operation)
   local ms = type(timeout) == "number" and timeout == timeout and math.floor(timeout * 1000) or 0
   if ms <= 0 then
-    return nil, errors.command_failed("invalidRequest", "a command must carry a non-zero timeout",
-      { operation = operation })
+    return nil, errors.invalid_input(operation, "timeout", timeout == nil
+      and "a command needs a timeout in seconds (or the sandbox's command_timeout)"
+      or "a command must carry a non-zero timeout of at least 0.001 seconds")
   end
   if ms > MAX_TIMEOUT_MS then ms = MAX_TIMEOUT_MS end
   return to_integer(ms) or ms
+end
+
+--- SANDBOX_COMMAND_FAILED for a command's own ending (an error frame, a job's error). The
+-- agent counts its deadline in milliseconds; the API counts seconds, so its timeout sentence
+-- is said again in seconds, the agent's own text kept after it.
+function protocol.command_error(code, message, fields)
+  if code == "timeoutExceeded" or code == "deadlineExceeded" then
+    local ms = tonumber(tostring(message):match("(%d+)ms"))
+    if ms then
+      message = string.format("the command did not finish within its %gs timeout (the agent: %s)",
+        ms / 1000, message)
+    end
+  end
+  return errors.command_failed(code, message, fields)
+end
+
+--- The agent's error code from an error body ("CODE: message"), or nil.
+local function agent_reason(text)
+  return text:match("^([A-Z][A-Z0-9_]+):")
 end
 
 local function header_timeout_text(conn)
@@ -79,15 +100,14 @@ end
 
 --- One attempt: sends the request and waits for its headers. A 2xx comes back as the
 -- response; anything else becomes the error §4 says it is, with the agent's own text kept.
+-- `body` is JSON text, or a raw byte stream { reader =, length =, on_body = } (rawFiles).
 local function attempt(conn, target, operation, method, body, max_body)
   local headers = {}
   for k, v in pairs(target.headers or {}) do headers[k] = v end
-  if body then headers["Content-Type"] = "application/json" end
-  local resp, failure = http.send{
+  local spec = {
     method = method,
     url = target.url,
     headers = headers,
-    body = body,
     fresh_connect = not errors.is_idempotent(operation),
     ca_file = target.ca_file,
     connect_timeout = math.min(conn.connect_timeout, conn.header_timeout),
@@ -95,7 +115,21 @@ local function attempt(conn, target, operation, method, body, max_body)
     max_error_body = protocol.MAX_ERROR_BODY,
     header_deadline = core.now() + conn.header_timeout,
   }
+  if type(body) == "table" then
+    headers["Content-Type"] = "application/octet-stream"
+    spec.body_reader, spec.body_length, spec.on_body = body.reader, body.length, body.on_body
+    -- The bytes may take long to send; what bounds the wait is their stopping.
+    spec.stall_timeout, spec.header_timeout = conn.body_timeout, conn.header_timeout
+  elseif body then
+    headers["Content-Type"] = "application/json"
+    spec.body = body
+  end
+  local resp, failure = http.send(spec)
   if not resp then
+    if failure.source_error ~= nil then
+      return nil, errors.invalid_input(operation, "source", "the file to send could not be read: "
+        .. tostring(failure.source_error))
+    end
     local reason
     if failure.kind == "timeout" then
       reason = header_timeout_text(conn)
@@ -131,11 +165,11 @@ local function attempt(conn, target, operation, method, body, max_body)
   if status >= 400 and status < 500 then
     return nil, errors.command_failed("agentRefused",
       string.format("%s returned %d: %s", operation, status, text),
-      { operation = operation, status = status, body = text })
+      { operation = operation, status = status, body = text, reason = agent_reason(text) })
   end
   return nil, errors.unanswered(operation,
     string.format("the sandbox host returned %d: %s", status, text),
-    { status = status, sent = true, body = text })
+    { status = status, sent = true, body = text, reason = agent_reason(text) })
 end
 
 --- Sends a request, letting the transport settle a failure; at most one replay, and only at
@@ -153,7 +187,8 @@ local function send(conn, operation, method, path, body, max_body)
     if transport.settle then
       verdict, replacement = transport:settle(operation, err, target, replayed)
     end
-    if replayed or verdict ~= "replay" then return nil, replacement or err end
+    -- A streamed body was read as it went: there is nothing left to send again.
+    if replayed or verdict ~= "replay" or type(body) == "table" then return nil, replacement or err end
     replayed = true
   end
 end
@@ -197,18 +232,28 @@ local function check_string_map(map, what)
   end
 end
 
---- The body /v1/exec and /v1/jobs/start both take.
-local function command_body(operation, argv, opts)
+--- The body /v1/exec and /v1/jobs/start both take. `output_cap` goes only to an agent that
+-- advertises outputCap (§6), and only for exec: jobs keep the agent's cap, and an agent that
+-- does not know the field keeps its own.
+local function command_body(operation, argv, opts, conn)
   if not check_argv(argv) then
     return nil, errors.invalid_input(operation, "command", "a command needs at least a program")
   end
   check_string_map(opts.env, "env")
   if opts.cwd ~= nil and type(opts.cwd) ~= "string" then error("sandkit: cwd must be a string", 3) end
+  local cap = opts.output_cap
+  if cap ~= nil and (not to_integer(cap) or cap < 0) then
+    return nil, errors.invalid_input(operation, "output_cap", "output_cap is a whole number of bytes (0: none)")
+  end
   local ms, err = protocol.timeout_ms(opts.timeout, operation)
   if not ms then return nil, err end
   local body = { command = argv, timeoutMs = ms, cwd = opts.cwd }
   if opts.env and next(opts.env) then body.env = opts.env end
   if opts.job_id then body.jobId = opts.job_id end
+  -- A stream needs no cap: backpressure already bounds what is held. Unless asked, none.
+  if operation == RUN and conn and conn.features and conn.features.outputCap then
+    body.outputCap = to_integer(cap or 0)
+  end
   return encode(body)
 end
 
@@ -249,7 +294,7 @@ function stream_mt:next()
         return frame
       elseif ftype == "error" then
         -- The command's own ending: it surfaces as a failure, never as a stream that stopped.
-        return end_stream(self, errors.command_failed(frame.code, frame.message,
+        return end_stream(self, protocol.command_error(frame.code, frame.message,
           { operation = RUN }))
       end
       return frame
@@ -280,7 +325,7 @@ end
 
 --- Starts a command and returns its output stream once the agent's headers arrived.
 function protocol.exec(conn, argv, opts)
-  local body, err = command_body(RUN, argv, opts)
+  local body, err = command_body(RUN, argv, opts, conn)
   if not body then return nil, err end
   local started = core.now()
   local resp
@@ -364,7 +409,8 @@ function protocol.job_poll(conn, job_id, since)
     return nil, errors.unanswered(JOB_POLL, "the poll's body could not be read",
       { cause = errors.unexpected(JOB_POLL, "running", "missing or not a boolean") })
   end
-  local page = { running = value.running, frames = {} }
+  -- `next` is the cursor for the following poll: the highest seq seen, or `since` again.
+  local page = { running = value.running, frames = {}, next = since }
   if type(value.frames) == "table" then
     for i, raw in ipairs(value.frames) do
       local frame, why = poll_frame(raw)
@@ -373,6 +419,7 @@ function protocol.job_poll(conn, job_id, since)
           { cause = errors.unexpected(JOB_POLL, "frames", why) })
       end
       page.frames[i] = frame
+      if page.next == nil or frame.seq > page.next then page.next = frame.seq end
     end
   end
   local code = to_integer(value.exitCode)
@@ -449,6 +496,77 @@ function protocol.write_files(conn, files)
     resp:close()
   end
   return true
+end
+
+-- Raw files (§6 rawFiles): a file's bytes as the body, streamed both ways, of any size. ------
+
+local RAW_FILES = "/v1/files/raw?path="
+
+--- Reads a file out of the session into write(bytes) (a false or nil-and-error result stops
+-- it), a chunk at a time; progress(done, total) hears each chunk (total from Content-Length).
+-- Returns the byte count, or nil and an error. The wait is bounded by the bytes stopping for
+-- body_timeout seconds, not by the whole transfer, whose length is the file's.
+function protocol.read_file_raw(conn, path, write, progress)
+  check_path(path)
+  local resp, err = send(conn, READ_FILE, "GET", RAW_FILES .. query_escape(path), nil, nil)
+  if not resp then return nil, err end
+  local t = resp.transfer
+  local total = to_integer(tonumber(resp:headers()["content-length"]))
+  local done = 0
+  local idle = core.now() + conn.body_timeout
+  while true do
+    local chunk = t:read()
+    if chunk then
+      done = done + #chunk
+      local ok, werr = write(chunk)
+      if ok == false or (ok == nil and werr ~= nil) then
+        t:close()
+        return nil, errors.invalid_input(READ_FILE, "destination",
+          "the file's bytes could not be written: " .. tostring(werr))
+      end
+      if progress then progress(done, total) end
+      idle = core.now() + conn.body_timeout
+    elseif chunk == nil then
+      local st = t:state()
+      t:close()
+      if not st.ok then
+        return nil, errors.unanswered(READ_FILE, "the file's bytes stopped short: " .. tostring(st.error),
+          { sent = true })
+      end
+      if total and done ~= total then
+        return nil, errors.unanswered(READ_FILE, string.format(
+          "the file's body ended after %d of its %d bytes", done, total), { sent = true })
+      end
+      return done
+    elseif core.now() >= idle then
+      t:close()
+      return nil, errors.unanswered(READ_FILE, string.format(
+        "the file's bytes stopped coming for %gs", conn.body_timeout), { sent = true })
+    else
+      wait.ready(t, idle)
+    end
+  end
+end
+
+--- Writes the bytes read() returns (chunks, then nil; or nil and an error) to a file of the
+-- session; `length` (bytes, or nil: chunked) goes out as Content-Length. The agent renames the
+-- file into place only once the whole body arrived. Returns the byte count, or nil and an error.
+function protocol.write_file_raw(conn, path, read, length, progress)
+  check_path(path)
+  local sent = 0
+  local resp, err = send(conn, WRITE_FILES, "PUT", RAW_FILES .. query_escape(path), {
+    reader = read, length = length,
+    on_body = function(n)
+      sent = n
+      if progress then progress(n, length) end
+    end,
+  }, MAX_SMALL_BODY)
+  if not resp then
+    err.path = path
+    return nil, err
+  end
+  resp:close()
+  return sent
 end
 
 function protocol.mkdir(conn, path)

@@ -1,10 +1,10 @@
 --- Many commands at once from one Lua state and one OS thread.
 --
---   sandkit.run(function()
+--   assert(sandkit.run(function()
 --     local a = sandkit.spawn(function() return session_a:exec(argv, opts) end)
 --     local b = sandkit.spawn(function() return session_b:exec(argv, opts) end)
 --     print(a:join(), b:join())
---   end)
+--   end))
 --
 -- Tasks are coroutines. Inside a task every sandkit wait (a frame that has not arrived, a job
 -- poll interval, a health wait) yields to the runner, which blocks in one poll(2) over every
@@ -151,8 +151,9 @@ local function loop(r)
   end
 end
 
---- Runs main(...) as a task until it and every task it spawned end. Returns main's results;
--- nil and the error when main failed, or when a task nobody joined failed.
+--- Runs main(...) as a task until it and every task it spawned end. Returns true followed by
+-- main's results, so assert(sandkit.run(main)) holds whatever main returns; nil and the error
+-- when main failed, or when a task nobody joined failed.
 function runner.run(main, ...)
   if type(main) ~= "function" then error("sandkit.run takes a function", 2) end
   if active then error("sandkit.run: a runner is already running", 2) end
@@ -167,7 +168,7 @@ function runner.run(main, ...)
   for _, t in ipairs(r.tasks) do
     if not t.ok and not t.joined then return nil, t.err end
   end
-  return unpack(task.results, 1, task.results.n)
+  return true, unpack(task.results, 1, task.results.n)
 end
 
 --- Starts fn(...) as a task of the running runner; returns its handle.

@@ -15,10 +15,16 @@
 -- and optionally get_or_create(opts) -> record, created (opts.id is set); session_capabilities(record);
 -- preview(record, port); pause(record); resume(record); snapshot(record); and
 -- refusals = { [capability] = "why not, and what to do instead" }.
--- A record is { id =, state =, generation = } plus whatever the provider keeps.
+-- The provider's module exports OPTIONS (sandbox options besides the common ones) and may export
+-- CREATE_OPTIONS (create options besides id and env); unknown keys are refused before it is asked.
+-- A record is { id =, state =, generation = } plus whatever the provider keeps (boot_id,
+-- created_at).
 -- A connection may carry `ops`, replacing protocol functions for sessions without an agent.
 
 local errors = require "sandkit.errors"
+local lines = require "sandkit.lines"
+local localfile = require "sandkit.localfile"
+local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local wait = require "sandkit.wait"
 
@@ -33,6 +39,8 @@ job_mt.__index = job_mt
 local NEEDS = {
   read_file = { "files", "sandbox.readFile" },
   write_files = { "files", "sandbox.writeFiles" },
+  read_file_to = { "files", "sandbox.readFile" },
+  write_file_from = { "files", "sandbox.writeFiles" },
   mkdir = { "files", "sandbox.mkdir" },
   start_job = { "jobs", "sandbox.jobStart" },
   job = { "jobs", "sandbox.jobPoll" },
@@ -54,8 +62,19 @@ local function refuse(caps, what, provider)
     reason or ("the " .. provider.name .. " provider does not offer " .. need[1]))
 end
 
-function sandbox.new(provider, options)
-  return setmetatable({ provider = provider, options = options or {} }, sandbox_mt)
+--- Options each call knows (options.check refuses the rest, naming the nearest).
+local CREATE_OPTIONS = options_check.set{ "id", "env" }
+local COMMAND_OPTIONS = options_check.set{ "timeout", "cwd", "env" }
+local RUN_OPTIONS = options_check.set{ "output_cap", "lines" }
+local EXEC_OPTIONS = options_check.set{ "output_cap", "max_output" }
+local JOB_OPTIONS = options_check.set{ "id" }
+local FRAMES_OPTIONS = options_check.set{ "since", "interval" }
+local TRANSFER_OPTIONS = options_check.set{ "progress" }
+
+--- `module` is the provider's module, for its CREATE_OPTIONS.
+function sandbox.new(provider, options, module)
+  return setmetatable({ provider = provider, options = options or {},
+    create_options = module and module.CREATE_OPTIONS or {} }, sandbox_mt)
 end
 
 function sandbox_mt:capabilities()
@@ -70,6 +89,7 @@ local function new_session(sb, record)
     state = record.state,
     generation = record.generation or 1,
     boot_id = record.boot_id,
+    created_at = record.created_at,
     sandbox = sb,
     record = record,
   }, session_mt)
@@ -85,6 +105,8 @@ function sandbox_mt:create(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("sandkit: create takes an options table", 2) end
   check_id(opts.id, "create")
+  local unknown = options_check.check("sandbox.create", opts, CREATE_OPTIONS, self.create_options)
+  if unknown then return nil, unknown end
   local record, err = self.provider:create(opts)
   if not record then return nil, err end
   return new_session(self, record)
@@ -106,6 +128,8 @@ end
 function sandbox_mt:get_or_create(opts)
   opts = opts or {}
   check_id(opts.id, "get_or_create")
+  local unknown = options_check.check("sandbox.get_or_create", opts, CREATE_OPTIONS, self.create_options)
+  if unknown then return nil, unknown end
   if opts.id == nil then
     local session, err = self:create(opts)
     if not session then return nil, err end
@@ -189,11 +213,27 @@ local function command_options(session, opts, conn)
   return filled
 end
 
---- Starts a command and returns its output stream (stream:next() -> frame | nil, err).
-function session_mt:stream(argv, opts)
-  local conn, err = connection(self)
+local function check_command_options(opts, operation, extra, level)
+  if opts ~= nil and type(opts) ~= "table" then error("sandkit: command options are a table", level + 1) end
+  return options_check.check(operation, opts, COMMAND_OPTIONS, extra)
+end
+
+--- Starts a command once its options were checked; the stream of protocol.exec, or of lines.
+local function open_stream(session, argv, opts)
+  local conn, err = connection(session)
   if not conn then return nil, err end
-  return ops(conn).exec(conn, argv, command_options(self, opts, conn))
+  local stream
+  stream, err = ops(conn).exec(conn, argv, command_options(session, opts, conn))
+  if stream and opts and opts.lines then return lines.wrap(stream) end
+  return stream, err
+end
+
+--- Starts a command and returns its output stream: stream:next() -> frame | nil (ended with
+-- its exit frame) | nil, err; stream:close() stops it. Takes run's options.
+function session_mt:stream(argv, opts)
+  local unknown = check_command_options(opts, protocol.OPERATIONS.run, RUN_OPTIONS, 2)
+  if unknown then return nil, unknown end
+  return open_stream(self, argv, opts)
 end
 
 local function next_frame(stream)
@@ -208,8 +248,13 @@ end
 -- truncated =, signal = }). Any failure raises a sandkit error from the loop, so a stream that
 -- stops short can never look like success. On Lua 5.4 the stream is the loop's closing
 -- value: `break` or an error closes the connection at once, which cancels the command.
+-- With `lines = true` each stdout/stderr frame is one whole line (sandkit/lines.lua).
+-- `output_cap` (bytes per stream; default none) asks an agent that offers outputCap to keep
+-- that much; the exit frame's `truncated` says whether any output was dropped.
 function session_mt:run(argv, opts)
-  local stream, err = self:stream(argv, opts)
+  local unknown = check_command_options(opts, protocol.OPERATIONS.run, RUN_OPTIONS, 2)
+  local stream, err
+  if unknown then err = unknown else stream, err = open_stream(self, argv, opts) end
   if not stream then
     return function() error(err, 0) end
   end
@@ -220,12 +265,22 @@ end
 local DEFAULT_MAX_OUTPUT = 1024 * 1024
 
 --- Runs a command to its end: { code =, stdout =, stderr =, truncated =, signal = } or nil, err.
+-- A failure after the command started (its timeout, a lost stream) carries what output had
+-- arrived as err.stdout and err.stderr.
 function session_mt:exec(argv, opts)
-  if opts ~= nil and type(opts) ~= "table" then error("sandkit: command options are a table", 2) end
+  local unknown = check_command_options(opts, protocol.OPERATIONS.run, EXEC_OPTIONS, 2)
+  if unknown then return nil, unknown end
   opts = opts or {}
   local limit = opts.max_output or DEFAULT_MAX_OUTPUT
   if type(limit) ~= "number" or limit < 0 then error("sandkit: max_output must be a byte count", 2) end
-  local stream, err = self:stream(argv, opts)
+  -- The agent need not send what would be cut here anyway (0 would mean no cap at all).
+  local stream_opts = opts
+  if opts.output_cap == nil and limit > 0 then
+    stream_opts = {}
+    for k, v in pairs(opts) do stream_opts[k] = v end
+    stream_opts.output_cap = limit
+  end
+  local stream, err = open_stream(self, argv, stream_opts)
   if not stream then return nil, err end
   local kept = { stdout = {}, stderr = {} }
   local size = { stdout = 0, stderr = 0 }
@@ -235,8 +290,11 @@ function session_mt:exec(argv, opts)
     frame, err = stream:next()
     if not frame then
       stream:close()
-      return nil, err or errors.unanswered("sandbox.runCommand",
+      err = err or errors.unanswered("sandbox.runCommand",
         "the output stream ended without a terminal frame")
+      err.stdout = table.concat(kept.stdout)
+      err.stderr = table.concat(kept.stderr)
+      return nil, err
     end
     local kind = frame.type
     if kind == "exit" then
@@ -264,6 +322,8 @@ end
 function session_mt:start_job(argv, opts)
   local refusal = gate(self, "start_job")
   if refusal then return nil, refusal end
+  local unknown = check_command_options(opts, protocol.OPERATIONS.job_start, JOB_OPTIONS, 2)
+  if unknown then return nil, unknown end
   local conn, err = connection(self)
   if not conn then return nil, err end
   local id
@@ -294,6 +354,113 @@ function session_mt:write_files(files)
   local conn, err = connection(self)
   if not conn then return nil, err end
   return ops(conn).write_files(conn, files)
+end
+
+--- Why a file over 32 MiB cannot move to or from this session.
+local WITHOUT_RAW = "this agent does not offer the rawFiles extension, so a file moves in one "
+  .. "request of at most 33554432 bytes (32 MiB)"
+
+local function raw_files(conn)
+  return conn.ops == nil and conn.features ~= nil and conn.features.rawFiles == true
+end
+
+--- What both file transfers check first: the path, the capability, the options; then the
+-- connection. Returns the options and the connection, or nil and an error.
+local function start_transfer(session, what, path, opts)
+  if type(path) ~= "string" then error("sandkit: a path is a string", 3) end
+  if opts ~= nil and type(opts) ~= "table" then error("sandkit: transfer options are a table", 3) end
+  local refusal = gate(session, what) or options_check.check(NEEDS[what][2], opts, TRANSFER_OPTIONS)
+  if refusal then return nil, refusal end
+  opts = opts or {}
+  if opts.progress ~= nil and type(opts.progress) ~= "function" then
+    error("sandkit: progress is a function(done, total)", 3)
+  end
+  local conn, err = connection(session)
+  if not conn then return nil, err end
+  return opts, conn
+end
+
+--- Sends a file of any size into the session, in bounded memory: `source` is a local path, an
+-- object with :read(n) (io.stdin), or a function returning the next chunk and nil at the end.
+-- opts.progress(done, total) hears the bytes as they go (total nil when unknown). Returns the
+-- byte count, or nil and an error. Without the agent's rawFiles extension the file goes in one
+-- request, and one over 32 MiB is refused before anything is sent.
+function session_mt:write_file_from(path, source, opts)
+  local topts, conn = start_transfer(self, "write_file_from", path, opts)
+  if not topts then return nil, conn end
+  local src, err = localfile.source(source, NEEDS.write_file_from[2])
+  if not src then return nil, err end
+  local sent
+  if raw_files(conn) then
+    sent, err = protocol.write_file_raw(conn, path, src.read, src.length, topts.progress)
+  else
+    local parts, size = {}, 0
+    while true do
+      local chunk, rerr = src.read()
+      if chunk == nil then
+        if rerr ~= nil then
+          src.close()
+          return nil, errors.invalid_input(NEEDS.write_file_from[2], "source",
+            "the file to send could not be read: " .. tostring(rerr))
+        end
+        break
+      end
+      size = size + #chunk
+      if size > protocol.MAX_FILE_BYTES then
+        src.close()
+        return nil, errors.invalid_input(NEEDS.write_file_from[2], "source", path
+          .. " is larger than 32 MiB, and " .. WITHOUT_RAW)
+      end
+      parts[#parts + 1] = chunk
+    end
+    sent, err = ops(conn).write_files(conn, { [path] = table.concat(parts) })
+    if sent then
+      sent = size
+      if topts.progress then topts.progress(size, size) end
+    end
+  end
+  src.close()
+  if not sent then return nil, err end
+  return sent
+end
+
+--- Brings a file of any size out of the session, in bounded memory: `sink` is a local path
+-- (written beside it and renamed into place once whole), an object with :write(bytes)
+-- (io.stdout), or a function(bytes). opts.progress(done, total) as for write_file_from.
+-- Returns the byte count, or nil and an error.
+function session_mt:read_file_to(path, sink, opts)
+  local topts, conn = start_transfer(self, "read_file_to", path, opts)
+  if not topts then return nil, conn end
+  local dst, err = localfile.sink(sink, NEEDS.read_file_to[2])
+  if not dst then return nil, err end
+  local done
+  if raw_files(conn) then
+    done, err = protocol.read_file_raw(conn, path, dst.write, topts.progress)
+  else
+    local bytes
+    bytes, err = ops(conn).read_file(conn, path)
+    if bytes then
+      local ok, werr = dst.write(bytes)
+      if ok then
+        done = #bytes
+        if topts.progress then topts.progress(done, done) end
+      else
+        err = errors.invalid_input(NEEDS.read_file_to[2], "destination",
+          "the file's bytes could not be written: " .. tostring(werr))
+      end
+    elseif err.reason == "REQUEST_INVALID" and tostring(err.body):find("limit", 1, true) then
+      err.message = err.message .. " (" .. WITHOUT_RAW .. ")"
+    end
+  end
+  if not done then
+    dst.abort()
+    return nil, err
+  end
+  local ok, cerr = dst.commit()
+  if not ok then
+    return nil, errors.invalid_input(NEEDS.read_file_to[2], "destination", tostring(cerr))
+  end
+  return done
 end
 
 function session_mt:mkdir(path)
@@ -350,8 +517,9 @@ end
 
 -- Jobs --------------------------------------------------------------------------------------
 
---- One poll: { running =, frames = {…}, exit = { code =, truncated = } | nil,
--- error = { code =, message = } | nil }. `since` is the highest seq already seen.
+--- One poll: { running =, frames = {…}, next =, exit = { code =, truncated =, signal = } | nil,
+-- error = { code =, message = } | nil }. `since` is the highest seq already seen (nil: from the
+-- start); `next` is the cursor for the following poll.
 function job_mt:poll(since)
   local conn, err = connection(self.session)
   if not conn then return nil, err end
@@ -368,18 +536,26 @@ end
 -- Polls with a cursor and yields each frame once, in order, ending with the exit frame; a job
 -- that ended in an error raises it, as a failed poll does.
 function job_mt:frames(opts)
+  local unknown = options_check.check("sandbox.jobPoll", opts, FRAMES_OPTIONS)
+  if unknown then return function() error(unknown, 0) end end
   opts = opts or {}
   local interval = opts.interval or 0.2
   if type(interval) ~= "number" or interval <= 0 then
     error("sandkit: interval must be a positive number of seconds", 2)
   end
   local since = opts.since
-  local queue, head = {}, 1
+  -- The queue's length is kept apart: taken slots are cleared, and `#` of a table with holes at
+  -- its start is any border under LuaJIT.
+  local queue, head, count = {}, 1, 0
   local finished, failure = false, nil
   local job = self
+  local function push(frame)
+    count = count + 1
+    queue[count] = frame
+  end
   return function()
     while true do
-      if head <= #queue then
+      if head <= count then
         local frame = queue[head]
         queue[head] = nil
         head = head + 1
@@ -388,29 +564,29 @@ function job_mt:frames(opts)
       -- Raised only once every frame before it was delivered: output that arrived is never lost.
       if failure then error(failure, 0) end
       if finished then return nil end
-      queue, head = {}, 1
+      queue, head, count = {}, 1, 0
       local page, err = job:poll(since)
       if not page then error(err, 0) end
       for _, frame in ipairs(page.frames) do
         -- The agent's cursor is exclusive; this only guards against a peer that repeats itself.
         if since == nil or frame.seq > since then
-          queue[#queue + 1] = frame
+          push(frame)
           since = frame.seq
         end
       end
       if not page.running then
         finished = true
         if page.exit then
-          queue[#queue + 1] = { type = "exit", code = page.exit.code,
-            truncated = page.exit.truncated, signal = page.exit.signal }
+          push({ type = "exit", code = page.exit.code,
+            truncated = page.exit.truncated, signal = page.exit.signal })
         elseif page.error then
-          failure = errors.command_failed(page.error.code, page.error.message,
+          failure = protocol.command_error(page.error.code, page.error.message,
             { operation = "sandbox.jobPoll", job_id = job.id })
         else
           failure = errors.unanswered("sandbox.jobPoll",
             "the job ended and reported neither an exit nor an error", { job_id = job.id })
         end
-      elseif #queue == 0 then
+      elseif count == 0 then
         wait.sleep(interval)
       end
     end

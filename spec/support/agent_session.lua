@@ -9,10 +9,17 @@ agent_session.HEADER_TIMEOUT = 0.3
 agent_session.ERROR_BODY_TIMEOUT = 0.3
 
 --- Starts a fake agent whose non-health requests `route_source` (a Lua function expression
--- taking req, conn, respond) answers, and opens a session on it.
-function agent_session.open(route_source, options)
+-- taking req, conn, respond) answers, and opens a session on it. `features` (a list) replaces
+-- the extensions its health advertises.
+function agent_session.open(route_source, options, features)
+  local health = "nil"
+  if features then
+    local quoted = {}
+    for i, name in ipairs(features) do quoted[i] = string.format("%q", name) end
+    health = "{ features = { " .. table.concat(quoted, ", ") .. " } }"
+  end
   local server = fake_http.start("local respond = require 'support.respond'\n"
-    .. "return respond.agent(" .. route_source .. ")\n")
+    .. "return respond.agent(" .. route_source .. ", " .. health .. ")\n")
   local sb_options = { provider = "agent", url = server.url, token = "test-token",
     header_timeout = agent_session.HEADER_TIMEOUT,
     error_body_timeout = agent_session.ERROR_BODY_TIMEOUT, grace = 1 }

@@ -5,17 +5,20 @@
 -- connection can stall while another is served.
 --
 -- The scenario file returns a table:
---   handle(req, conn)   called per request once its headers and body are read;
+--   handle(req, conn)   called per request once its headers and body are read (a
+--                       Content-Length body, or a chunked one decoded);
 --                       req = { method, path, query, headers = {lower-case}, body, index }
 --   accept(conn)        optional: called on accept before anything is read; returning false
 --                       ends the connection without reading (e.g. accept and close)
 -- conn offers write(bytes), sleep(seconds), close(), log(table), and state (a table shared by
 -- every connection). Every request is appended to the log file as one JSON line before
--- `handle` runs, so a spec reading the log after its call returns sees every delivery.
+-- `handle` runs, so a spec reading the log after its call returns sees every delivery; a body
+-- over LOG_BODY bytes is logged by its length and checksum alone (body_length, body_sum).
 
 local cqueues = require "cqueues"
 local socket = require "cqueues.socket"
 local cjson = require "cjson"
+local body_sum = require("support.files").checksum
 
 local scenario = dofile(arg[1])
 local log = assert(io.open(arg[2], "a"))
@@ -23,6 +26,8 @@ log:setvbuf("line")
 
 local shared = {}
 local request_count = 0
+--- Bodies larger than this (a big file upload) are not copied into the log.
+local LOG_BODY = 1024 * 1024
 
 local function record(entry)
   log:write(cjson.encode(entry), "\n")
@@ -63,7 +68,23 @@ local function read_request(sock)
   end
   local body = ""
   local length = tonumber(headers["content-length"] or "0")
-  if length and length > 0 then body = sock:read(length) or "" end
+  if (headers["transfer-encoding"] or ""):lower() == "chunked" then
+    local parts = {}
+    while true do
+      local size_line = sock:read("*l")
+      local size = size_line and tonumber(size_line:match("^%x+"), 16)
+      if not size then return nil end
+      if size == 0 then
+        sock:read("*l") -- the empty line after the last chunk (no trailers are sent)
+        break
+      end
+      parts[#parts + 1] = sock:read(size) or ""
+      sock:read("*l")
+    end
+    body = table.concat(parts)
+  elseif length and length > 0 then
+    body = sock:read(length) or ""
+  end
   local path, query = target:match("^([^?]*)%??(.*)$")
   return { method = method, path = path, query = query, target = target, headers = headers, body = body }
 end
@@ -80,8 +101,10 @@ local function serve(sock)
     if not req then break end
     request_count = request_count + 1
     req.index = request_count
-    record{ method = req.method, path = req.path, query = req.query, body = req.body,
-      headers = req.headers, index = req.index }
+    local large = #req.body > LOG_BODY
+    record{ method = req.method, path = req.path, query = req.query,
+      body = not large and req.body or nil, body_length = #req.body,
+      body_sum = large and body_sum(req.body) or nil, headers = req.headers, index = req.index }
     scenario.handle(req, conn)
     if req.headers.connection == "close" then break end
   end

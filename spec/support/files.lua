@@ -16,6 +16,27 @@ function files.write(path, data)
   f:close()
 end
 
+--- A checksum of a large body, cheap enough for tens of MiB in Lua: it samples every 997th
+-- byte (a prime, so no power-of-two block lines up with it) weighted by position, and the
+-- length. Over content that does not repeat (files.pattern), a lost, added or moved run of
+-- bytes changes it.
+function files.checksum(s)
+  local sum = #s
+  for i = 1, #s, 997 do sum = (sum * 31 + s:byte(i) * i) % 2147483647 end
+  return sum
+end
+
+--- n bytes that do not repeat at any short period: 16-byte cells holding their index within a
+-- 64 KiB block, the block's first cell its own number.
+function files.pattern(n)
+  local cells = {}
+  for i = 1, 4096 do cells[i] = string.format("%015x\n", i) end
+  local base = table.concat(cells)
+  local blocks = {}
+  for b = 1, math.ceil(n / 65536) do blocks[b] = string.format("block %09x\n", b) .. base:sub(17) end
+  return table.concat(blocks):sub(1, n)
+end
+
 --- A word the shell passes on unchanged, whatever it holds.
 function files.shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"

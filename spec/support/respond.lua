@@ -48,11 +48,12 @@ function respond.health(conn, fields)
   respond.json(conn, "200 OK", body)
 end
 
---- A scenario for a fake agent: health answers ready; every other request goes to route.
-function respond.agent(route)
+--- A scenario for a fake agent: health answers ready (with `health` fields, such as the
+-- features it advertises); every other request goes to route.
+function respond.agent(route, health)
   return {
     handle = function(req, conn)
-      if req.path == "/v1/health" then return respond.health(conn) end
+      if req.path == "/v1/health" then return respond.health(conn, health) end
       return route(req, conn)
     end,
   }

@@ -7,10 +7,14 @@
 --                    ready_timeout = 60, ca_file = nil }
 
 local errors = require "sandkit.errors"
+local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 
 local agent = {}
+
+--- The sandbox options this provider takes besides the common ones (sandkit.sandbox).
+agent.OPTIONS = options_check.set{ "url", "token", "ready_timeout", "ca_file" }
 
 local provider_mt = {}
 provider_mt.__index = provider_mt

@@ -23,11 +23,20 @@
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
 local microvms = require "sandkit.aws.microvms"
+local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
 
 local aws = {}
+
+--- The sandbox options this provider takes besides the common ones (sandkit.sandbox), and the
+-- create options besides id and env (tenant_key is known so that it is refused with a reason).
+aws.OPTIONS = options_check.set{ "region", "image", "image_version", "egress_connectors",
+  "preview_ports", "idle_suspend_seconds", "max_lifetime_seconds", "endpoint", "ca_file",
+  "api_timeout", "credentials", "access_key_id", "secret_access_key", "session_token",
+  "ready_timeout", "ready_interval", "allow_loopback_http" }
+aws.CREATE_OPTIONS = options_check.set{ "tenant_key" }
 
 --- Where sandkit-agent listens inside a MicroVM.
 aws.AGENT_PORT = 8971

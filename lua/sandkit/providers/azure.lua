@@ -20,11 +20,19 @@
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
+local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
 
 local azure = {}
+
+--- The sandbox options this provider takes besides the common ones (sandkit.sandbox); the
+-- REST data plane's own (subscription … proxy) included.
+azure.OPTIONS = options_check.set{ "group", "image", "egress", "cpu", "memory", "agent",
+  "dataplane", "subscription", "resource_group", "region", "endpoint", "token", "timeout",
+  "api_version", "ca_file", "proxy", "ready_timeout", "ready_interval", "create_timeout",
+  "state_interval", "delete_timeout", "native_grace", "auto_suspend", "allow_loopback_http" }
 
 --- Where the agent listens in the sandbox, and the file its image writes the per-boot
 -- credential to (44 characters of standard base64, no newline).

@@ -4,13 +4,16 @@
 --   sandkit.sandbox{ provider = "local", root = nil, isolate = nil, agent_path = nil,
 --                    output_cap = nil, ready_timeout = 10, header_timeout = 60, grace = 60,
 --                    command_timeout = nil }
+--   sandbox:create{ id = nil, env = nil, lifetime = nil }
 --
 -- root      the state folder; default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit
 -- isolate   nil, or "bwrap": commands run under bubblewrap with only the session's files
 --           writable, no network and a private /tmp
+-- lifetime  seconds after which the session's agent exits (its commands with it) and the
+--           session reads as absent; the next get, list or prune removes its files
 --
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
---   record.json  { id, pid, port, boot_id, generation, isolate, env, created_at }
+--   record.json  { id, pid, port, boot_id, generation, isolate, env, created_at, expires_at }
 --   token        the agent's bearer token, mode 0600
 --   files/       the sandbox root the agent serves: what commands and file calls see
 --   agent.log    the agent's stderr
@@ -19,11 +22,26 @@
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
+local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
 
 local provider_local = {}
+
+--- The sandbox options this provider takes besides the common ones (sandkit.sandbox), and the
+-- create options besides id and env.
+provider_local.OPTIONS = options_check.set{ "root", "isolate", "agent_path", "output_cap", "ready_timeout" }
+provider_local.CREATE_OPTIONS = options_check.set{ "lifetime" }
+--- The flags the `sandkit` command takes for this provider, before or after its command: each
+-- sets the sandbox option it names (sandkit/cli.lua reads this table; `convert`, when given,
+-- turns the text into the option's value or returns nil and why not).
+provider_local.CLI_OPTIONS = {
+  { flag = "root", arg = "DIR", option = "root",
+    help = "the state folder (default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit)" },
+  { flag = "isolate", arg = "bwrap", option = "isolate",
+    help = "run the commands of new sessions under bubblewrap" },
+}
 
 local provider_mt = {}
 provider_mt.__index = provider_mt
@@ -59,11 +77,18 @@ local function read_file(path)
   return s
 end
 
---- The agent binary: the option, $SANDKIT_AGENT, next to this installation's bin/, or $PATH.
+--- The agent binary: the option, $SANDKIT_AGENT, next to this installation's bin/, or $PATH;
+-- nil and where it was looked for when it is nowhere.
 local function find_agent(options)
-  if options.agent_path then return options.agent_path end
+  if options.agent_path then
+    if file_exists(options.agent_path) then return options.agent_path end
+    return nil, "agent_path " .. options.agent_path .. " does not exist"
+  end
   local env = os.getenv("SANDKIT_AGENT")
-  if env and env ~= "" then return env end
+  if env and env ~= "" then
+    if file_exists(env) then return env end
+    return nil, "$SANDKIT_AGENT names " .. env .. ", which does not exist"
+  end
   -- A LuaRocks tree or prefix keeps the module at <tree>/lib/lua/5.x/sandkit/core.so and the
   -- binary at <tree>/bin/sandkit-agent.
   local so = package.searchpath("sandkit.core", package.cpath)
@@ -74,7 +99,7 @@ local function find_agent(options)
   for dir in (os.getenv("PATH") or ""):gmatch("[^:]+") do
     if file_exists(dir .. "/sandkit-agent") then return dir .. "/sandkit-agent" end
   end
-  return nil
+  return nil, "sandkit-agent was not found (set agent_path, $SANDKIT_AGENT, or put it on $PATH)"
 end
 
 local function mkdirs(path)
@@ -159,12 +184,19 @@ local function write_record(dir, record)
   return true
 end
 
---- Starts an agent for the session directory and waits until it serves.
-function provider_mt:start_agent(id, dir, generation, env)
-  local agent = find_agent(self.options)
+--- A lifetime is kept by coreutils' timeout(1) in front of the agent: at the end it sends the
+-- agent SIGTERM, which the agent answers by killing its commands' process groups and leaving,
+-- and SIGKILL if it has not left STOP_TIMEOUT seconds later. A SIGTERM from terminate reaches
+-- the agent through it the same way.
+local TIMEOUT_PROGRAM = "timeout"
+
+--- Starts an agent for the session directory and waits until it serves. `expires_at` (os.time
+-- seconds, or nil) ends the agent's life.
+function provider_mt:start_agent(id, dir, generation, env, expires_at)
+  local agent, missing = find_agent(self.options)
   if not agent then
-    return nil, errors.not_supported("sandbox.create",
-      "sandkit-agent was not found (set agent_path, $SANDKIT_AGENT, or put it on $PATH)")
+    -- Not OPERATION_NOT_SUPPORTED: the provider does this; the installation is what is amiss.
+    return nil, errors.invalid_input("sandbox.create", "agent_path", missing)
   end
   local token_path = dir .. "/token"
   os.remove(token_path)
@@ -173,6 +205,13 @@ function provider_mt:start_agent(id, dir, generation, env)
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
   local argv = { agent, "--root", dir .. "/files", "--token-file", token_path,
     "--listen", "127.0.0.1:0", "--ready-fd", "3", "--log", "info" }
+  if expires_at then
+    local left = expires_at - os.time()
+    if left < 1 then left = 1 end
+    table.insert(argv, 1, TIMEOUT_PROGRAM)
+    table.insert(argv, 2, "--kill-after=" .. STOP_TIMEOUT)
+    table.insert(argv, 3, tostring(math.floor(left)))
+  end
   if self.options.isolate == "bwrap" then
     argv[#argv + 1] = "--isolate"
     argv[#argv + 1] = "bwrap"
@@ -183,7 +222,9 @@ function provider_mt:start_agent(id, dir, generation, env)
   end
   local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
     stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
-  if not pid then return nil, errors.not_supported("sandbox.create", "cannot start sandkit-agent: " .. reader) end
+  if not pid then
+    return nil, errors.invalid_input("sandbox.create", "agent_path", "cannot start sandkit-agent: " .. reader)
+  end
 
   -- The agent writes one line when it listens; its closing without one means it failed.
   local line, got = nil, ""
@@ -210,7 +251,8 @@ function provider_mt:start_agent(id, dir, generation, env)
         .. " did not report that it listens: " .. log })
   end
   local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
-    generation = generation, isolate = self.options.isolate, env = env, created_at = os.time() }
+    generation = generation, isolate = self.options.isolate, env = env, created_at = os.time(),
+    expires_at = expires_at }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
   local health, herr = readiness.wait(conn, { timeout = self.options.ready_timeout or START_TIMEOUT })
   if not health then
@@ -234,6 +276,11 @@ function provider_mt:create(opts)
   local id = opts.id or new_id()
   local bad = check_id(id, "sandbox.create")
   if bad then return nil, bad end
+  local lifetime = opts.lifetime
+  if lifetime ~= nil and (type(lifetime) ~= "number" or lifetime ~= lifetime or lifetime < 1) then
+    -- A whole second at least: the wall clock the record keeps counts in seconds.
+    return nil, errors.invalid_input("sandbox.create", "lifetime", "lifetime is a number of seconds, 1 or more")
+  end
   if opts.env ~= nil then
     for k, v in pairs(opts.env) do
       if type(k) ~= "string" or type(v) ~= "string" then
@@ -254,7 +301,7 @@ function provider_mt:create(opts)
   end
   core.mkdir(dir .. "/files", 448)
   local record
-  record, err = self:start_agent(id, dir, 1, opts.env)
+  record, err = self:start_agent(id, dir, 1, opts.env, lifetime and os.time() + math.ceil(lifetime))
   if not record then
     core.remove_tree(dir)
     return nil, err
@@ -276,6 +323,8 @@ local function load_record(dir)
   record.pid = json.integer(record.pid)
   record.port = json.integer(record.port)
   record.generation = json.integer(record.generation or 1)
+  record.created_at = json.integer(record.created_at)
+  record.expires_at = json.integer(record.expires_at)
   -- A record this provider did not write whole is not a session it can serve.
   if not (record.pid and record.port and record.generation) then return nil end
   if record.env == json.null then record.env = nil end
@@ -292,6 +341,12 @@ function provider_mt:get(id)
   local record = load_record(dir)
   if not record then
     -- A directory without a record is a create still under way, or one that failed.
+    return nil
+  end
+  if record.expires_at and os.time() >= record.expires_at then
+    -- Past its lifetime a session is gone, whether or not its agent has left yet.
+    local removed, err = self:terminate(id)
+    if not removed then return nil, err end
     return nil
   end
   record.token = read_file(dir .. "/token")
@@ -318,7 +373,8 @@ function provider_mt:get_or_create(opts)
   if record and record.state == "running" then return record, false end
   if record then
     local revived
-    revived, err = self:start_agent(opts.id, self:dir(opts.id), record.generation + 1, record.env)
+    revived, err = self:start_agent(opts.id, self:dir(opts.id), record.generation + 1, record.env,
+      record.expires_at)
     if not revived then return nil, err end
     return revived, false
   end
@@ -391,10 +447,10 @@ function provider_mt:connection(record)
 end
 
 --- A session shares this machine's loopback: a port it listens on is reachable as it is,
--- with no token and no expiry, by anything on this machine.
+-- with no token and no expiry (expires_in = math.huge), by anything on this machine.
 function provider_mt:preview(_, port)
   return { endpoint = "http://127.0.0.1:" .. port, headers = {}, allowed_ports = { port },
-    expires_in = 0 }
+    expires_in = math.huge }
 end
 
 return provider_local

@@ -1,0 +1,88 @@
+--- Files: 1 GiB into a local session and back out, sandkit against curl on the same agent.
+--   sandkit  session:write_file_from(path, local_file) and session:read_file_to(path, local_file)
+--   curl     curl -T (PUT with Content-Length) and curl -o against the same /v1/files/raw route
+-- Both sides move the same bytes over the agent's rawFiles extension; each runs ROUNDS times,
+-- interleaved, and keeps its fastest round. An agent without rawFiles moves files of 32 MiB at
+-- most, so the benchmark is skipped there and says why.
+--   lua5.4 bench/files.lua
+-- Prints RESULT { bytes, put = { sandkit, curl }, get = { sandkit, curl } } or { skipped = why }.
+
+package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local common = require "common"
+local core = require "sandkit.core"
+
+local ROUNDS = 2
+local BYTES = common.GIB
+
+local function quote(s)
+  return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
+end
+
+local function timed(fn)
+  local t0 = common.now()
+  fn()
+  return common.now() - t0
+end
+
+local function best(seconds)
+  local fastest = math.huge
+  for _, s in ipairs(seconds) do fastest = math.min(fastest, s) end
+  local rounds = {}
+  for i, s in ipairs(seconds) do rounds[i] = BYTES / s / common.MB end
+  return { seconds = fastest, mb_per_s = BYTES / fastest / common.MB, rounds = rounds }
+end
+
+local function size_of(path)
+  local f = assert(io.open(path, "rb"))
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+local function curl(args)
+  local p = assert(io.popen("curl -s -w '%{http_code}' " .. args))
+  local code = p:read("a")
+  p:close()
+  return code
+end
+
+common.result(common.with_sandbox(function(sandbox, sessions)
+  local session = sessions.create()
+  if not (session.record.features or {}).rawFiles then
+    return { skipped = "the agent does not offer the rawFiles extension" }
+  end
+  local dir = sandbox.provider:dir(session.id)
+  local source, back = common.out .. "/files-1g.bin", common.out .. "/files-back.bin"
+  assert(os.execute("head -c " .. BYTES .. " /dev/urandom > " .. quote(source)))
+  -- curl takes its headers from a private file, so the token never shows in a process list.
+  local headers = dir .. "/curl-headers"
+  os.remove(headers)
+  assert(core.write_private(headers, "Authorization: Bearer " .. session.record.token .. "\n"))
+  local url = "http://127.0.0.1:" .. session.record.port .. "/v1/files/raw?path="
+  local runs = { put = { sandkit = {}, curl = {} }, get = { sandkit = {}, curl = {} } }
+  for _ = 1, ROUNDS do
+    table.insert(runs.put.sandkit, timed(function()
+      assert(assert(session:write_file_from("/sandkit.bin", source)) == BYTES)
+    end))
+    table.insert(runs.put.curl, timed(function()
+      assert(curl("-T " .. quote(source) .. " -H @" .. quote(headers) .. " " .. quote(url .. "/curl.bin")) == "204")
+    end))
+    table.insert(runs.get.sandkit, timed(function()
+      assert(assert(session:read_file_to("/sandkit.bin", back)) == BYTES)
+    end))
+    assert(size_of(back) == BYTES)
+    os.remove(back)
+    table.insert(runs.get.curl, timed(function()
+      assert(curl("-o " .. quote(back) .. " -H @" .. quote(headers) .. " " .. quote(url .. "/curl.bin")) == "200")
+    end))
+    assert(size_of(back) == BYTES)
+    os.remove(back)
+  end
+  os.remove(source)
+  return {
+    bytes = BYTES,
+    put = { sandkit = best(runs.put.sandkit), curl = best(runs.put.curl) },
+    get = { sandkit = best(runs.get.sandkit), curl = best(runs.get.curl) },
+    peak_rss = common.status_bytes("self", "VmHWM"),
+  }
+end))

@@ -1,0 +1,124 @@
+--- The local end of a file transfer (session:write_file_from, session:read_file_to): a path,
+-- a reader or a writer, as the functions the protocol's transfers take.
+--
+--   local src, err = localfile.source(path_or_reader, operation)
+--     src.read() -> chunk | nil (the end) | nil, err;  src.length (bytes, or nil);  src.close()
+--   local dst, err = localfile.sink(path_or_writer, operation)
+--     dst.write(bytes) -> true | nil, err;  dst.commit() -> true | nil, err;  dst.abort()
+--
+-- A source is a path (a regular file), an object with :read(n) (io.stdin, any file handle), or
+-- a function returning the next chunk. A sink is a path, an object with :write(bytes)
+-- (io.stdout), or a function(bytes). A path sink is written beside its target and renamed into
+-- place only once every byte arrived, so a cut transfer never replaces a file.
+
+local core = require "sandkit.core"
+local errors = require "sandkit.errors"
+
+local localfile = {}
+
+--- Linux's errno for reading a directory as a file.
+local EISDIR = 21
+
+--- Bytes read from a local file per call: a quarter of the transfer's send buffer, so a feed
+-- rarely leaves a remainder to copy.
+localfile.CHUNK = 64 * 1024
+
+--- Whether path names a directory (which opens like a file on Linux and fails only when read).
+function localfile.is_directory(path)
+  local f = io.open(path, "rb")
+  if not f then return false end
+  local _, _, code = f:read(0)
+  f:close()
+  return code == EISDIR
+end
+
+local function refuse(operation, field, why)
+  return nil, errors.invalid_input(operation, field, why)
+end
+
+function localfile.source(source, operation)
+  local kind = type(source)
+  if kind == "function" then
+    return { read = source, close = function() end }
+  end
+  if kind ~= "string" then
+    if (kind == "table" or kind == "userdata") and source.read then
+      return { read = function() return source:read(localfile.CHUNK) end, close = function() end }
+    end
+    error("sandkit: a source is a path, an object with :read(n), or a function", 3)
+  end
+  local f, err = io.open(source, "rb")
+  if not f then return refuse(operation, "source", tostring(err)) end
+  -- A directory opens like a file on Linux and fails only when read: refused here, before
+  -- anything is sent, rather than sent as nothing.
+  local probe, perr, code = f:read(0)
+  if probe == nil and perr ~= nil then
+    f:close()
+    if code == EISDIR then
+      return refuse(operation, "source", source .. " is a directory: a transfer moves one file")
+    end
+    return refuse(operation, "source", source .. " cannot be read as a file: " .. tostring(perr))
+  end
+  local length = f:seek("end")
+  f:seek("set")
+  return {
+    length = length,
+    read = function()
+      local chunk, rerr = f:read(localfile.CHUNK)
+      if chunk then return chunk end
+      return nil, rerr
+    end,
+    close = function() f:close() end,
+  }
+end
+
+local function hex(bytes)
+  return (bytes:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+--- write(bytes) -> true | nil, err over an object with :write (a file handle returns itself).
+local function writer_of(object)
+  return function(bytes)
+    local ok, err = object:write(bytes)
+    if not ok then return nil, err end
+    return true
+  end
+end
+
+function localfile.sink(sink, operation)
+  local kind = type(sink)
+  if kind == "function" then
+    return { write = sink, commit = function() return true end, abort = function() end }
+  end
+  if kind ~= "string" then
+    if (kind == "table" or kind == "userdata") and sink.write then
+      return { write = writer_of(sink), commit = function() return true end, abort = function() end }
+    end
+    error("sandkit: a destination is a path, an object with :write(bytes), or a function", 3)
+  end
+  local partial = sink .. ".sandkit-" .. hex(core.random(4)) .. ".part"
+  local f, err = io.open(partial, "wb")
+  if not f then return refuse(operation, "destination", tostring(err)) end
+  return {
+    write = writer_of(f),
+    commit = function()
+      local closed, cerr = f:close()
+      if not closed then
+        os.remove(partial)
+        return nil, cerr
+      end
+      local renamed, rerr = os.rename(partial, sink)
+      if not renamed then
+        os.remove(partial)
+        return nil, rerr
+      end
+      return true
+    end,
+    abort = function()
+      f:close()
+      os.remove(partial)
+    end,
+  }
+end
+
+return localfile

@@ -1,0 +1,79 @@
+-- A streamed command is not capped unless asked: `outputCap` on /v1/exec (docs/protocol.md §6)
+-- goes to an agent that advertises it, 0 (none) by default for run, the caller's output_cap when
+-- given, exec's max_output for exec; jobs and agents without the extension keep the agent's cap.
+
+local cjson = require "cjson"
+local sandkit = require "sandkit"
+local agent_session = require "support.agent_session"
+local local_state = require "support.local_state"
+
+local EXIT = [[function(req, conn)
+  if req.path == "/v1/jobs/start" then return respond.json(conn, "200 OK", { jobId = "j1" }) end
+  respond.frames(conn, { '{"t":"exit","code":0}\n' })
+end]]
+
+local function bodies(server, path)
+  local list = {}
+  for i, r in ipairs(server:requests_to(path)) do list[i] = cjson.decode(r.body) end
+  return list
+end
+
+describe("outputCap", function()
+  local server
+  after_each(function() server:stop() end)
+
+  it("is 0 for a run unless the caller asks, and the caller's output_cap when it does", function()
+    local session
+    session, server = agent_session.open(EXIT, nil, { "jobIdempotency", "outputCap" })
+    for _ in session:run({ "true" }, { timeout = 5 }) do end
+    for _ in session:run({ "true" }, { timeout = 5, output_cap = 4096 }) do end
+    assert(session:exec({ "true" }, { timeout = 5 }))
+    assert(session:exec({ "true" }, { timeout = 5, max_output = 100 }))
+    assert(session:start_job({ "true" }, { timeout = 5 }))
+    local caps = {}
+    for i, body in ipairs(bodies(server, "/v1/exec")) do caps[i] = body.outputCap end
+    assert.same({ 0, 4096, 1024 * 1024, 100 }, caps)
+    assert.is_nil(bodies(server, "/v1/jobs/start")[1].outputCap, "jobs keep the agent's cap")
+  end)
+
+  it("is never sent to an agent that does not advertise it", function()
+    local session
+    session, server = agent_session.open(EXIT)
+    for _ in session:run({ "true" }, { timeout = 5, output_cap = 10 }) do end
+    assert(session:exec({ "true" }, { timeout = 5 }))
+    for _, body in ipairs(bodies(server, "/v1/exec")) do assert.is_nil(body.outputCap) end
+  end)
+
+  it("refuses a cap that is not a whole number of bytes, sending nothing", function()
+    local session
+    session, server = agent_session.open(EXIT, nil, { "outputCap" })
+    local _, err = session:exec({ "true" }, { timeout = 5, output_cap = -1 })
+    assert.equal("INVALID_INPUT", err.code)
+    assert.equal("output_cap", err.field)
+    assert.equal(0, #server:requests_to("/v1/exec"))
+  end)
+end)
+
+describe("a stream through the real sandkit-agent", function()
+  local root
+  before_each(function() root = local_state.new() end)
+  after_each(function() local_state.clean(root) end)
+
+  it("is not cut at the agent's cap once the agent takes outputCap", function()
+    local session = assert(assert(sandkit.sandbox{ provider = "local", root = root }):create{ id = "cap" })
+    assert(session:exec({ "true" }, { timeout = 5 }))
+    if not session.conn.features.outputCap then return pending("waits for the agent's outputCap extension") end
+    local got, truncated = 0, nil
+    for frame in session:run({ "head", "-c", "10000000", "/dev/zero" }, { timeout = 60 }) do
+      if frame.type == "exit" then truncated = frame.truncated else got = got + #frame.data end
+    end
+    assert.equal(10000000, got)
+    assert.is_false(truncated)
+    local capped = 0
+    for frame in session:run({ "head", "-c", "10000000", "/dev/zero" }, { timeout = 60, output_cap = 1000 }) do
+      if frame.type == "exit" then truncated = frame.truncated else capped = capped + #frame.data end
+    end
+    assert.equal(1000, capped)
+    assert.is_true(truncated)
+  end)
+end)

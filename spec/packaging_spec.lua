@@ -1,0 +1,122 @@
+-- How sandkit is built and installed: the build folder per Lua, the rockspec, `make rock` and
+-- a source rock installed offline into a fresh tree, `luarocks test`, and a missing lua-cjson.
+
+local core = require "sandkit.core"
+local files = require "support.files"
+local local_state = require "support.local_state"
+
+local q = files.shell_quote
+local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
+
+--- The environment of a make or luarocks started from inside `make test`: the outer make's
+-- flags and variables would otherwise leak into the inner one.
+local CLEAN_ENV = "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u BUSTED_ARGS "
+
+local temp_dir = local_state.new
+
+describe("the build", function()
+  it("puts the C core in a folder named after the Lua whose headers it is built against", function()
+    local dir = temp_dir()
+    local out = local_state.sh(CLEAN_ENV .. "make -n all BUILD=" .. q(dir)
+      .. " LUA_INCDIR=/usr/include/luajit-2.1")
+    local lua54 = local_state.sh(CLEAN_ENV .. "make -n all BUILD=" .. q(dir)
+      .. " LUA_INCDIR=/usr/include/lua5.4")
+    core.remove_tree(dir)
+    assert.truthy(out:find(dir .. "/luajit/sandkit/core.so", 1, true), out)
+    assert.falsy(out:find(dir .. "/lua5.4/", 1, true), "a LuaJIT build must not land in the 5.4 folder")
+    assert.truthy(lua54:find(dir .. "/lua5.4/sandkit/core.so", 1, true), lua54)
+  end)
+
+  it("refuses a Lua whose C API the core cannot use, in one line", function()
+    local dir = temp_dir()
+    local _, err, status = local_state.sh(CLEAN_ENV .. "make " .. q(dir .. "/lua5.1/obj/sandkit_core.o")
+      .. " BUILD=" .. q(dir) .. " LUA_INCDIR=/usr/include/lua5.1")
+    core.remove_tree(dir)
+    assert.are_not.equal(0, status)
+    assert.matches("sandkit builds for Lua 5.4 or LuaJIT 2.1 only", err, 1, true)
+  end)
+
+  it("treats warnings as errors in make and CI, but not in a LuaRocks build", function()
+    local make = local_state.sh(CLEAN_ENV .. "make -n all BUILD=/nonexistent")
+    assert.matches(" %-Werror ", make)
+    local rockspec = assert(files.read("sandkit-scm-1.rockspec"))
+    assert.matches('WERROR = ""', rockspec, 1, true)
+  end)
+end)
+
+describe("the rockspec", function()
+  local function load_rockspec()
+    local env = {}
+    assert(loadfile("sandkit-scm-1.rockspec", "t", env))()
+    return env
+  end
+
+  it("declares lua-cjson and only the Lua it builds and passes under", function()
+    local spec = load_rockspec()
+    local deps = table.concat(spec.dependencies, "; ")
+    assert.equal("lua >= 5.4, < 5.5; lua-cjson", deps)
+  end)
+
+  it("runs the suite from `luarocks test`", function()
+    local out, err, status = local_state.sh(CLEAN_ENV .. "luarocks --lua-version=5.4 test "
+      .. "-- BUSTED_ARGS=spec/sandkit_spec.lua 2>&1")
+    assert.equal(0, status, out .. err)
+    assert.matches("%d+ success", out)
+  end)
+end)
+
+describe("a source rock", function()
+  local dir
+  before_each(function() dir = temp_dir() end)
+  after_each(function()
+    local_state.clean(dir .. "/state")
+    core.remove_tree(dir)
+  end)
+
+  it("is packed by `make rock` and installs offline into a fresh tree, command and agent included", function()
+    local build = dir .. "/build"
+    local out, err, status = local_state.sh(CLEAN_ENV .. "make rock BUILD=" .. q(build))
+    assert.equal(0, status, out .. err)
+    local rock = build .. "/sandkit-scm-1.src.rock"
+    assert.truthy(files.read(rock))
+    -- No server at all: --deps-mode=none takes the system's lua-cjson, and the rock carries
+    -- everything else.
+    local tree = dir .. "/tree"
+    local log
+    log, err, status = local_state.sh("cd " .. q(dir) .. " && " .. CLEAN_ENV
+      .. "luarocks --lua-version=5.4 install --tree=" .. q(tree) .. " --deps-mode=none "
+      .. "--only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " 2>&1")
+    assert.equal(0, status, log .. err)
+    assert.truthy(log:find("-Wall -Wextra", 1, true), "the build's commands are in its log")
+    assert.is_nil(log:find("-Werror ", 1, true), "a user's build keeps warnings as warnings")
+    assert.truthy(files.read(tree .. "/bin/sandkit-agent"))
+    -- Only the tree and the system's default paths: nothing of this checkout.
+    local paths = "eval \"$(luarocks --lua-version=5.4 path --tree=" .. q(tree) .. ")\""
+    out, err, status = local_state.sh("cd " .. q(dir) .. " && env -u SANDKIT_AGENT -u LUA_PATH -u LUA_CPATH "
+      .. "sh -c " .. q(paths .. " && sandkit --root " .. q(dir .. "/state") .. " run -- echo from-the-rock"))
+    assert.equal(0, status, err)
+    assert.equal("from-the-rock\n", out)
+  end)
+end)
+
+describe("without lua-cjson", function()
+  -- A cpath with the build's C core and nothing else: lua-cjson cannot be found.
+  local cpath = os.getenv("SANDKIT_TEST_CPATH") or "./build/lua5.4/?.so"
+  local lua_env = "LUA_PATH='./lua/?.lua;./lua/?/init.lua' LUA_CPATH=" .. q(cpath) .. " "
+
+  it("require \"sandkit\" fails with one sentence saying what to install", function()
+    local _, err, status = local_state.sh(lua_env .. LUA .. " -e "
+      .. q("local ok, e = pcall(require, 'sandkit') io.stderr:write(tostring(e)) os.exit(ok and 0 or 1)"))
+    assert.equal(1, status)
+    assert.equal("sandkit needs lua-cjson, which is not installed: apt-get install lua-cjson, "
+      .. "or luarocks install lua-cjson", err)
+  end)
+
+  it("the command exits 125 with that sentence and no traceback", function()
+    local out, err, status = local_state.sh(lua_env .. LUA .. " bin/sandkit ls")
+    assert.equal(125, status)
+    assert.equal("", out)
+    assert.equal("sandkit: sandkit needs lua-cjson, which is not installed: apt-get install lua-cjson, "
+      .. "or luarocks install lua-cjson\n", err)
+  end)
+end)

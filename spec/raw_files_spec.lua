@@ -1,0 +1,262 @@
+-- Files of any size: session:write_file_from and session:read_file_to over the agent's rawFiles
+-- extension (docs/protocol.md §6), in bounded memory; the 32 MiB rule against an agent without it.
+-- The client side runs against fake agents speaking the extension's exact wire shapes; the
+-- end-to-end part against the real sandkit-agent runs once that agent advertises rawFiles.
+
+local sandkit = require "sandkit"
+local core = require "sandkit.core"
+local agent_session = require "support.agent_session"
+local files = require "support.files"
+local local_state = require "support.local_state"
+
+local RAW = { "jobIdempotency", "rawFiles" }
+
+local function temp_path()
+  local path = os.tmpname()
+  os.remove(path)
+  return path
+end
+
+--- AddressSanitizer's quarantine keeps freed memory resident on purpose: peaks measured under
+-- it (make check-asan) say nothing about sandkit's own bounds.
+local SANITIZED = (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) ~= nil
+
+local function assert_peak(peak, bound, what)
+  if SANITIZED then return end
+  assert.is_true(peak < bound, "peak " .. peak .. " MiB to " .. what)
+end
+
+--- Peak resident memory of a child Lua process running `source`, which prints its result line
+-- first; returns that line and the peak in MiB.
+local function run_measured(source)
+  local out, status = local_state.run_lua(source .. [[
+    for line in io.lines("/proc/self/status") do
+      local kb = line:match("^VmHWM:%s*(%d+)")
+      if kb then print(tonumber(kb) / 1024) end
+    end
+  ]])
+  assert(status == 0, out)
+  local result, peak = out:match("^(.-)\n([%d%.]+)\n$")
+  return result, tonumber(peak)
+end
+
+describe("a file sent with rawFiles", function()
+  local session, server
+  after_each(function() server:stop() end)
+
+  it("goes as one PUT of its raw bytes with its length, never through /v1/files", function()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "204 No Content") end]], nil, RAW)
+    local data = files.pattern(300 * 1024 + 7)
+    local src = temp_path()
+    files.write(src, data)
+    local seen = {}
+    local sent = assert(session:write_file_from("/big dir/file.bin", src, {
+      progress = function(done, total) seen[#seen + 1] = { done, total } end }))
+    os.remove(src)
+    assert.equal(#data, sent)
+    local puts = server:requests_to("/v1/files/raw")
+    assert.equal(1, #puts)
+    assert.equal("PUT", puts[1].method)
+    assert.equal("path=/big%20dir/file.bin", puts[1].query)
+    assert.equal(tostring(#data), puts[1].headers["content-length"])
+    assert.equal("application/octet-stream", puts[1].headers["content-type"])
+    assert.equal(data, puts[1].body)
+    assert.equal(0, #server:requests_to("/v1/files"))
+    assert.same({ #data, #data }, seen[#seen], "the last progress call is the whole file")
+  end)
+
+  it("from a reader of unknown length goes chunked", function()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "204 No Content") end]], nil, RAW)
+    local pieces = { "one ", "two ", string.rep("three", 100000), "" }
+    local i = 0
+    assert(session:write_file_from("/streamed", function()
+      i = i + 1
+      return pieces[i] ~= "" and pieces[i] or nil
+    end))
+    local put = server:requests_to("/v1/files/raw")[1]
+    assert.equal("chunked", put.headers["transfer-encoding"])
+    assert.is_nil(put.headers["content-length"])
+    assert.equal(table.concat(pieces), put.body)
+  end)
+
+  it("hears the agent's refusal, its code as err.reason", function()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "400 Bad Request", "PATH_REFUSED: Path '../x' refused: path traverses upward")
+    end]], nil, RAW)
+    local sent, err = session:write_file_from("../x", function() return nil end)
+    assert.is_nil(sent)
+    assert.equal("SANDBOX_COMMAND_FAILED", err.code)
+    assert.equal("PATH_REFUSED", err.reason)
+  end)
+
+  it("refuses a directory as its source before anything is sent", function()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "204 No Content") end]], nil, RAW)
+    local dir = local_state.new()
+    local sent, err = session:write_file_from("/x", dir)
+    core.remove_tree(dir)
+    assert.is_nil(sent)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.matches("is a directory: a transfer moves one file", err.message, 1, true)
+    assert.equal(0, #server:requests_to("/v1/files/raw"))
+  end)
+
+  it("of 48 MiB leaves the sender's memory bounded", function()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "204 No Content") end]], nil, RAW)
+    local src = temp_path()
+    local data = files.pattern(48 * 1024 * 1024)
+    files.write(src, data)
+    local result, peak = run_measured(string.format([[
+      local sb = assert(require("sandkit").sandbox{ provider = "agent", url = %q, token = "t" })
+      local session = assert(sb:create{})
+      print(assert(session:write_file_from("/big", %q)))
+    ]], server.url, src))
+    os.remove(src)
+    assert.equal(tostring(#data), result)
+    local put = server:requests_to("/v1/files/raw")[1]
+    assert.equal(#data, put.body_length)
+    assert.equal(files.checksum(data), put.body_sum)
+    assert_peak(peak, 24, "send 48 MiB")
+  end)
+end)
+
+describe("a file read with rawFiles", function()
+  local session, server
+  after_each(function() server:stop() end)
+
+  --- A fake agent answering GET /v1/files/raw with `size` pattern bytes in 64 KiB writes,
+  -- closing after `cut` bytes when given.
+  local function serving(size, cut)
+    return agent_session.open(string.format([[function(req, conn)
+      if req.path ~= "/v1/files/raw" then return respond.status(conn, "404 Not Found", "no") end
+      local data = require("support.files").pattern(%d)
+      conn:write("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: "
+        .. #data .. "\r\n\r\n")
+      local stop = %s or #data
+      for i = 1, stop, 65536 do conn:write(data:sub(i, math.min(i + 65535, stop))) end
+      if stop < #data then conn:close() end
+    end]], size, cut and tostring(cut) or "nil"), nil, RAW)
+  end
+
+  it("streams its bytes into a file, renamed into place once whole", function()
+    session, server = serving(200 * 1024 + 3)
+    local dst = temp_path()
+    local seen
+    local got = assert(session:read_file_to("/out.bin", dst, {
+      progress = function(done, total) seen = { done, total } end }))
+    assert.equal(200 * 1024 + 3, got)
+    assert.equal(files.pattern(200 * 1024 + 3), files.read(dst))
+    assert.same({ got, got }, seen)
+    assert.equal("GET", server:requests_to("/v1/files/raw")[1].method)
+    assert.equal("path=/out.bin", server:requests_to("/v1/files/raw")[1].query)
+    os.remove(dst)
+  end)
+
+  it("that stops short is an error and never replaces the file it was to become", function()
+    session, server = serving(300 * 1024, 100 * 1024)
+    local dst = temp_path()
+    files.write(dst, "the old contents")
+    local got, err = session:read_file_to("/out.bin", dst)
+    assert.is_nil(got)
+    assert.equal("SANDBOX_UNREACHABLE", err.code)
+    assert.equal("the old contents", files.read(dst))
+    local leftovers = core.listdir(dst:match("^(.*)/")) or {}
+    for _, name in ipairs(leftovers) do
+      assert.is_nil(name:find(dst:match("[^/]+$") .. ".sandkit-", 1, true), "no partial file is left")
+    end
+    os.remove(dst)
+  end)
+
+  it("into a writer hands it every byte in order", function()
+    session, server = serving(150 * 1024)
+    local parts = {}
+    assert(session:read_file_to("/x", function(bytes) parts[#parts + 1] = bytes end))
+    assert.equal(files.pattern(150 * 1024), table.concat(parts))
+  end)
+
+  it("of 48 MiB leaves the reader's memory bounded", function()
+    session, server = serving(48 * 1024 * 1024)
+    local dst = temp_path()
+    local result, peak = run_measured(string.format([[
+      local sb = assert(require("sandkit").sandbox{ provider = "agent", url = %q, token = "t" })
+      local session = assert(sb:create{})
+      print(assert(session:read_file_to("/big", %q)))
+    ]], server.url, dst))
+    assert.equal(tostring(48 * 1024 * 1024), result)
+    assert.equal(files.checksum(files.pattern(48 * 1024 * 1024)), files.checksum(files.read(dst)))
+    os.remove(dst)
+    assert_peak(peak, 24, "read 48 MiB")
+  end)
+end)
+
+describe("files against an agent without rawFiles", function()
+  local root, session
+  before_each(function()
+    root = local_state.new()
+    session = assert(assert(sandkit.sandbox{ provider = "local", root = root }):create{ id = "plain" })
+  end)
+  after_each(function() local_state.clean(root) end)
+
+  it("still move whole, through the files API", function()
+    if session.conn and session.conn.features.rawFiles then return pending("this agent offers rawFiles") end
+    local src, dst = temp_path(), temp_path()
+    files.write(src, "small\0file")
+    assert.equal(10, assert(session:write_file_from("/small", src)))
+    assert.equal(10, assert(session:read_file_to("/small", dst)))
+    assert.equal("small\0file", files.read(dst))
+    os.remove(src)
+    os.remove(dst)
+  end)
+
+  it("over 32 MiB are refused, the error saying the agent lacks rawFiles", function()
+    local features = assert(session:exec({ "true" }, { timeout = 5 })) and session.conn.features
+    if features.rawFiles then return pending("this agent offers rawFiles") end
+    local big = string.rep("x", 32 * 1024 * 1024 + 1)
+    local sent, err = session:write_file_from("/big", function()
+      local chunk = big
+      big = nil
+      return chunk
+    end)
+    assert.is_nil(sent)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.matches("does not offer the rawFiles extension", err.message, 1, true)
+    assert.matches("32 MiB", err.message, 1, true)
+    assert(session:exec({ "sh", "-c", "head -c 33554433 /dev/zero > big" }, { timeout = 10 }))
+    local got, rerr = session:read_file_to("/big", function() end)
+    assert.is_nil(got)
+    assert.equal("REQUEST_INVALID", rerr.reason)
+    assert.matches("does not offer the rawFiles extension", rerr.message, 1, true)
+  end)
+end)
+
+describe("files of any size through the real sandkit-agent", function()
+  local root, session
+  before_each(function()
+    root = local_state.new()
+    session = assert(assert(sandkit.sandbox{ provider = "local", root = root }):create{ id = "raw" })
+    assert(session:exec({ "true" }, { timeout = 5 }))
+  end)
+  after_each(function() local_state.clean(root) end)
+
+  it("go in and out whole past 32 MiB, and a cut upload leaves the old file", function()
+    if not session.conn.features.rawFiles then return pending("waits for the agent's rawFiles extension") end
+    local size = 40 * 1024 * 1024
+    local data = files.pattern(size)
+    local src, dst = temp_path(), temp_path()
+    files.write(src, data)
+    assert.equal(size, assert(session:write_file_from("/in/big.bin", src)))
+    assert.equal(tostring(size) .. "\n", assert(session:exec({ "sh", "-c", "wc -c < in/big.bin" },
+      { timeout = 10 })).stdout)
+    assert.equal(size, assert(session:read_file_to("/in/big.bin", dst)))
+    assert.equal(files.checksum(data), files.checksum(files.read(dst)))
+    local sent, err = session:write_file_from("/in/big.bin", function() return nil, "the source broke" end)
+    assert.is_nil(sent)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.equal(size, assert(session:read_file_to("/in/big.bin", function() end)))
+    os.remove(src)
+    os.remove(dst)
+  end)
+end)
