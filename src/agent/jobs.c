@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/http.h>
 
 /* What one kept frame costs besides its bytes: its record, pointer and allocator overhead. */
 #define JOBS_FRAME_COST 64
@@ -124,7 +123,7 @@ static int reserve_slot(void)
 	return victim;
 }
 
-static void reply_job_id(struct evhttp_request *req, const char *id)
+static void reply_job_id(struct http_request *req, const char *id)
 {
 	struct evbuffer *b = evbuffer_new();
 	if (b == NULL || evbuffer_add(b, "{\"jobId\":", 9) < 0 || util_json_string(b, id, strlen(id)) < 0 ||
@@ -137,7 +136,7 @@ static void reply_job_id(struct evhttp_request *req, const char *id)
 	reply_json(req, 200, b);
 }
 
-void jobs_start(struct evhttp_request *req)
+void jobs_start(struct http_request *req)
 {
 	struct cmd_request r;
 	int rc = read_cmd_request(req, &r, "read the job request");
@@ -200,7 +199,8 @@ void jobs_start(struct evhttp_request *req)
 			      shown, why);
 		record(j, &failure);
 	} else {
-		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, JOBS_FRAME_COST };
+		/* Jobs keep the agent's cap whatever outputCap says: their output stays in its memory. */
+		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, JOBS_FRAME_COST, 0 };
 		j->cmd = command_start(&spec, &job_sink, j, &failure);
 		if (j->cmd == NULL)
 			record(j, &failure);
@@ -214,7 +214,7 @@ out:
 
 /* Reads {"jobId": "...", "sinceSeq": N|null} (poll) or {"jobId": "..."} (cancel). Answers the
  * request itself and returns NULL when the body is refused or the job is unknown. */
-static struct job *job_of(struct evhttp_request *req, int with_since, int *has_since,
+static struct job *job_of(struct http_request *req, int with_since, int *has_since,
 			  uint64_t *since)
 {
 	size_t len;
@@ -333,7 +333,7 @@ static int poll_body(struct evbuffer *b, const struct job *j, size_t from)
 	return evbuffer_add(b, "}", 1);
 }
 
-void jobs_poll(struct evhttp_request *req)
+void jobs_poll(struct http_request *req)
 {
 	int has_since;
 	uint64_t since = 0;
@@ -352,7 +352,7 @@ void jobs_poll(struct evhttp_request *req)
 	reply_json(req, 200, b);
 }
 
-void jobs_cancel(struct evhttp_request *req)
+void jobs_cancel(struct http_request *req)
 {
 	int has_since;
 	uint64_t since;
