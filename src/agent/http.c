@@ -205,12 +205,15 @@ int http_add_header(struct http_request *req, const char *name, const char *valu
 	return evbuffer_add_printf(req->headers, "%s: %s\r\n", name, value) < 0 ? -1 : 0;
 }
 
+static void settle_body(struct http_request *req);
+
 /* Status line and headers. length < 0: chunked; no Content-Length for 204. */
 static int write_head(struct http_request *req, int status, const char *content_type,
 		      int64_t length)
 {
 	struct conn *c = req->conn;
 	struct evbuffer *out = bufferevent_get_output(c->bev);
+	settle_body(req);
 	if (!req->head.keep_alive)
 		c->close_after = 1;
 	int r = evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, reason(status));
@@ -232,18 +235,24 @@ static int write_head(struct http_request *req, int status, const char *content_
 
 static void kick(struct conn *c);
 
+/* A reply before the body was read to its end: the next request's start is unknown, so the
+ * connection ends after this reply, unless what is left is short enough to drop. Decided
+ * before the head is written, which says so. */
+static void settle_body(struct http_request *req)
+{
+	if (req->body_done)
+		return;
+	if (!req->head.chunked && req->body_left <= DISCARD_MAX && !req->on_data)
+		req->conn->discard = req->body_left;
+	else
+		req->conn->close_after = 1;
+	req->body_done = 1;
+}
+
 static void finish(struct http_request *req)
 {
 	req->finished = 1;
-	/* With the body not read to its end, the next request's start is unknown: the connection
-	 * ends after this reply, unless what is left is short enough to drop. */
-	if (!req->body_done) {
-		if (!req->head.chunked && req->body_left <= DISCARD_MAX && !req->on_data)
-			req->conn->discard = req->body_left;
-		else
-			req->conn->close_after = 1;
-		req->body_done = 1;
-	}
+	settle_body(req);
 	kick(req->conn);
 }
 

@@ -384,12 +384,13 @@ int main(int argc, char **argv)
 	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
 	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
 		die("cannot watch SIGTERM and SIGINT");
-	announce(port);
+	/* Logged before the ready line, so whoever reads that line finds this one. */
 	log_info("serving %s on port %u, at most %u connections (%s%s%s)", agent.cfg.root_path,
 		 port, http_max_connections(),
 		 agent.cfg.no_auth ? "no auth" : "bearer token",
 		 agent.cfg.require_activation ? ", activation required" : "",
 		 agent.cfg.isolate_bwrap ? ", bwrap" : "");
+	announce(port);
 
 	event_base_dispatch(agent.base);
 
