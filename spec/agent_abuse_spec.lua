@@ -199,7 +199,6 @@ describe("sandkit-agent under abuse", function()
       -- exhaust them without the cap
       local A = assert(start_agent{ prefix = "prlimit --nofile=128:128" })
       finally(function() A:stop() end)
-      assert.truthy(read_file(A.log):find("at most 16 connections", 1, true))
       local cpu0 = cpu_seconds(A.pid)
       local idle = {}
       for i = 1, 150 do idle[i] = assert(raw.connect(A.port)) end
@@ -211,6 +210,7 @@ describe("sandkit-agent under abuse", function()
       local cpu = cpu_seconds(A.pid) - cpu0
       assert.is_true(cpu < 1, "the agent used " .. cpu .. " s of CPU")
       assert.are.equal(0, count_lines(read_file(A.log), "Too many open files"))
+      assert.truthy(read_file(A.log):find("at most 16 connections", 1, true))
       assert.are.equal(0, A:stop())
     end)
 

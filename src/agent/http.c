@@ -470,6 +470,10 @@ static int read_body(struct conn *c)
 	size_t avail = evbuffer_get_length(in);
 	if (req->mode == HTTP_BODY_STREAMED && req->on_data == NULL)
 		return 0; /* the handler has not asked for it yet */
+	if (!req->head.chunked && req->body_left == 0) {
+		body_complete(c);
+		return 1;
+	}
 	if (avail == 0)
 		return 0;
 	size_t take = avail < HTTP_BODY_PIECE ? avail : HTTP_BODY_PIECE;
@@ -571,13 +575,12 @@ static void admit(struct conn *c, size_t head_len)
 	}
 	req->handler = h;
 	req->mode = mode;
-	if (req->body_done) {
-		if (mode == HTTP_BODY_BUFFERED)
-			h(req);
-		else
-			refuse(req, 500, "AGENT_OPERATION_FAILED", "a streamed route without a body");
+	if (req->body_done && mode == HTTP_BODY_BUFFERED) {
+		h(req);
 		return;
 	}
+	/* A streamed handler hears of an empty body through end(1) like of any other. */
+	req->body_done = 0;
 	if (mode == HTTP_BODY_BUFFERED) {
 		uint64_t want = req->head.chunked ? 0 : req->body_left;
 		if (want > srv.cfg.body_max) {
