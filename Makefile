@@ -108,14 +108,22 @@ bench:
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
 
-# libFuzzer over the frame decoder (clang with its runtime, Debian's libclang-rt-14-dev).
+# libFuzzer (clang with its runtime, Debian's libclang-rt-14-dev) over every target
+# tools/fuzz/NAME_fuzz.c, each starting from its corpus tools/fuzz/corpus/NAME/. A target names
+# the sources it needs on a " * sources:" line of its header comment and libFuzzer options on a
+# " * options:" line, so adding one needs no change here. New inputs go to $(BUILD)/fuzz/corpus;
+# fold them into the repository's with: $(BUILD)/fuzz/NAME -merge=1 tools/fuzz/corpus/NAME $(BUILD)/fuzz/corpus/NAME
 FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= $(patsubst tools/fuzz/%_fuzz.c,%,$(wildcard tools/fuzz/*_fuzz.c))
+FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE
+fuzz_field = $(shell sed -n 's/^ \* $(2): //p' tools/fuzz/$(1)_fuzz.c)
 fuzz:
 	mkdir -p $(BUILD)/fuzz
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -o $(BUILD)/fuzz/frames_fuzz \
-	  tools/fuzz/frames_fuzz.c src/frames.c src/json.c src/base64.c
-	cp -r tools/fuzz/corpus $(BUILD)/fuzz/corpus
-	$(BUILD)/fuzz/frames_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)/fuzz/corpus
+	$(foreach t,$(FUZZ_TARGETS),\
+	  clang $(FUZZ_FLAGS) -o $(BUILD)/fuzz/$(t) tools/fuzz/$(t)_fuzz.c $(call fuzz_field,$(t),sources) && \
+	  mkdir -p $(BUILD)/fuzz/corpus/$(t) && \
+	  $(BUILD)/fuzz/$(t) -max_total_time=$(FUZZ_SECONDS) $(call fuzz_field,$(t),options) $(FUZZ_ARGS) \
+	    $(BUILD)/fuzz/corpus/$(t) tools/fuzz/corpus/$(t) &&) true
 
 lint:
 	luacheck --no-color lua spec bin examples bench
