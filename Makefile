@@ -6,6 +6,8 @@
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                runs examples/quickstart.lua against a local session
 #   make bench               runs the benchmarks in bench/
+#   make fuzz                runs every libFuzzer target in tools/fuzz/
+#   make abuse               attacks a real agent (tools/abuse/) and reports what it cost
 #   make install             PREFIX=/usr/local, DESTDIR honoured
 #   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers
 
@@ -54,7 +56,7 @@ AGENT_BIN := $(BUILD)/sandkit-agent
 
 LUA_FILES := $(shell find lua -name '*.lua' | sort)
 
-.PHONY: all deps test check check-asan demo bench fuzz install clean lint
+.PHONY: all deps test check check-asan demo bench fuzz abuse install clean lint
 
 all: $(CORE_SO) $(AGENT_BIN)
 
@@ -107,6 +109,14 @@ bench:
 	$(MAKE) all
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
+
+# The attacks of docs/agent.md against a real agent, with its memory, descriptors, CPU and the
+# latency of authorized execs meanwhile (tools/abuse/RESULTS.md). Not part of make check: it
+# takes about a minute and 2000 connections; the attacker needs descriptors for them.
+abuse: all
+	ulimit -n 8192 && SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_TEST_LUA=$(LUA) \
+	  LUA_PATH='./spec/?.lua;./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./$(MODDIR)/?.so;;' \
+	  $(LUA) tools/abuse/run.lua
 
 # libFuzzer (clang with its runtime, Debian's libclang-rt-14-dev) over every target
 # tools/fuzz/NAME_fuzz.c, each starting from its corpus tools/fuzz/corpus/NAME/. A target names

@@ -44,10 +44,6 @@
  * the refusal instead of a reset. Both bounds make the refusal cheap. */
 #define LINGER_MS 1000
 #define LINGER_MAX (1024 * 1024)
-/* Whole replies waiting for callers that do not read them, all connections together. A reply
- * that would cross it gets 503 AGENT_BUSY instead, unless nothing else is waiting (so a single
- * large reply always gets through). */
-#define OUTPUT_BUDGET ((uint64_t)32 * 1024 * 1024)
 /* Descriptors a connection may need at once: its socket, a command's two pipes and pidfd. */
 #define FDS_PER_CONNECTION 4
 /* Descriptors kept out of the connection budget: stdio, root, listener, event loop, signal
@@ -261,21 +257,6 @@ void http_reply(struct http_request *req, int status, const char *content_type,
 {
 	struct conn *c = req->conn;
 	size_t len = body ? evbuffer_get_length(body) : 0;
-	if (len > HTTP_OUTPUT_HIGH && srv.out_bytes > 0 && srv.out_bytes + len > OUTPUT_BUDGET) {
-		/* Replies nobody reads are what would fill the memory: this one waits its turn. */
-		evbuffer_free(body);
-		static const char busy[] = "AGENT_BUSY: replies waiting to be read exceed the agent's "
-					   "budget; retry";
-		body = evbuffer_new();
-		if (body)
-			evbuffer_add(body, busy, sizeof busy - 1);
-		status = 503;
-		content_type = "text/plain; charset=utf-8";
-		len = body ? evbuffer_get_length(body) : 0;
-		if (req->headers)
-			evbuffer_drain(req->headers, evbuffer_get_length(req->headers));
-		log_info("answered 503: %llu bytes of replies unread", (unsigned long long)srv.out_bytes);
-	}
 	if (write_head(req, status, body ? content_type : NULL, (int64_t)len) < 0 ||
 	    (body && req->head.method != HTTP_HEAD &&
 	     evbuffer_add_buffer(bufferevent_get_output(c->bev), body) < 0))

@@ -62,7 +62,9 @@ const char *http_request_body(struct http_request *req, size_t *len);
 /* Adds a header to the reply (before it starts). name and value are the agent's own text. */
 int http_add_header(struct http_request *req, const char *name, const char *value);
 
-/* A whole reply; body may be NULL (no body) and is consumed. The request is finished after. */
+/* A whole reply; body may be NULL (no body) and is consumed. The request is finished after.
+ * Only for small bodies (errors, JSON of a few KB): anything that can be large is streamed, so
+ * that no connection holds more than HTTP_OUTPUT_HIGH for a caller who does not read. */
 void http_reply(struct http_request *req, int status, const char *content_type,
 		struct evbuffer *body);
 
