@@ -91,8 +91,8 @@ void http_reply_watch(struct http_request *req, void (*drain)(void *ctx), void (
 /* Per connection: what a streaming producer queues before waiting for the caller. 256 KiB keeps
  * a loopback stream at full speed (the kernel's socket buffer holds far more) while a thousand
  * stalled readers cost 256 MiB at most. */
-#define HTTP_OUTPUT_HIGH (256 * 1024)
-#define HTTP_OUTPUT_LOW (64 * 1024)
+#define HTTP_OUTPUT_HIGH (128 * 1024)
+#define HTTP_OUTPUT_LOW (32 * 1024)
 
 /*
  * Takes the body of an HTTP_BODY_STREAMED request as it arrives, in pieces of at most
