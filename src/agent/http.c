@@ -256,6 +256,13 @@ void http_reply(struct http_request *req, int status, const char *content_type,
 		struct evbuffer *body)
 {
 	struct conn *c = req->conn;
+	if (req->finished || req->replying) {
+		/* A second answer to one request would be read as the answer to the next. */
+		log_info("a reply to an answered request was dropped (status %d)", status);
+		if (body)
+			evbuffer_free(body);
+		return;
+	}
 	size_t len = body ? evbuffer_get_length(body) : 0;
 	if (write_head(req, status, body ? content_type : NULL, (int64_t)len) < 0 ||
 	    (body && req->head.method != HTTP_HEAD &&
