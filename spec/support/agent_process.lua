@@ -148,7 +148,7 @@ local function start_agent(opts)
   local ready = cjson.decode(line)
   return setmetatable({
     dir = dir, root = root, token = token, token_file = token_file, log = log, pipe = pipe,
-    port = math.tointeger(ready.port), pid = math.tointeger(ready.pid), boot_id = ready.bootId,
+    port = math.floor(ready.port), pid = math.floor(ready.pid), boot_id = ready.bootId,
   }, Agent)
 end
 
