@@ -136,7 +136,7 @@ fuzz:
 	    $(BUILD)/fuzz/corpus/$(t) tools/fuzz/corpus/$(t) &&) true
 
 lint:
-	luacheck --no-color lua spec bin examples bench
+	luacheck --no-color lua spec bin examples bench tools
 
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)

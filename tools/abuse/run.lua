@@ -132,7 +132,7 @@ attacks[#attacks + 1] = { name = "unread replies: 60 reads of a 16 MiB file, 60 
     A:poll_until_done(started.jobId, 30)
     local poll = cjson.encode({ jobId = started.jobId })
     st.conns = {}
-    for i = 1, 60 do
+    for _ = 1, 60 do
       st.conns[#st.conns + 1] = open(auth_head("GET", "/v1/files?path=big"))
       st.conns[#st.conns + 1] = open(auth_head("POST", "/v1/jobs/poll",
         "Content-Length: " .. #poll .. "\r\n") .. poll)
