@@ -7,6 +7,8 @@
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                runs examples/quickstart.lua against a local session
 #   make bench               runs the benchmarks in bench/
+#   make fuzz                runs every libFuzzer target in tools/fuzz/
+#   make abuse               attacks a real agent (tools/abuse/) and reports what it cost
 #   make install             PREFIX=/usr/local, DESTDIR honoured
 #   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers
 
@@ -64,7 +66,7 @@ AGENT_BIN := $(BUILD)/sandkit-agent
 
 LUA_FILES := $(shell find lua -name '*.lua' | sort)
 
-.PHONY: all deps test check check-asan demo bench fuzz install clean lint rock
+.PHONY: all deps test check check-asan demo bench fuzz abuse install clean lint rock
 
 all: $(CORE_SO) $(AGENT_BIN)
 
@@ -118,17 +120,33 @@ bench:
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
 
-# libFuzzer over the frame decoder (clang with its runtime, Debian's libclang-rt-14-dev).
+# The attacks of docs/agent.md against a real agent, with its memory, descriptors, CPU and the
+# latency of authorized execs meanwhile (tools/abuse/RESULTS.md). Not part of make check: it
+# takes about a minute and 2000 connections; the attacker needs descriptors for them.
+abuse: all
+	ulimit -n 8192 && SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_TEST_LUA=$(LUA) \
+	  LUA_PATH='./spec/?.lua;./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./$(MODDIR)/?.so;;' \
+	  $(LUA) tools/abuse/run.lua
+
+# libFuzzer (clang with its runtime, Debian's libclang-rt-14-dev) over every target
+# tools/fuzz/NAME_fuzz.c, each starting from its corpus tools/fuzz/corpus/NAME/. A target names
+# the sources it needs on a " * sources:" line of its header comment and libFuzzer options on a
+# " * options:" line, so adding one needs no change here. New inputs go to $(BUILD)/fuzz/corpus;
+# fold them into the repository's with: $(BUILD)/fuzz/NAME -merge=1 tools/fuzz/corpus/NAME $(BUILD)/fuzz/corpus/NAME
 FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= $(patsubst tools/fuzz/%_fuzz.c,%,$(wildcard tools/fuzz/*_fuzz.c))
+FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE
+fuzz_field = $(shell sed -n 's/^ \* $(2): //p' tools/fuzz/$(1)_fuzz.c)
 fuzz:
 	mkdir -p $(BUILD)/fuzz
-	clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -o $(BUILD)/fuzz/frames_fuzz \
-	  tools/fuzz/frames_fuzz.c src/frames.c src/json.c src/base64.c
-	cp -r tools/fuzz/corpus $(BUILD)/fuzz/corpus
-	$(BUILD)/fuzz/frames_fuzz -max_total_time=$(FUZZ_SECONDS) -max_len=8192 $(BUILD)/fuzz/corpus
+	$(foreach t,$(FUZZ_TARGETS),\
+	  clang $(FUZZ_FLAGS) -o $(BUILD)/fuzz/$(t) tools/fuzz/$(t)_fuzz.c $(call fuzz_field,$(t),sources) && \
+	  mkdir -p $(BUILD)/fuzz/corpus/$(t) && \
+	  $(BUILD)/fuzz/$(t) -max_total_time=$(FUZZ_SECONDS) $(call fuzz_field,$(t),options) $(FUZZ_ARGS) \
+	    $(BUILD)/fuzz/corpus/$(t) tools/fuzz/corpus/$(t) &&) true
 
 lint:
-	luacheck --no-color lua spec bin examples bench
+	luacheck --no-color lua spec bin examples bench tools
 
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)

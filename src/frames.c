@@ -69,7 +69,8 @@ static int fail(sk_frames *d, enum sk_frames_failure why, const char *fmt, const
 /* Grows a buffer to at least need bytes, geometrically; the callers bound need by max_line. */
 static int reserve(void **buf, size_t *cap, size_t need)
 {
-	if (need <= *cap)
+	/* "<=" alone would leave an empty buffer NULL, and NULL + 0 is undefined behaviour. */
+	if (need <= *cap && *buf != NULL)
 		return 0;
 	size_t n = *cap ? *cap : 4096;
 	while (n < need)

@@ -186,7 +186,8 @@ static size_t put_utf8(char *dst, unsigned long cp)
 size_t sk_json_unescape(const sk_json_str *s, char *dst)
 {
 	if (!s->escaped) {
-		memcpy(dst, s->p, s->len);
+		if (s->len > 0) /* an empty span may have no pointer at all */
+			memcpy(dst, s->p, s->len);
 		return s->len;
 	}
 	const char *p = s->p, *end = s->p + s->len;

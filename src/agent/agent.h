@@ -9,7 +9,6 @@
 #include <stdint.h>
 
 struct event_base;
-struct evhttp;
 
 /* docs/protocol.md §5. */
 #define AGENT_PROTOCOL_VERSION 1
@@ -19,8 +18,9 @@ struct evhttp;
 #define AGENT_DEFAULT_OUTPUT_CAP (4u * 1024u * 1024u)
 /* File size, either direction. */
 #define AGENT_FILE_MAX ((size_t)32 * 1024 * 1024)
-/* Request body: the base64 of the largest file plus 4 KiB of JSON around it. */
-#define AGENT_BODY_MAX (AGENT_FILE_MAX / 3 * 4 + 4096)
+/* Request body: the base64 of the largest file plus 4 KiB of JSON around it (the encoding
+ * rounded up to whole 4-character groups, as the encoder writes it). */
+#define AGENT_BODY_MAX ((AGENT_FILE_MAX + 2) / 3 * 4 + 4096)
 /* Jobs, running and retained together. */
 #define AGENT_JOBS_MAX 16
 /* The bearer token: 32 random bytes in standard base64 with padding. */
@@ -44,12 +44,16 @@ struct agent_config {
 	const char *ready_file;     /* NULL when not asked */
 	int isolate_bwrap;
 	enum agent_log_level log_level;
+	unsigned max_connections;   /* before the descriptor limit lowers it (http.h) */
+	unsigned header_timeout_ms;
+	/* The descriptor limit the agent was started with; commands get it back, since the agent
+	 * raises its own soft limit to the hard one. */
+	unsigned long long nofile_soft;
 };
 
 struct agent {
 	struct agent_config cfg;
 	struct event_base *base;
-	struct evhttp *http;
 	char boot_id[AGENT_UUID_CHARS + 1];
 	int activated;
 };

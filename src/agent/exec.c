@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -363,6 +364,12 @@ static int child(void *arg)
 	 * handler of the agent's must never run here, in its memory. */
 	for (int s = 1; s < NSIG; s++)
 		signal(s, SIG_DFL);
+	/* The descriptor limit the agent was started with, not the one it raised for itself. */
+	struct rlimit nofile;
+	if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && agent.cfg.nofile_soft < nofile.rlim_cur) {
+		nofile.rlim_cur = (rlim_t)agent.cfg.nofile_soft;
+		setrlimit(RLIMIT_NOFILE, &nofile);
+	}
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
@@ -510,7 +517,7 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 	c->in[0].fd = out[0];
 	c->in[1].fd = err[0];
 	out[0] = err[0] = -1;
-	c->cap = agent.cfg.output_cap;
+	c->cap = spec->output_cap ? spec->output_cap : agent.cfg.output_cap;
 	c->frame_cost = spec->frame_cost;
 	c->timeout_ms = spec->timeout_ms;
 	if (c->pidfd < 0 || fcntl(c->in[0].fd, F_SETFL, O_NONBLOCK) < 0 ||

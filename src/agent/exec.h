@@ -45,6 +45,8 @@ struct command_spec {
 	/* Bytes charged against the output cap for each kept frame on top of its data: a job pays
 	 * its bookkeeping so that a million one-byte writes cannot outgrow the cap. */
 	size_t frame_cost;
+	/* Output kept per stream; 0: the agent's --output-cap (docs/protocol.md §6 outputCap). */
+	uint64_t output_cap;
 };
 
 /*

@@ -4,22 +4,23 @@
 #include "../base64.h"
 #include "../json.h"
 #include "agent.h"
+#include "http.h"
 #include "paths.h"
 #include "server.h"
 #include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/http.h>
 
 /* Answers a path_result that is not PATH_OK for the caller's path p. */
-static void reply_path(struct evhttp_request *req, enum path_result r, const char *p, size_t len,
+static void reply_path(struct http_request *req, enum path_result r, const char *p, size_t len,
 		       const char *operation, int missing_is_404)
 {
 	if (r == PATH_REFUSED) {
@@ -44,14 +45,14 @@ static void reply_path(struct evhttp_request *req, enum path_result r, const cha
 	}
 }
 
-static void reply_not_regular(struct evhttp_request *req, const char *p, size_t len)
+static void reply_not_regular(struct http_request *req, const char *p, size_t len)
 {
 	char shown[REPLY_SHOWN_PATH_MAX];
 	util_printable(p, len, shown, sizeof shown);
 	reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' is not a regular file", shown);
 }
 
-static void reply_too_large(struct evhttp_request *req, const char *p, size_t len)
+static void reply_too_large(struct http_request *req, const char *p, size_t len)
 {
 	char shown[REPLY_SHOWN_PATH_MAX];
 	util_printable(p, len, shown, sizeof shown);
@@ -59,171 +60,365 @@ static void reply_too_large(struct evhttp_request *req, const char *p, size_t le
 		    shown, AGENT_FILE_MAX);
 }
 
-/* The raw value of the query parameter "path", percent-decoded ('+' is a space, as in every
- * form-encoded query); NULL when absent. *len tells an embedded NUL apart. */
-static char *query_path(struct evhttp_request *req, size_t *len, int *oom)
-{
-	const char *q = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
-	*oom = 0;
-	if (q == NULL)
-		return NULL;
-	for (const char *p = q; *p;) {
-		size_t n = strcspn(p, "&");
-		if (n >= 5 && strncmp(p, "path=", 5) == 0) {
-			char *raw = strndup(p + 5, n - 5);
-			if (raw == NULL) {
-				*oom = 1;
-				return NULL;
-			}
-			char *v = evhttp_uridecode(raw, 1, len);
-			free(raw);
-			if (v == NULL)
-				*oom = 1;
-			return v;
-		}
-		p += n;
-		if (*p == '&')
-			p++;
-	}
-	return NULL;
-}
+/* Reads of a file are sent in pieces of this many bytes: a multiple of 3, so each piece
+ * encodes to base64 without padding, and small enough that a stalled caller holds little. */
+#define FILES_PIECE (48 * 1024)
 
-/* Reads fd to the end into a buffer of at most AGENT_FILE_MAX + 1 bytes; the extra byte is
- * how a file over the limit is seen, whatever its size claimed. */
-static int read_all(int fd, size_t hint, unsigned char **out, size_t *len)
+/*
+ * The caller's path of a file: normalized into rel (PATHS_MAX bytes). A trailing '/' names a
+ * directory, which a file path must not: refused rather than dropped, or "PUT newfile/"
+ * would make a file. Answers and returns NULL when refused.
+ */
+static const char *file_path(struct http_request *req, const char *p, size_t plen, char *rel)
 {
-	size_t cap = hint < AGENT_FILE_MAX ? hint + 1 : AGENT_FILE_MAX + 1, n = 0;
-	if (cap < 4096)
-		cap = 4096;
-	unsigned char *buf = malloc(cap);
-	if (buf == NULL)
-		return -1;
-	for (;;) {
-		if (n == cap) {
-			if (cap > AGENT_FILE_MAX)
-				break;
-			size_t ncap = cap * 2 > AGENT_FILE_MAX + 1 ? AGENT_FILE_MAX + 1 : cap * 2;
-			unsigned char *nb = realloc(buf, ncap);
-			if (nb == NULL) {
-				free(buf);
-				return -1;
-			}
-			buf = nb;
-			cap = ncap;
-		}
-		ssize_t r = read(fd, buf + n, cap - n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			int e = errno;
-			free(buf);
-			errno = e;
-			return -1;
-		}
-		if (r == 0)
-			break;
-		n += (size_t)r;
-	}
-	*out = buf;
-	*len = n;
-	return 0;
-}
-
-void files_get(struct evhttp_request *req)
-{
-	size_t plen;
-	int oom;
-	char *p = query_path(req, &plen, &oom);
-	if (p == NULL) {
-		if (oom)
-			reply_out_of_memory(req, "read a file");
-		else
-			reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the query needs a path");
-		return;
-	}
-	char rel[PATHS_MAX];
-	const char *why = paths_normalize(p, plen, rel);
-	int probe = -1, fd = -1;
-	unsigned char *data = NULL;
-	struct stat before, after;
+	const char *why = plen > 0 && p[plen - 1] == '/' ? "a file path must not end in '/'"
+							 : paths_normalize(p, plen, rel);
 	if (why) {
 		reply_path_refused(req, p, plen, why);
-		goto out;
+		return NULL;
 	}
-	/* Look before opening for reading: opening a device or FIFO can itself act or block. */
+	return rel;
+}
+
+/* The query's path; answers and returns NULL when it is missing or malformed. */
+static char *query_path(struct http_request *req, size_t *len)
+{
+	char *v;
+	switch (request_param(req, "path", &v, len)) {
+	case 0:
+		return v;
+	case -2:
+		reply_error(req, 400, "REQUEST_INVALID",
+			    "Request invalid: the path is not percent-encoded correctly");
+		return NULL;
+	case -3:
+		reply_out_of_memory(req, "read the request");
+		return NULL;
+	default:
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the query needs a path");
+		return NULL;
+	}
+}
+
+/*
+ * Opens the caller's file for reading: looks at it with O_PATH first (opening a device or
+ * FIFO can itself act or block), opens it O_NONBLOCK (a FIFO swapped in meanwhile cannot
+ * hang the open) and checks it is still the same regular file. Returns the descriptor and its
+ * size, or -1 after answering.
+ */
+static int open_for_read(struct http_request *req, const char *p, size_t plen, off_t *size)
+{
+	char rel[PATHS_MAX];
+	int probe = -1, fd = -1;
+	struct stat before, after;
+	if (file_path(req, p, plen, rel) == NULL)
+		return -1;
 	enum path_result r = paths_open(rel, O_PATH, 0, &probe);
 	if (r != PATH_OK) {
 		reply_path(req, r, p, plen, "read a file", 1);
-		goto out;
+		return -1;
 	}
 	if (fstat(probe, &before) < 0) {
 		reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
-		goto out;
+		goto fail;
 	}
 	if (!S_ISREG(before.st_mode)) {
 		reply_not_regular(req, p, plen);
-		goto out;
+		goto fail;
 	}
-	/* O_NONBLOCK: if a FIFO was swapped in meanwhile, the open cannot hang; the second look
-	 * below refuses it. */
 	r = paths_open(rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, &fd);
 	if (r != PATH_OK) {
 		reply_path(req, r, p, plen, "read a file", 1);
-		goto out;
+		goto fail;
 	}
 	if (fstat(fd, &after) < 0) {
 		reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
-		goto out;
+		goto fail;
 	}
 	if (!S_ISREG(after.st_mode) || after.st_ino != before.st_ino || after.st_dev != before.st_dev) {
 		reply_not_regular(req, p, plen);
-		goto out;
+		goto fail;
 	}
-	size_t n;
-	if (read_all(fd, (size_t)after.st_size, &data, &n) < 0) {
-		if (errno == ENOMEM)
-			reply_out_of_memory(req, "read a file");
-		else
-			reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
-		goto out;
-	}
-	if (n > AGENT_FILE_MAX) {
-		reply_too_large(req, p, plen);
-		goto out;
-	}
-	struct evbuffer *b = evbuffer_new();
-	struct evbuffer_iovec v;
-	size_t enc = SK_B64_ENCODED_LEN(n);
-	if (b == NULL || evbuffer_add(b, "{\"contentsBase64\":\"", 19) < 0 ||
-	    (enc > 0 && evbuffer_reserve_space(b, (ev_ssize_t)enc, &v, 1) < 1)) {
-		if (b)
-			evbuffer_free(b);
-		reply_out_of_memory(req, "read a file");
-		goto out;
-	}
-	if (enc > 0) {
-		sk_b64_encode(data, n, v.iov_base);
-		v.iov_len = enc;
-		evbuffer_commit_space(b, &v, 1);
-	}
-	if (evbuffer_add(b, "\"}", 2) < 0) {
-		evbuffer_free(b);
-		reply_out_of_memory(req, "read a file");
-		goto out;
-	}
-	reply_json(req, 200, b);
-out:
+	close(probe);
+	*size = after.st_size;
+	return fd;
+fail:
 	if (probe >= 0)
 		close(probe);
 	if (fd >= 0)
 		close(fd);
-	free(data);
+	return -1;
+}
+
+/* A file on its way to the caller, read a piece at a time as the caller takes them. */
+struct file_send {
+	struct http_request *req;
+	int fd;
+	uint64_t left;     /* file bytes still to send: the size when it was opened */
+	int base64;        /* GET /v1/files: inside {"contentsBase64":"..."} */
+};
+
+static void send_free(struct file_send *fs)
+{
+	close(fs->fd);
+	free(fs);
+}
+
+/* Appends one piece of at most FILES_PIECE bytes, base64-encoded or not. */
+static int send_piece(struct file_send *fs, const unsigned char *piece, size_t n)
+{
+	struct evbuffer *b = evbuffer_new();
+	int ok = b != NULL;
+	if (ok && fs->base64) {
+		struct evbuffer_iovec v;
+		size_t enc = SK_B64_ENCODED_LEN(n);
+		ok = evbuffer_reserve_space(b, (ev_ssize_t)enc, &v, 1) == 1;
+		if (ok) {
+			sk_b64_encode(piece, n, v.iov_base);
+			v.iov_len = enc;
+			ok = evbuffer_commit_space(b, &v, 1) == 0;
+		}
+	} else if (ok) {
+		ok = evbuffer_add(b, piece, n) == 0;
+	}
+	ok = ok && http_reply_chunk(fs->req, b) == 0;
+	if (b)
+		evbuffer_free(b);
+	return ok ? 0 : -1;
+}
+
+/* Sends pieces until the caller's queue is full or the file is sent (http.h drain callback). */
+static void pump(void *ctx)
+{
+	struct file_send *fs = ctx;
+	/* One piece at a time in a single-threaded loop: one buffer serves every transfer. */
+	static unsigned char piece[FILES_PIECE];
+	while (http_reply_queued(fs->req) < HTTP_OUTPUT_HIGH && fs->left > 0) {
+		size_t want = fs->left < FILES_PIECE ? (size_t)fs->left : FILES_PIECE, got = 0;
+		while (got < want) {
+			ssize_t r = read(fs->fd, piece + got, want - got);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				break;
+			got += (size_t)r;
+		}
+		if (got < want || send_piece(fs, piece, got) < 0) {
+			/* The file shrank or failed, or memory ran out, after the length was announced:
+			 * the body ends short and the connection closes, which no caller takes as whole. */
+			http_reply_end(fs->req);
+			send_free(fs);
+			return;
+		}
+		fs->left -= got;
+	}
+	if (fs->left > 0)
+		return;
+	if (fs->base64) {
+		struct evbuffer *b = evbuffer_new();
+		if (b && evbuffer_add(b, "\"}", 2) == 0)
+			http_reply_chunk(fs->req, b);
+		if (b)
+			evbuffer_free(b);
+	}
+	http_reply_end(fs->req);
+	send_free(fs);
+}
+
+static void send_gone(void *ctx)
+{
+	send_free(ctx);
+}
+
+/* GET /v1/files (base64 in JSON, at most AGENT_FILE_MAX) and GET /v1/files/raw (the bytes). The
+ * size when the file was opened is what is sent. */
+static void send_file(struct http_request *req, int base64)
+{
+	size_t plen;
+	char *p = query_path(req, &plen);
+	if (p == NULL)
+		return;
+	off_t size;
+	int fd = open_for_read(req, p, plen, &size);
+	if (fd >= 0 && base64 && (uint64_t)size > AGENT_FILE_MAX) {
+		reply_too_large(req, p, plen);
+		close(fd);
+		fd = -1;
+	}
 	free(p);
+	if (fd < 0)
+		return;
+	struct file_send *fs = calloc(1, sizeof *fs);
+	if (fs == NULL) {
+		close(fd);
+		reply_out_of_memory(req, "read a file");
+		return;
+	}
+	fs->req = req;
+	fs->fd = fd;
+	fs->left = (uint64_t)size;
+	fs->base64 = base64;
+	static const char open_json[] = "{\"contentsBase64\":\"";
+	int64_t length = base64 ? (int64_t)(sizeof open_json - 1 + SK_B64_ENCODED_LEN((size_t)size) + 2)
+				: (int64_t)size;
+	if (http_reply_start(req, 200, base64 ? "application/json" : "application/octet-stream",
+			     length) < 0) {
+		http_reply_end(req);
+		send_free(fs);
+		return;
+	}
+	if (base64) {
+		fs->base64 = 0; /* the JSON around the contents goes as it is */
+		int failed = send_piece(fs, (const unsigned char *)open_json, sizeof open_json - 1) < 0;
+		fs->base64 = 1;
+		if (failed) {
+			http_reply_end(req);
+			send_free(fs);
+			return;
+		}
+	}
+	http_reply_watch(req, pump, send_gone, fs);
+	pump(fs);
+}
+
+void files_get(struct http_request *req)
+{
+	send_file(req, 1);
+}
+
+void files_raw_get(struct http_request *req)
+{
+	send_file(req, 0);
+}
+
+/* A raw upload on its way into a temporary file beside the target. */
+struct file_recv {
+	struct http_request *req;
+	char *p;                  /* the caller's path, for errors */
+	size_t plen;
+	int dirfd, fd;
+	char last[PATHS_MAX];     /* the target's name in dirfd */
+	char tmp[64];             /* the temporary file's name in dirfd; "" once gone or renamed */
+};
+
+static void recv_free(struct file_recv *fr)
+{
+	if (fr->fd >= 0)
+		close(fr->fd);
+	if (fr->tmp[0])
+		unlinkat(fr->dirfd, fr->tmp, 0);
+	if (fr->dirfd >= 0)
+		close(fr->dirfd);
+	free(fr->p);
+	free(fr);
+}
+
+static int recv_data(void *ctx, const char *data, size_t n)
+{
+	struct file_recv *fr = ctx;
+	while (n > 0) {
+		ssize_t w = write(fr->fd, data, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			reply_path(fr->req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+			recv_free(fr);
+			return -1;
+		}
+		data += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+static void recv_end(void *ctx, int complete)
+{
+	struct file_recv *fr = ctx;
+	if (!complete) {
+		/* A cut upload never replaces the file: the temporary one goes. */
+		recv_free(fr);
+		return;
+	}
+	int fd = fr->fd;
+	fr->fd = -1;
+	if (close(fd) < 0 || renameat(fr->dirfd, fr->tmp, fr->dirfd, fr->last) < 0) {
+		if (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST)
+			reply_not_regular(fr->req, fr->p, fr->plen);
+		else
+			reply_path(fr->req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+		recv_free(fr);
+		return;
+	}
+	fr->tmp[0] = '\0';
+	reply_empty(fr->req, 204);
+	recv_free(fr);
+}
+
+/* PUT /v1/files/raw: the body goes to a temporary file beside the target, renamed over it
+ * once the whole body arrived. */
+void files_raw_put(struct http_request *req)
+{
+	struct file_recv *fr = calloc(1, sizeof *fr);
+	if (fr == NULL) {
+		reply_out_of_memory(req, "write a file");
+		return;
+	}
+	fr->req = req;
+	fr->dirfd = fr->fd = -1;
+	char rel[PATHS_MAX];
+	const char *last;
+	if ((fr->p = query_path(req, &fr->plen)) == NULL || file_path(req, fr->p, fr->plen, rel) == NULL)
+		goto fail;
+	enum path_result r = paths_walk(rel, 1, 1, &fr->dirfd, &last);
+	if (r != PATH_OK) {
+		reply_path(req, r, fr->p, fr->plen, "write a file", 0);
+		goto fail;
+	}
+	snprintf(fr->last, sizeof fr->last, "%s", last);
+	/* Only a regular file (or nothing) may be replaced; its permissions carry over. */
+	int probe;
+	struct stat st;
+	int keep_mode = 0;
+	r = paths_open_at(fr->dirfd, fr->last, O_PATH, 0, &probe);
+	if (r == PATH_OK) {
+		int ok = fstat(probe, &st) == 0 && S_ISREG(st.st_mode);
+		close(probe);
+		if (!ok) {
+			reply_not_regular(req, fr->p, fr->plen);
+			goto fail;
+		}
+		keep_mode = 1;
+	} else if (r != PATH_MISSING) {
+		reply_path(req, r, fr->p, fr->plen, "write a file", 0);
+		goto fail;
+	}
+	unsigned char rnd[8];
+	if (util_random(rnd, sizeof rnd) < 0) {
+		reply_path(req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+		goto fail;
+	}
+	snprintf(fr->tmp, sizeof fr->tmp, ".sandkit-upload-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0],
+		 rnd[1], rnd[2], rnd[3], rnd[4], rnd[5], rnd[6], rnd[7]);
+	/* Created 0666 less the umask, as PUT /v1/files creates; a replaced file keeps its mode. */
+	r = paths_open_at(fr->dirfd, fr->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOCTTY, 0666, &fr->fd);
+	if (r != PATH_OK) {
+		fr->tmp[0] = '\0';
+		reply_path(req, r, fr->p, fr->plen, "write a file", 0);
+		goto fail;
+	}
+	if (keep_mode && fchmod(fr->fd, st.st_mode & 07777) < 0) {
+		reply_path(req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+		goto fail;
+	}
+	http_body_stream(req, recv_data, recv_end, fr);
+	return;
+fail:
+	recv_free(fr);
 }
 
 /* Reads {"path": "...", "contentsBase64": "..."} (contents optional for mkdir). Returns 0, or
  * answers the request and returns -1. */
-static int read_body(struct evhttp_request *req, int want_contents, char **path, size_t *plen,
+static int read_body(struct http_request *req, int want_contents, char **path, size_t *plen,
 		     sk_json_str *contents, int *has_contents)
 {
 	size_t len;
@@ -287,7 +482,7 @@ static int read_body(struct evhttp_request *req, int want_contents, char **path,
 }
 
 /* Decodes contents; answers and returns NULL when they are not acceptable. */
-static unsigned char *decode_contents(struct evhttp_request *req, const sk_json_str *c,
+static unsigned char *decode_contents(struct http_request *req, const sk_json_str *c,
 				      const char *p, size_t plen, size_t *n)
 {
 	/* Beyond this many symbols the result would be over the limit whatever they are. */
@@ -329,7 +524,7 @@ static unsigned char *decode_contents(struct evhttp_request *req, const sk_json_
 	return data;
 }
 
-void files_put(struct evhttp_request *req)
+void files_put(struct http_request *req)
 {
 	char *p = NULL;
 	size_t plen, n = 0;
@@ -339,11 +534,9 @@ void files_put(struct evhttp_request *req)
 	if (read_body(req, 1, &p, &plen, &contents, &has_contents) < 0)
 		return;
 	char rel[PATHS_MAX];
-	const char *why = paths_normalize(p, plen, rel), *last;
-	if (why) {
-		reply_path_refused(req, p, plen, why);
+	const char *last;
+	if (file_path(req, p, plen, rel) == NULL)
 		goto out;
-	}
 	if ((data = decode_contents(req, &contents, p, plen, &n)) == NULL)
 		goto out;
 	enum path_result r = paths_walk(rel, 1, 1, &dirfd, &last);
@@ -405,7 +598,7 @@ out:
 	free(p);
 }
 
-void files_mkdir(struct evhttp_request *req)
+void files_mkdir(struct http_request *req)
 {
 	char *p = NULL;
 	size_t plen;

@@ -5,10 +5,14 @@
 #ifndef SANDKIT_AGENT_FILES_H
 #define SANDKIT_AGENT_FILES_H
 
-struct evhttp_request;
+struct http_request;
 
-void files_get(struct evhttp_request *req);
-void files_put(struct evhttp_request *req);
-void files_mkdir(struct evhttp_request *req);
+void files_get(struct http_request *req);
+/* GET/PUT /v1/files/raw (docs/protocol.md §6 rawFiles): the bytes themselves, streamed, with no
+ * size limit; a PUT lands in a temporary file renamed over the target once it is whole. */
+void files_raw_get(struct http_request *req);
+void files_raw_put(struct http_request *req);
+void files_put(struct http_request *req);
+void files_mkdir(struct http_request *req);
 
 #endif

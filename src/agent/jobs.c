@@ -4,6 +4,7 @@
 #include "../json.h"
 #include "agent.h"
 #include "exec.h"
+#include "http.h"
 #include "paths.h"
 #include "request.h"
 #include "server.h"
@@ -17,7 +18,6 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/http.h>
 
 /* What one kept frame costs besides its bytes: its record, pointer and allocator overhead. */
 #define JOBS_FRAME_COST 64
@@ -35,6 +35,7 @@ struct job {
 	struct command *cmd;      /* while running */
 	int finished;
 	int ending_returned;      /* a poll has returned the ending: the job may be evicted */
+	int readers;              /* polls whose answers are still being sent: not evicted */
 	struct outcome outcome;   /* the first outcome recorded wins */
 	struct job_frame **frames;
 	size_t nframes, cap_frames;
@@ -113,7 +114,7 @@ static int reserve_slot(void)
 	for (int i = 0; i < AGENT_JOBS_MAX; i++) {
 		if (jobs[i] == NULL)
 			return i;
-		if (jobs[i]->finished && jobs[i]->ending_returned &&
+		if (jobs[i]->finished && jobs[i]->ending_returned && jobs[i]->readers == 0 &&
 		    (victim < 0 || jobs[i]->order < jobs[victim]->order))
 			victim = i;
 	}
@@ -124,7 +125,7 @@ static int reserve_slot(void)
 	return victim;
 }
 
-static void reply_job_id(struct evhttp_request *req, const char *id)
+static void reply_job_id(struct http_request *req, const char *id)
 {
 	struct evbuffer *b = evbuffer_new();
 	if (b == NULL || evbuffer_add(b, "{\"jobId\":", 9) < 0 || util_json_string(b, id, strlen(id)) < 0 ||
@@ -137,7 +138,7 @@ static void reply_job_id(struct evhttp_request *req, const char *id)
 	reply_json(req, 200, b);
 }
 
-void jobs_start(struct evhttp_request *req)
+void jobs_start(struct http_request *req)
 {
 	struct cmd_request r;
 	int rc = read_cmd_request(req, &r, "read the job request");
@@ -200,7 +201,8 @@ void jobs_start(struct evhttp_request *req)
 			      shown, why);
 		record(j, &failure);
 	} else {
-		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, JOBS_FRAME_COST };
+		/* Jobs keep the agent's cap whatever outputCap says: their output stays in its memory. */
+		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, JOBS_FRAME_COST, 0 };
 		j->cmd = command_start(&spec, &job_sink, j, &failure);
 		if (j->cmd == NULL)
 			record(j, &failure);
@@ -214,7 +216,7 @@ out:
 
 /* Reads {"jobId": "...", "sinceSeq": N|null} (poll) or {"jobId": "..."} (cancel). Answers the
  * request itself and returns NULL when the body is refused or the job is unknown. */
-static struct job *job_of(struct evhttp_request *req, int with_since, int *has_since,
+static struct job *job_of(struct http_request *req, int with_since, int *has_since,
 			  uint64_t *since)
 {
 	size_t len;
@@ -304,27 +306,29 @@ static size_t first_after(const struct job *j, uint64_t since)
 	return lo;
 }
 
-static int poll_body(struct evbuffer *b, const struct job *j, size_t from)
+/* A poll's answer on its way to the caller: the frames there were when the poll came, encoded
+ * a few at a time as the caller takes them (http.h), so an unread poll holds little. */
+struct poll_send {
+	struct http_request *req;
+	struct job *job;          /* pinned: not evicted while its frames are being sent */
+	size_t start, next, end;  /* frames [next, end) still to send, from start */
+	int finished;             /* the ending as it was when the poll came */
+	struct outcome outcome;
+};
+
+static int poll_ending(struct evbuffer *b, const struct poll_send *ps)
 {
-	if (evbuffer_add_printf(b, "{\"running\":%s,\"frames\":[", j->finished ? "false" : "true") < 0)
-		return -1;
-	for (size_t i = from; i < j->nframes; i++) {
-		const struct job_frame *f = j->frames[i];
-		if ((i > from && evbuffer_add(b, ",", 1) < 0) ||
-		    frame_data(b, f->stream, f->seq, f->data, f->len) < 0)
-			return -1;
-	}
+	const struct outcome *o = &ps->outcome;
 	if (evbuffer_add(b, "]", 1) < 0)
 		return -1;
-	const struct outcome *o = &j->outcome;
-	if (j->finished && o->kind == OUTCOME_EXIT) {
+	if (ps->finished && o->kind == OUTCOME_EXIT) {
 		char sig[32] = "";
 		if (o->signal)
 			snprintf(sig, sizeof sig, ",\"signal\":%d", o->signal);
 		if (evbuffer_add_printf(b, ",\"exitCode\":%d,\"truncated\":%s%s", o->code,
 					o->truncated ? "true" : "false", sig) < 0)
 			return -1;
-	} else if (j->finished) {
+	} else if (ps->finished) {
 		if (evbuffer_add_printf(b, ",\"error\":{\"code\":\"%s\",\"message\":", o->error) < 0 ||
 		    util_json_string(b, o->message, strlen(o->message)) < 0 ||
 		    evbuffer_add(b, "}", 1) < 0)
@@ -333,26 +337,85 @@ static int poll_body(struct evbuffer *b, const struct job *j, size_t from)
 	return evbuffer_add(b, "}", 1);
 }
 
-void jobs_poll(struct evhttp_request *req)
+static void poll_free(struct poll_send *ps)
+{
+	ps->job->readers--;
+	free(ps);
+}
+
+/* Sends frames until the caller's queue is full, then the ending (http.h drain callback). */
+static void poll_pump(void *ctx)
+{
+	struct poll_send *ps = ctx;
+	const struct job *j = ps->job;
+	while (http_reply_queued(ps->req) < HTTP_OUTPUT_HIGH) {
+		struct evbuffer *b = evbuffer_new();
+		int ok = b != NULL;
+		int last = ps->next == ps->end;
+		if (ok && last) {
+			ok = poll_ending(b, ps) == 0;
+		} else if (ok) {
+			const struct job_frame *f = j->frames[ps->next];
+			ok = ps->next == ps->start || evbuffer_add(b, ",", 1) == 0;
+			ok = ok && frame_data(b, f->stream, f->seq, f->data, f->len) == 0;
+			ps->next++;
+		}
+		if (!ok || http_reply_chunk(ps->req, b) < 0 || last) {
+			/* Memory ran out mid-answer: the chunked body ends without its close, which no
+			 * caller can take for a whole answer. */
+			if (b)
+				evbuffer_free(b);
+			http_reply_end(ps->req);
+			poll_free(ps);
+			return;
+		}
+		evbuffer_free(b);
+	}
+}
+
+static void poll_gone(void *ctx)
+{
+	poll_free(ctx);
+}
+
+void jobs_poll(struct http_request *req)
 {
 	int has_since;
 	uint64_t since = 0;
 	struct job *j = job_of(req, 1, &has_since, &since);
 	if (j == NULL)
 		return;
+	struct poll_send *ps = calloc(1, sizeof *ps);
 	struct evbuffer *b = evbuffer_new();
-	if (b == NULL || poll_body(b, j, has_since ? first_after(j, since) : 0) < 0) {
+	if (ps == NULL || b == NULL ||
+	    evbuffer_add_printf(b, "{\"running\":%s,\"frames\":[", j->finished ? "false" : "true") < 0) {
+		free(ps);
 		if (b)
 			evbuffer_free(b);
 		reply_out_of_memory(req, "answer a job poll");
 		return;
 	}
+	ps->req = req;
+	ps->job = j;
+	ps->next = ps->start = has_since ? first_after(j, since) : 0;
+	ps->end = j->nframes;
+	ps->finished = j->finished;
+	ps->outcome = j->outcome;
+	j->readers++;
 	if (j->finished)
 		j->ending_returned = 1;
-	reply_json(req, 200, b);
+	if (http_reply_start(req, 200, "application/json", -1) < 0 || http_reply_chunk(req, b) < 0) {
+		evbuffer_free(b);
+		http_reply_end(req);
+		poll_free(ps);
+		return;
+	}
+	evbuffer_free(b);
+	http_reply_watch(req, poll_pump, poll_gone, ps);
+	poll_pump(ps);
 }
 
-void jobs_cancel(struct evhttp_request *req)
+void jobs_cancel(struct http_request *req)
 {
 	int has_since;
 	uint64_t since;

@@ -10,11 +10,11 @@
 #ifndef SANDKIT_AGENT_JOBS_H
 #define SANDKIT_AGENT_JOBS_H
 
-struct evhttp_request;
+struct http_request;
 
-void jobs_start(struct evhttp_request *req);
-void jobs_poll(struct evhttp_request *req);
-void jobs_cancel(struct evhttp_request *req);
+void jobs_start(struct http_request *req);
+void jobs_poll(struct http_request *req);
+void jobs_cancel(struct http_request *req);
 
 /* Agent shutdown: abandons every running job's command and frees every job. */
 void jobs_free_all(void);

@@ -9,6 +9,7 @@
 
 #include "../base64.h"
 #include "exec.h"
+#include "http.h"
 #include "isolate.h"
 #include "jobs.h"
 #include "log.h"
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -33,6 +35,11 @@
 #define TOKEN_FILE_MAX 4096
 /* The largest --output-cap: 16 jobs x 2 streams of it must still fit in a machine's memory. */
 #define OUTPUT_CAP_MAX (1ULL << 30)
+/* The largest --max-connections: past this the descriptor limit decides anyway. */
+#define MAX_CONNECTIONS_MAX 1000000
+/* --header-timeout bounds: a head needs some time; past ten minutes it is no deadline. */
+#define HEADER_TIMEOUT_MIN_MS 10
+#define HEADER_TIMEOUT_MAX_MS 600000
 /* Freed heap the agent keeps for reuse rather than hand back to the kernel (see main). */
 #define HEAP_KEEP (32 * 1024 * 1024)
 
@@ -55,6 +62,12 @@ static const char usage_text[] =
 	"                                                 authorizes; the agent checks nothing\n"
 	"  --output-cap BYTES     SANDKIT_AGENT_OUTPUT_CAP  output kept per stream per command\n"
 	"                                                 (default 4194304, at most 1073741824)\n"
+	"  --max-connections N    SANDKIT_AGENT_MAX_CONNECTIONS  connections served at once\n"
+	"                                                 (default 256; lowered to what the\n"
+	"                                                 descriptor limit allows)\n"
+	"  --header-timeout MS    SANDKIT_AGENT_HEADER_TIMEOUT  time for a request's line and\n"
+	"                                                 headers, from its first byte (default\n"
+	"                                                 10000)\n"
 	"  --require-activation   SANDKIT_AGENT_REQUIRE_ACTIVATION=1  answer 503 until the first\n"
 	"                                                 authorized POST /v1/activate\n"
 	"  --ready-fd N           SANDKIT_AGENT_READY_FD  after binding, write one line\n"
@@ -84,7 +97,7 @@ static void die(const char *fmt, ...)
 
 struct raw_options {
 	const char *root, *listen, *token_file, *no_auth, *output_cap, *require_activation;
-	const char *ready_fd, *ready_file, *isolate, *log;
+	const char *ready_fd, *ready_file, *isolate, *log, *max_connections, *header_timeout;
 };
 
 static int env_flag(const char *name, const char *v)
@@ -167,6 +180,7 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_OUTPUT_CAP"), getenv("SANDKIT_AGENT_REQUIRE_ACTIVATION"),
 		getenv("SANDKIT_AGENT_READY_FD"), getenv("SANDKIT_AGENT_READY_FILE"),
 		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"),
+		getenv("SANDKIT_AGENT_MAX_CONNECTIONS"), getenv("SANDKIT_AGENT_HEADER_TIMEOUT"),
 	};
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
@@ -182,6 +196,8 @@ static void configure(int argc, char **argv)
 		{ "ready-file", required_argument, NULL, 'F' },
 		{ "isolate", required_argument, NULL, 'i' },
 		{ "log", required_argument, NULL, 'L' },
+		{ "max-connections", required_argument, NULL, 'm' },
+		{ "header-timeout", required_argument, NULL, 'H' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -198,6 +214,8 @@ static void configure(int argc, char **argv)
 		case 'F': o.ready_file = optarg; break;
 		case 'i': o.isolate = optarg; break;
 		case 'L': o.log = optarg; break;
+		case 'm': o.max_connections = optarg; break;
+		case 'H': o.header_timeout = optarg; break;
 		case 'h': fputs(usage_text, stdout); exit(0);
 		default: fputs(usage_text, stderr); exit(2);
 		}
@@ -236,6 +254,16 @@ static void configure(int argc, char **argv)
 		read_token(o.token_file);
 	c->output_cap = o.output_cap ? parse_u64("--output-cap", o.output_cap, OUTPUT_CAP_MAX)
 				     : AGENT_DEFAULT_OUTPUT_CAP;
+	c->max_connections = o.max_connections
+		? (unsigned)parse_u64("--max-connections", o.max_connections, MAX_CONNECTIONS_MAX)
+		: HTTP_DEFAULT_MAX_CONNECTIONS;
+	if (c->max_connections == 0)
+		die("--max-connections must be at least 1");
+	c->header_timeout_ms = o.header_timeout
+		? (unsigned)parse_u64("--header-timeout", o.header_timeout, HEADER_TIMEOUT_MAX_MS)
+		: HTTP_DEFAULT_HEADER_TIMEOUT_MS;
+	if (c->header_timeout_ms < HEADER_TIMEOUT_MIN_MS)
+		die("--header-timeout must be at least %d ms", HEADER_TIMEOUT_MIN_MS);
 	c->require_activation = require_activation;
 	c->ready_fd = -1;
 	if (o.ready_fd) {
@@ -320,6 +348,16 @@ int main(int argc, char **argv)
 		if (isolate_probe(why, sizeof why) < 0)
 			die("%s", why);
 	}
+	/* Every connection and every command's pipes take descriptors; the soft limit is often a
+	 * fraction of the hard one, which the agent may take without asking. Commands get the
+	 * original back (exec.c). */
+	struct rlimit nofile;
+	if (getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+		agent.cfg.nofile_soft = nofile.rlim_cur;
+		nofile.rlim_cur = nofile.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &nofile) < 0)
+			log_info("cannot raise the descriptor limit: %s", strerror(errno));
+	}
 	/* A caller that vanishes must not kill the agent with SIGPIPE mid-write. */
 	signal(SIGPIPE, SIG_IGN);
 	/* Each output frame is a fresh 128 KiB buffer (libevent rounds the ~87 KB line up to a
@@ -346,11 +384,13 @@ int main(int argc, char **argv)
 	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
 	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
 		die("cannot watch SIGTERM and SIGINT");
-	announce(port);
-	log_info("serving %s on port %u (%s%s%s)", agent.cfg.root_path, port,
+	/* Logged before the ready line, so whoever reads that line finds this one. */
+	log_info("serving %s on port %u, at most %u connections (%s%s%s)", agent.cfg.root_path,
+		 port, http_max_connections(),
 		 agent.cfg.no_auth ? "no auth" : "bearer token",
 		 agent.cfg.require_activation ? ", activation required" : "",
 		 agent.cfg.isolate_bwrap ? ", bwrap" : "");
+	announce(port);
 
 	event_base_dispatch(agent.base);
 

@@ -220,7 +220,22 @@ static int read_job_id(sk_json *j, struct cmd_request *r)
 	return 0;
 }
 
-enum { F_COMMAND = 1, F_TIMEOUT = 2, F_DEADLINE = 4, F_CWD = 8, F_WORKDIR = 16, F_ENV = 32, F_JOB = 64 };
+static int read_output_cap(sk_json *j, struct cmd_request *r)
+{
+	if (sk_json_peek(j) == SK_JSON_NUMBER) {
+		sk_json saved = *j; /* a fraction, a sign or an overflow fails the reader: rewind */
+		if (sk_json_u64(j, &r->output_cap) == 0) {
+			r->has_output_cap = 1;
+			return 0;
+		}
+		*j = saved;
+	}
+	set_invalid(r, "outputCap must be a non-negative integer");
+	return sk_json_skip(j);
+}
+
+enum { F_COMMAND = 1, F_TIMEOUT = 2, F_DEADLINE = 4, F_CWD = 8, F_WORKDIR = 16, F_ENV = 32, F_JOB = 64,
+       F_CAP = 128 };
 
 int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 {
@@ -249,7 +264,8 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			: sk_json_str_is(&key, "cwd") ? F_CWD
 			: sk_json_str_is(&key, "workingDirectory") ? F_WORKDIR
 			: sk_json_str_is(&key, "env") ? F_ENV
-			: sk_json_str_is(&key, "jobId") ? F_JOB : 0;
+			: sk_json_str_is(&key, "jobId") ? F_JOB
+			: sk_json_str_is(&key, "outputCap") ? F_CAP : 0;
 		int step;
 		if (bit == 0 || (seen & bit)) {
 			/* Unknown members are skipped like any JSON reader would; a repeated one is
@@ -266,6 +282,7 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			case F_CWD: step = read_cwd(&j, r, &cwd_new, &cwd_new_len); break;
 			case F_WORKDIR: step = read_cwd(&j, r, &cwd_old, &cwd_old_len); break;
 			case F_ENV: step = read_env(&j, r, &env); break;
+			case F_CAP: step = read_output_cap(&j, r); break;
 			default: step = read_job_id(&j, r); break;
 			}
 		}

@@ -2,6 +2,7 @@
 #include "stream.h"
 
 #include "exec.h"
+#include "http.h"
 #include "paths.h"
 #include "request.h"
 #include "server.h"
@@ -12,31 +13,17 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
-#include <event2/http.h>
 
 /*
- * Frames that may wait in the connection's output buffer before the agent stops reading the
- * command's pipes (docs/protocol.md §3.3 "a bounded number"). A frame line is at most ~87.5 KB, so
- * a stalled reader costs at most ~1.4 MB here; past that the command blocks on its own full
- * pipe.
+ * Backpressure (docs/protocol.md §3.3 "a bounded number"): frames go to the connection until
+ * HTTP_OUTPUT_HIGH bytes wait for the caller; then the agent stops reading the command's pipes
+ * and the command blocks on its own full pipe, until the connection drains (http.h). A stalled
+ * reader costs at most that plus one frame line (~87.5 KB).
  */
-#define STREAM_FRAMES_IN_FLIGHT 16
-
 struct stream {
-	struct evhttp_request *req;
-	struct evhttp_connection *evcon;
+	struct http_request *req;
 	struct command *cmd;      /* NULL once the command ended or was abandoned */
-	unsigned in_flight;       /* frames queued since the output buffer was last empty */
 };
-
-static void end_reply(struct stream *s)
-{
-	evhttp_connection_set_closecb(s->evcon, NULL, NULL);
-	evhttp_connection_set_timeout(s->evcon, SERVER_IO_TIMEOUT_S);
-	evhttp_send_reply_end(s->req);
-	free(s);
-}
 
 /* Sends the terminal frame and ends the body. If even that cannot be allocated the body ends
  * without one, which every client reads as a transport failure — never as success. */
@@ -44,18 +31,17 @@ static void finish(struct stream *s, const struct outcome *o)
 {
 	struct evbuffer *b = evbuffer_new();
 	if (b && frame_terminal(b, o) == 0 && evbuffer_add(b, "\n", 1) == 0)
-		evhttp_send_reply_chunk(s->req, b);
+		http_reply_chunk(s->req, b);
 	if (b)
 		evbuffer_free(b);
-	end_reply(s);
+	http_reply_end(s->req);
+	free(s);
 }
 
-static void on_drained(struct evhttp_connection *evcon, void *arg)
+static void on_drained(void *arg)
 {
-	(void)evcon;
 	struct stream *s = arg;
-	s->in_flight = 0;
-	if (s->cmd)
+	if (s->cmd && http_reply_queued(s->req) < HTTP_OUTPUT_HIGH)
 		command_resume(s->cmd);
 }
 
@@ -63,7 +49,8 @@ static void on_frame(void *ctx, int stream, uint64_t seq, const unsigned char *d
 {
 	struct stream *s = ctx;
 	struct evbuffer *b = evbuffer_new();
-	if (b == NULL || frame_data(b, stream, seq, data, len) < 0 || evbuffer_add(b, "\n", 1) < 0) {
+	if (b == NULL || frame_data(b, stream, seq, data, len) < 0 || evbuffer_add(b, "\n", 1) < 0 ||
+	    http_reply_chunk(s->req, b) < 0) {
 		/* Dropping a frame silently would corrupt the stream: kill and say so instead. */
 		if (b)
 			evbuffer_free(b);
@@ -74,9 +61,8 @@ static void on_frame(void *ctx, int stream, uint64_t seq, const unsigned char *d
 		finish(s, &o);
 		return;
 	}
-	evhttp_send_reply_chunk_with_cb(s->req, b, on_drained, s);
 	evbuffer_free(b);
-	if (++s->in_flight >= STREAM_FRAMES_IN_FLIGHT)
+	if (http_reply_queued(s->req) >= HTTP_OUTPUT_HIGH)
 		command_pause(s->cmd);
 }
 
@@ -90,23 +76,19 @@ static void on_end(void *ctx, const struct outcome *o)
 static const struct command_sink stream_sink = { on_frame, on_end };
 
 /*
- * The caller went away mid-stream. evhttp reports it because it keeps reading the socket while
- * a reply is written (only to notice EOF), then detaches the unfinished request from the dying
- * connection and calls this. The command's group is killed even if it is silent.
+ * The caller went away mid-stream: the connection saw EOF or a reset (it keeps reading while
+ * the reply streams, holding at most one pipelined head). The command's group is killed even
+ * if it is silent.
  */
-static void on_close(struct evhttp_connection *evcon, void *arg)
+static void on_gone(void *arg)
 {
-	(void)evcon;
 	struct stream *s = arg;
 	if (s->cmd)
 		command_abandon(s->cmd);
-	/* A detached request is ours to free; one still attached (agent shutdown) is evhttp's. */
-	if (evhttp_request_get_connection(s->req) == NULL)
-		evhttp_request_free(s->req);
 	free(s);
 }
 
-void stream_exec(struct evhttp_request *req)
+void stream_exec(struct http_request *req)
 {
 	struct cmd_request r;
 	int rc = read_cmd_request(req, &r, "read the exec request");
@@ -134,18 +116,14 @@ void stream_exec(struct evhttp_request *req)
 		return;
 	}
 	s->req = req;
-	s->evcon = evhttp_request_get_connection(req);
-	if (evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-			      "application/x-ndjson") < 0) {
-		free(s);
+	if (http_reply_start(req, 200, "application/x-ndjson", -1) < 0) {
 		if (cwd_fd >= 0)
 			close(cwd_fd);
 		cmd_request_free(&r);
-		reply_out_of_memory(req, "start the exec stream");
+		http_reply_end(req);
+		free(s);
 		return;
 	}
-	evhttp_send_reply_start(req, 200, "OK");
-	bufferevent_set_timeouts(evhttp_connection_get_bufferevent(s->evcon), NULL, NULL);
 
 	/* From here every failure is a frame (docs/protocol.md §3.3). */
 	struct outcome early;
@@ -159,10 +137,12 @@ void stream_exec(struct evhttp_request *req)
 			      shown, why);
 		finish(s, &early);
 	} else {
-		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, 0 };
+		/* outputCap 0 asks for no cap at all. */
+		uint64_t cap = !r.has_output_cap ? 0 : r.output_cap ? r.output_cap : UINT64_MAX;
+		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, 0, cap };
 		s->cmd = command_start(&spec, &stream_sink, s, &early);
 		if (s->cmd)
-			evhttp_connection_set_closecb(s->evcon, on_close, s);
+			http_reply_watch(req, on_drained, on_gone, s);
 		else
 			finish(s, &early);
 	}

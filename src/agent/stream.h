@@ -5,8 +5,8 @@
 #ifndef SANDKIT_AGENT_STREAM_H
 #define SANDKIT_AGENT_STREAM_H
 
-struct evhttp_request;
+struct http_request;
 
-void stream_exec(struct evhttp_request *req);
+void stream_exec(struct http_request *req);
 
 #endif

@@ -1,6 +1,8 @@
 /*
  * frames_fuzz.c — libFuzzer target for the frame decoder and the JSON reader under it.
- *   make fuzz FUZZ_SECONDS=60
+ *   make fuzz FUZZ_TARGETS=frames
+ * sources: src/frames.c src/json.c src/base64.c
+ * options: -max_len=8192
  *
  * The input's first byte picks a chunk size, so frames arrive split at every possible place;
  * the rest is fed as the body. Checked on top of the sanitizers: the decoder never hands back

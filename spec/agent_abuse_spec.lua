@@ -1,0 +1,381 @@
+-- The real sandkit-agent under abuse: what a caller without a credential, or a caller that
+-- misbehaves, can make it hold or do (docs/agent.md "Limits" and "Architecture"). Each case
+-- crosses one bound and checks the agent stayed within it, read from /proc: memory (VmRSS),
+-- CPU time, descriptors, its log. Counts are kept small (2 cores, a few seconds each); the
+-- descriptor cases lower RLIMIT_NOFILE for the agent under test with prlimit instead of
+-- opening thousands of connections. tools/abuse/ runs the same attacks at full size.
+
+local files = require "support.files"
+local raw = require "support.raw_http"
+local agent_process = require "support.agent_process"
+local cjson = require "cjson"
+local socket = require "socket"
+local core = require "sandkit.core"
+
+local read_file, write_file = files.read, files.write
+local start_agent, within, pid_alive = agent_process.start_agent, agent_process.within,
+  agent_process.pid_alive
+local vm_rss_kb, check_stream, b64 = agent_process.vm_rss_kb, agent_process.check_stream, agent_process.b64
+local first_line_pid, unb64, exists = agent_process.first_line_pid, agent_process.unb64, agent_process.exists
+
+-- CPU seconds the process has used (user + system), from /proc/<pid>/stat.
+local function cpu_seconds(pid)
+  local stat = read_file("/proc/" .. pid .. "/stat")
+  local rest = stat:match("^%d+ %b() (.*)$")
+  local fields = {}
+  for f in rest:gmatch("%S+") do fields[#fields + 1] = f end
+  -- fields[1] is the state (field 3); utime and stime are fields 14 and 15, in clock ticks
+  return (tonumber(fields[12]) + tonumber(fields[13])) / 100
+end
+
+local function count_lines(text, needle)
+  local n = 0
+  for line in (text or ""):gmatch("[^\n]*") do
+    if line:find(needle, 1, true) then n = n + 1 end
+  end
+  return n
+end
+
+-- Opens a connection and sends a head (and optionally the start of a body) without reading.
+local function send_head(A, method, path, headers, body)
+  local c = assert(raw.connect(A.port))
+  local lines = { method .. " " .. path .. " HTTP/1.1", "Host: 127.0.0.1" }
+  for k, v in pairs(headers) do lines[#lines + 1] = k .. ": " .. v end
+  assert(c:send(table.concat(lines, "\r\n") .. "\r\n\r\n" .. (body or "")))
+  return c
+end
+
+-- Writes up to total bytes of junk in pieces, giving up on the first error or stall; returns
+-- how much the kernel took.
+local function push(c, total, piece)
+  piece = piece or string.rep("x", 65536)
+  c:settimeout(0.2)
+  local sent = 0
+  while sent < total do
+    local last, err, partial = c.sock:send(piece)
+    local n = last or partial or 0
+    sent = sent + n
+    if not last then
+      if err ~= "timeout" then break end
+      if n == 0 then break end
+    end
+  end
+  return sent
+end
+
+local function exec_ok(A)
+  local t0 = socket.gettime()
+  local res = assert(raw.request(A.port, "POST", "/v1/exec", { headers = A:auth(), timeout = 5,
+    body = cjson.encode({ command = { "echo", "served" }, timeoutMs = 5000 }) }))
+  assert.are.equal(200, res.status)
+  local frames = agent_process.decode_lines(res.body)
+  local last, out = check_stream(frames)
+  assert.are.equal(0, last.code)
+  assert.are.equal("served\n", out)
+  return socket.gettime() - t0
+end
+
+describe("sandkit-agent under abuse", function()
+  describe("a request without a valid credential", function()
+    local A
+    setup(function() A = assert(start_agent()) end)
+    teardown(function() assert.are.equal(0, A:stop()) end)
+
+    it("is refused after its head, before any of its body is read", function()
+      for _, headers in ipairs({ {}, { Authorization = "Bearer " .. agent_process.new_token() } }) do
+        headers["Content-Length"] = "44743000"
+        local c = send_head(A, "PUT", "/v1/files", headers)
+        c:settimeout(3)
+        local status, h = c:read_head()
+        c:close()
+        assert.are.equal(headers.Authorization and 403 or 401, status)
+        -- the body was never going to be read, so the connection ends with the refusal
+        assert.are.equal("close", h.connection)
+      end
+    end)
+
+    it("is never invited to send its body", function()
+      local c = send_head(A, "PUT", "/v1/files", { ["Content-Length"] = "1000", Expect = "100-continue" })
+      c:settimeout(3)
+      assert.are.equal(401, (c:read_head()))
+      c:close()
+    end)
+
+    it("costs the agent no memory for the bodies it sends", function()
+      local before = vm_rss_kb(A.pid)
+      local conns = {}
+      for i = 1, 10 do
+        conns[i] = send_head(A, "PUT", "/v1/files", { ["Content-Length"] = "44743000" })
+      end
+      local sent = 0
+      for _, c in ipairs(conns) do sent = sent + push(c, 4 * 1024 * 1024) end
+      for _, c in ipairs(conns) do c:close() end
+      local grown = vm_rss_kb(A.pid) - before
+      if not agent_process.SANITIZED then
+        assert.is_true(grown < 8 * 1024, "agent RSS grew by " .. grown .. " kB after " .. sent .. " bytes")
+      end
+      -- and the agent still answers
+      assert.are.equal(200, A:req("GET", "/v1/health", nil, false).status)
+    end)
+
+    it("leaves authorized requests served while it is refused", function()
+      local conns = {}
+      for i = 1, 20 do conns[i] = send_head(A, "PUT", "/v1/files", { ["Content-Length"] = "44743000" }) end
+      assert.is_true(exec_ok(A) < 2)
+      for _, c in ipairs(conns) do c:close() end
+    end)
+  end)
+
+  describe("request bodies in flight", function()
+    it("are bounded in total: past two of the largest, a request is answered 503 before its body", function()
+      local A = assert(start_agent())
+      finally(function() A:stop() end)
+      local limit = 44743340
+      local held = {}
+      for i = 1, 2 do
+        held[i] = send_head(A, "PUT", "/v1/files", { Authorization = "Bearer " .. A.token,
+          ["Content-Length"] = tostring(limit), Expect = "100-continue" })
+        held[i]:settimeout(3)
+        assert.are.equal(100, (held[i]:read_head()))
+      end
+      local c = send_head(A, "PUT", "/v1/files", { Authorization = "Bearer " .. A.token,
+        ["Content-Length"] = tostring(limit) })
+      c:settimeout(3)
+      local status = c:read_head()
+      assert.are.equal(503, status)
+      assert.matches("^AGENT_BUSY: ", c:read_body())
+      c:close()
+      held[1]:close()
+      -- a reservation is returned when its connection ends
+      assert.is_true(within(3, function()
+        local d = send_head(A, "PUT", "/v1/files", { Authorization = "Bearer " .. A.token,
+          ["Content-Length"] = tostring(limit), Expect = "100-continue" })
+        d:settimeout(3)
+        local s = d:read_head()
+        d:close()
+        return s == 100
+      end))
+      held[2]:close()
+      assert.are.equal(0, A:stop())
+    end)
+  end)
+
+  describe("connections and descriptors", function()
+    it("closes a connection whose head does not arrive whole within the header timeout", function()
+      local A = assert(start_agent{ args = { "--header-timeout", "500" } })
+      finally(function() A:stop() end)
+      local c = assert(raw.connect(A.port))
+      local t0 = socket.gettime()
+      local request = "GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: " .. string.rep("a", 100)
+      local closed_at
+      -- one byte every 50 ms: always inside any idle timeout, never a whole head
+      for i = 1, #request do
+        local ok = c:send(request:sub(i, i))
+        if not ok then closed_at = socket.gettime() break end
+        c:settimeout(0.05)
+        local data, err = c.sock:receive(1)
+        if data or err == "closed" then closed_at = socket.gettime() break end
+      end
+      c:close()
+      assert.truthy(closed_at, "the connection outlived a head sent a byte at a time")
+      local held = closed_at - t0
+      assert.is_true(held >= 0.4 and held < 2, "held " .. held .. " s")
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("raises its descriptor limit to the hard one and gives commands the original", function()
+      local A = assert(start_agent{ prefix = "prlimit --nofile=256:4096" })
+      finally(function() A:stop() end)
+      local limits = read_file("/proc/" .. A.pid .. "/limits")
+      local soft, hard = limits:match("Max open files%s+(%d+)%s+(%d+)")
+      assert.are.equal("4096", soft)
+      assert.are.equal("4096", hard)
+      local _, frames = A:exec({ command = { "sh", "-c", "ulimit -n" }, timeoutMs = 5000 })
+      local _, out = check_stream(frames)
+      assert.are.equal("256\n", out)
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("caps connections, evicting idle ones, and keeps serving authorized requests", function()
+      -- 128 descriptors leave room for 16 connections (docs/agent.md); 150 idle callers would
+      -- exhaust them without the cap
+      local A = assert(start_agent{ prefix = "prlimit --nofile=128:128" })
+      finally(function() A:stop() end)
+      local cpu0 = cpu_seconds(A.pid)
+      local idle = {}
+      for i = 1, 150 do idle[i] = assert(raw.connect(A.port)) end
+      local latency = exec_ok(A)
+      assert.is_true(latency < 2, "an authorized exec took " .. latency .. " s")
+      local fds = #core.listdir("/proc/" .. A.pid .. "/fd")
+      assert.is_true(fds <= 128, fds .. " descriptors")
+      for _, c in ipairs(idle) do c:close() end
+      local cpu = cpu_seconds(A.pid) - cpu0
+      assert.is_true(cpu < 1, "the agent used " .. cpu .. " s of CPU")
+      assert.are.equal(0, count_lines(read_file(A.log), "Too many open files"))
+      assert.truthy(read_file(A.log):find("at most 16 connections", 1, true))
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("backs off accept() when descriptors run out, logging it at most once per interval", function()
+      local A = assert(start_agent())
+      finally(function() A:stop() end)
+      -- Room for eight jobs of three descriptors each and the connection that starts them:
+      -- after the eighth, nothing is left for accept().
+      local in_use = #core.listdir("/proc/" .. A.pid .. "/fd")
+      local limit = in_use + 8 * 3 + 1
+      assert(os.execute(string.format("prlimit --pid %d --nofile=%d:%d", A.pid, limit, limit)))
+      for i = 1, 8 do
+        local res = A:start_job({ command = { "sleep", "3" }, timeoutMs = 60000, jobId = "fd" .. i })
+        assert.are.equal(200, res.status)
+      end
+      local cpu0 = cpu_seconds(A.pid)
+      local conns = {}
+      for i = 1, 30 do conns[i] = raw.connect(A.port, nil, 1) end
+      socket.sleep(1) -- the interval measured: accept() fails throughout it
+      local cpu = cpu_seconds(A.pid) - cpu0
+      assert.is_true(cpu < 0.3, "the agent used " .. cpu .. " s of CPU in 1 s of failing accepts")
+      local lines = count_lines(read_file(A.log), "cannot accept connections")
+      assert.is_true(lines >= 1 and lines <= 2, lines .. " log lines")
+      for _, c in ipairs(conns) do c:close() end
+      -- once the jobs end, descriptors come back and commands run again
+      assert.is_true(within(10, function()
+        local res = raw.request(A.port, "POST", "/v1/exec", { headers = A:auth(), timeout = 1,
+          body = cjson.encode({ command = { "true" }, timeoutMs = 5000 }) })
+        return res and res.status == 200 and res.body:find('"t":"exit","code":0', 1, true) ~= nil
+      end))
+      assert.are.equal(0, A:stop())
+    end)
+  end)
+
+  describe("a caller that writes while its reply streams", function()
+    it("is not read into memory: past one pipelined head the connection ends and the command dies", function()
+      local A = assert(start_agent())
+      finally(function() A:stop() end)
+      local before = vm_rss_kb(A.pid)
+      local c = A:stream({ command = { "sh", "-c", "echo $$; exec sleep 1000" }, timeoutMs = 600000 })
+      local f = cjson.decode((assert(c:next_line())))
+      local pid = first_line_pid(unb64(f.data))
+      local sent = push(c, 16 * 1024 * 1024)
+      local grown = vm_rss_kb(A.pid) - before
+      assert.is_true(grown < 4 * 1024, "agent RSS grew by " .. grown .. " kB after " .. sent .. " bytes")
+      assert.is_true(within(5, function() return not pid_alive(pid) end), "the command outlived its caller")
+      c:close()
+      assert.are.equal(0, A:stop())
+    end)
+  end)
+
+  describe("replies nobody reads", function()
+    it("hold a bounded amount per connection for file reads", function()
+      local A = assert(start_agent())
+      finally(function() A:stop() end)
+      assert(os.execute("head -c 16777216 /dev/urandom > " .. files.shell_quote(A.root .. "/big")))
+      local before = vm_rss_kb(A.pid)
+      local conns = {}
+      for i = 1, 8 do
+        conns[i] = send_head(A, "GET", "/v1/files?path=big", { Authorization = "Bearer " .. A.token })
+      end
+      -- every request has been taken in once a later one on a fresh connection is answered
+      assert.are.equal(200, A:req("GET", "/v1/health", nil, false).status)
+      local grown = vm_rss_kb(A.pid) - before
+      assert.is_true(grown < 16 * 1024, "agent RSS grew by " .. grown .. " kB")
+      -- the replies are still whole for whoever reads them
+      local status = conns[1]:read_head()
+      assert.are.equal(200, status)
+      local body = cjson.decode(conns[1]:read_body())
+      assert.are.equal(read_file(A.root .. "/big"), unb64(body.contentsBase64))
+      for _, c in ipairs(conns) do c:close() end
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("hold a bounded amount per connection for job polls", function()
+      local A = assert(start_agent())
+      finally(function() A:stop() end)
+      local _, started = A:start_job({ command = { "sh", "-c",
+        "head -c 4194304 /dev/urandom; head -c 4194304 /dev/urandom >&2" }, timeoutMs = 60000 })
+      local _, frames = A:poll_until_done(started.jobId)
+      local before = vm_rss_kb(A.pid)
+      local conns = {}
+      local body = cjson.encode({ jobId = started.jobId })
+      for i = 1, 16 do
+        conns[i] = send_head(A, "POST", "/v1/jobs/poll", { Authorization = "Bearer " .. A.token,
+          ["Content-Length"] = tostring(#body) }, body)
+      end
+      assert.are.equal(200, A:req("GET", "/v1/health", nil, false).status)
+      local grown = vm_rss_kb(A.pid) - before
+      if not agent_process.SANITIZED then
+        assert.is_true(grown < 16 * 1024, "agent RSS grew by " .. grown .. " kB")
+      end
+      -- each answer is still whole for whoever reads it
+      assert.are.equal(200, (conns[16]:read_head()))
+      local page = cjson.decode(conns[16]:read_body())
+      assert.are.same(frames, page.frames)
+      assert.are.equal(0, page.exitCode)
+      for _, c in ipairs(conns) do c:close() end
+      assert.are.equal(0, A:stop())
+    end)
+  end)
+
+  describe("HTTP strictness", function()
+    local A
+    setup(function() A = assert(start_agent()) end)
+    teardown(function() assert.are.equal(0, A:stop()) end)
+
+    local function status_of(head_lines, body)
+      local c = assert(raw.connect(A.port))
+      assert(c:send(table.concat(head_lines, "\r\n") .. "\r\n\r\n" .. (body or "")))
+      c:settimeout(3)
+      local status = c:read_head()
+      c:close()
+      return status
+    end
+
+    it("refuses two different Content-Length values and Content-Length with Transfer-Encoding", function()
+      local auth = "Authorization: Bearer " .. A.token
+      local body = '{"path":"/cl"}'
+      assert.are.equal(400, status_of({ "POST /v1/mkdir HTTP/1.1", "Host: x", auth,
+        "Content-Length: " .. #body, "Content-Length: " .. (#body + 5) }, body))
+      assert.are.equal(400, status_of({ "POST /v1/mkdir HTTP/1.1", "Host: x", auth,
+        "Content-Length: " .. #body .. ", " .. (#body + 1) }, body))
+      assert.are.equal(400, status_of({ "POST /v1/mkdir HTTP/1.1", "Host: x", auth,
+        "Content-Length: " .. #body, "Transfer-Encoding: chunked" }, body))
+      assert.are.equal(501, status_of({ "POST /v1/mkdir HTTP/1.1", "Host: x", auth,
+        "Transfer-Encoding: gzip, chunked" }))
+      assert.is_false(exists(A.root .. "/cl"))
+      -- the same length twice is one length (RFC 9112 §6.3), and chunked alone is a body
+      assert.are.equal(204, status_of({ "POST /v1/mkdir HTTP/1.1", "Host: x", auth,
+        "Content-Length: " .. #body, "Content-Length: " .. #body }, body))
+      assert.are.equal(204, status_of({ "POST /v1/mkdir HTTP/1.1", "Host: x", auth,
+        "Transfer-Encoding: chunked" }, string.format("%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n",
+        5, body:sub(1, 5), #body - 5, body:sub(6))))
+    end)
+
+    it("refuses malformed heads with 400 and no side effect", function()
+      local auth = "Authorization: Bearer " .. A.token
+      local cases = {
+        { "POST /v1/mkdir HTTP/1.1", "Host: x", auth, "Content-Length : 2" },
+        { "POST /v1/mkdir HTTP/1.1", "Host: x", auth, " folded: x" },
+        { "POST http://x/v1/mkdir HTTP/1.1", "Host: x", auth },
+        { "POST /v1/mkdir HTTP/1.1", "Host: x", "Host: y", auth },
+        { "POST /v1/mkdir HTTP/1.1", "Host: x", auth, "Content-Length: -1" },
+      }
+      for i, lines in ipairs(cases) do
+        assert.are.equal(400, status_of(lines), "case " .. i)
+      end
+      assert.are.equal(505, status_of({ "GET /v1/health HTTP/2.0", "Host: x" }))
+      assert.are.equal(431, status_of({ "GET /v1/health HTTP/1.1", "X-Big: " .. string.rep("a", 17000) }))
+    end)
+
+    it("refuses a file path with a trailing slash instead of dropping it", function()
+      local res = A:req("PUT", "/v1/files", { path = "newfile/", contentsBase64 = b64("x") })
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      assert.is_false(exists(A.root .. "/newfile"))
+      write_file(A.root .. "/there", "x")
+      res = A:req("GET", "/v1/files?path=there/")
+      assert.are.equal(400, res.status)
+      assert.matches("^PATH_REFUSED: ", res.body)
+      -- a directory path for mkdir may end in '/'
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "made/" }).status)
+    end)
+  end)
+end)

@@ -1,0 +1,179 @@
+-- The agent extensions of docs/protocol.md §6 that sandkit-agent adds, against the real binary:
+-- outputCap on /v1/exec bodies, and rawFiles (GET/PUT /v1/files/raw: the bytes themselves,
+-- streamed, no size limit, bounded memory, atomic replacement on PUT).
+
+local files = require "support.files"
+local raw = require "support.raw_http"
+local agent_process = require "support.agent_process"
+
+local read_file, write_file, shell_quote = files.read, files.write, files.shell_quote
+local start_agent, within, exists = agent_process.start_agent, agent_process.within, agent_process.exists
+local check_stream, frames_data = agent_process.check_stream, agent_process.frames_data
+
+-- Peak resident memory of a process in kB (VmHWM): what a transfer cost at its worst.
+local function peak_rss_kb(pid)
+  return tonumber(read_file("/proc/" .. pid .. "/status"):match("VmHWM:%s*(%d+)"))
+end
+
+local function query(p)
+  return (p:gsub("[^%w%-_./]", function(ch) return string.format("%%%02X", ch:byte()) end))
+end
+
+describe("sandkit-agent extensions", function()
+  local A
+
+  setup(function()
+    A = assert(start_agent{ args = { "--output-cap", "100000" } })
+  end)
+
+  teardown(function()
+    assert.are.equal(0, A:stop())
+  end)
+
+  it("advertises outputCap and rawFiles in health", function()
+    local _, health = A:json("GET", "/v1/health", nil, false)
+    assert.are.same({ "jobIdempotency", "outputCap", "rawFiles" }, health.features)
+  end)
+
+  describe("outputCap", function()
+    local loud = { "sh", "-c", "head -c 300000 /dev/zero; echo done >&2" }
+
+    it("caps each stream of one exec at the bytes it asks for", function()
+      local _, frames = A:exec({ command = loud, timeoutMs = 20000, outputCap = 10 })
+      local last, out, err = check_stream(frames)
+      assert.are.equal(0, last.code)
+      assert.is_true(last.truncated)
+      assert.are.equal(10, #out)
+      assert.are.equal("done\n", err)
+    end)
+
+    it("keeps everything with 0 and the agent's cap when absent", function()
+      local _, frames = A:exec({ command = loud, timeoutMs = 20000, outputCap = 0 })
+      local last, out = check_stream(frames)
+      assert.is_false(last.truncated)
+      assert.are.equal(300000, #out)
+      _, frames = A:exec({ command = loud, timeoutMs = 20000 })
+      last, out = check_stream(frames)
+      assert.is_true(last.truncated)
+      assert.are.equal(100000, #out)
+    end)
+
+    it("refuses a cap that is not a non-negative integer with requestInvalid", function()
+      for _, cap in ipairs({ "-1", "1.5", '"10"', "true", "1e3" }) do
+        local body = '{"command":["touch","capped"],"timeoutMs":1000,"outputCap":' .. cap .. "}"
+        local res, frames = A:exec(body)
+        assert.are.equal(200, res.status, cap)
+        assert.are.equal(1, #frames, cap)
+        assert.are.equal("requestInvalid", frames[1].code, cap)
+      end
+      assert.is_false(exists(A.root .. "/capped"))
+    end)
+
+    it("leaves jobs at the agent's cap", function()
+      local _, started = A:start_job({ command = loud, timeoutMs = 20000, outputCap = 10 })
+      local page, frames = A:poll_until_done(started.jobId)
+      assert.is_true(page.truncated)
+      local kept = #frames_data(frames, "stdout")
+      assert.is_true(kept > 10 and kept <= 100000, "kept " .. kept)
+    end)
+  end)
+
+  describe("rawFiles", function()
+    it("round-trips bytes and answers with their length and type", function()
+      local contents = "raw\0\255bytes\n" .. string.rep("z", 100000)
+      local res = A:req("PUT", "/v1/files/raw?path=" .. query("/r/a b.bin"), contents)
+      assert.are.equal(204, res.status, res.body)
+      assert.are.equal(contents, read_file(A.root .. "/r/a b.bin"))
+      res = A:req("GET", "/v1/files/raw?path=" .. query("r/a b.bin"))
+      assert.are.equal(200, res.status)
+      assert.are.equal("application/octet-stream", res.headers["content-type"])
+      assert.are.equal(tostring(#contents), res.headers["content-length"])
+      assert.are.equal(contents, res.body)
+      -- an empty file is an empty body
+      assert.are.equal(204, A:req("PUT", "/v1/files/raw?path=empty", "").status)
+      assert.are.equal("", A:req("GET", "/v1/files/raw?path=empty").body)
+    end)
+
+    it("takes a chunked body and replaces a file keeping its mode", function()
+      write_file(A.root .. "/script.sh", "old")
+      assert(os.execute("chmod 0750 " .. shell_quote(A.root .. "/script.sh")))
+      local c = assert(raw.connect(A.port))
+      assert(c:send("PUT /v1/files/raw?path=script.sh HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        .. A.token .. "\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nnew\r\n4;ext=1\r\n, ok\r\n0\r\n\r\n"))
+      assert.are.equal(204, (c:read_head()))
+      c:close()
+      assert.are.equal("new, ok", read_file(A.root .. "/script.sh"))
+      local mode = agent_process.run("stat -c %a " .. shell_quote(A.root .. "/script.sh"))
+      assert.are.equal("750\n", mode)
+    end)
+
+    it("never replaces a file with a cut upload, and leaves no temporary file", function()
+      write_file(A.root .. "/keep.txt", "original")
+      local c = assert(raw.connect(A.port))
+      assert(c:send("PUT /v1/files/raw?path=keep.txt HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        .. A.token .. "\r\nContent-Length: 1000\r\n\r\n" .. string.rep("n", 500)))
+      -- the agent has taken the head once a request on another connection is answered
+      assert.are.equal(200, A:req("GET", "/v1/health", nil, false).status)
+      c:close(true)
+      assert.is_true(within(5, function()
+        return not agent_process.run("ls -A " .. shell_quote(A.root)):find(".sandkit-upload", 1, true)
+      end), "a temporary file stayed")
+      assert.are.equal("original", read_file(A.root .. "/keep.txt"))
+    end)
+
+    it("answers errors exactly as /v1/files does", function()
+      local res = A:req("GET", "/v1/files/raw?path=/missing")
+      assert.are.equal(404, res.status)
+      assert.matches("^PATH_NOT_FOUND: ", res.body)
+      assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/adir" }).status)
+      res = A:req("GET", "/v1/files/raw?path=adir")
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: .*not a regular file", res.body)
+      res = A:req("PUT", "/v1/files/raw?path=adir", "x")
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: .*not a regular file", res.body)
+      for _, p in ipairs({ "../out", "", "a/../b", "file/" }) do
+        res = A:req("PUT", "/v1/files/raw?path=" .. query(p), "x")
+        assert.are.equal(400, res.status, p)
+        assert.matches("^PATH_REFUSED: ", res.body)
+        res = A:req("GET", "/v1/files/raw?path=" .. query(p))
+        assert.are.equal(400, res.status, p)
+        assert.matches("^PATH_REFUSED: ", res.body)
+      end
+      res = A:req("GET", "/v1/files/raw")
+      assert.are.equal(400, res.status)
+      assert.matches("^REQUEST_INVALID: ", res.body)
+      assert.are.equal(401, A:req("PUT", "/v1/files/raw?path=unauth", "x", false).status)
+      assert.is_false(exists(A.root .. "/unauth"))
+    end)
+
+    it("moves 1 GiB each way with the agent's memory flat", function()
+      local size, piece = 1024 * 1024 * 1024, string.rep("0123456789abcdef", 65536)
+      local before = peak_rss_kb(A.pid)
+      local c = assert(raw.connect(A.port, nil, 60))
+      assert(c:send("PUT /v1/files/raw?path=huge HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        .. A.token .. "\r\nContent-Length: " .. size .. "\r\n\r\n"))
+      for _ = 1, size / #piece do assert(c:send(piece)) end
+      assert.are.equal(204, (c:read_head()))
+      c:close()
+      assert.are.equal(size, tonumber((agent_process.run("stat -c %s " .. shell_quote(A.root .. "/huge")))))
+      c = assert(raw.connect(A.port, nil, 60))
+      assert(c:request("GET", "/v1/files/raw?path=huge", A:auth()))
+      assert.are.equal(200, (c:read_head()))
+      assert.are.equal(tostring(size), c.headers["content-length"])
+      local got, same = 0, true
+      while got < size do
+        local chunk = assert(c.sock:receive(#piece))
+        same = same and chunk == piece
+        got = got + #chunk
+      end
+      c:close()
+      assert.is_true(same, "the bytes read back differ")
+      local grown = peak_rss_kb(A.pid) - before
+      if not agent_process.SANITIZED then
+        assert.is_true(grown < 16 * 1024, "the agent's peak RSS grew by " .. grown .. " kB")
+      end
+      os.remove(A.root .. "/huge")
+    end)
+  end)
+end)

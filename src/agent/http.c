@@ -1,0 +1,955 @@
+/* http.c — see http.h. */
+#include "http.h"
+
+#include "agent.h"
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/util.h>
+
+/* Keep-alive: a connection with no request in progress is closed after this long. Clients
+ * keep pooled connections about this long, and an idle one costs a socket and a few hundred
+ * bytes; the connection cap bounds how many there can be. */
+#define IDLE_TIMEOUT_S 60
+/* A buffered body (at most the body limit) must arrive whole within this long after its head:
+ * the largest one takes 120 s only below 0.4 MB/s. Only authorized requests get this far. */
+#define BODY_TIMEOUT_S 120
+/* A streamed body or a whole reply that makes no progress for this long is given up. */
+#define STALL_TIMEOUT_S 60
+/* Input held while a request is being answered: one pipelined head. More than that while the
+ * reply is still being produced is no client of this protocol (none pipelines), and reading
+ * it into memory is what an attacker wants; the connection is taken as gone instead. */
+#define PIPELINE_MAX HTTP_HEAD_MAX
+/* The bufferevent stops reading past this much unprocessed input. */
+#define INPUT_HIGH (256 * 1024)
+/* A refused request's body up to this size is read and dropped so the connection can carry the
+ * next request; a longer one closes the connection instead of costing the agent its transfer. */
+#define DISCARD_MAX (64 * 1024)
+/* After a refusal that closes the connection, the agent stops writing and reads (and drops)
+ * what the caller is still sending for this long or this many bytes, so that the caller reads
+ * the refusal instead of a reset. Both bounds make the refusal cheap. */
+#define LINGER_MS 1000
+#define LINGER_MAX (1024 * 1024)
+/* Descriptors a connection may need at once: its socket, a command's two pipes and pidfd. */
+#define FDS_PER_CONNECTION 4
+/* Descriptors kept out of the connection budget: stdio, root, listener, event loop, signal
+ * pipe, and what a request opens for a moment; jobs need three each on top. */
+#define FDS_RESERVED 16
+#define FDS_PER_JOB 3
+/* accept() failures (out of descriptors or memory): wait this long before trying again,
+ * doubling up to the maximum, and say so at most once per interval. */
+#define ACCEPT_BACKOFF_MIN_MS 50
+#define ACCEPT_BACKOFF_MAX_MS 1000
+#define ACCEPT_LOG_INTERVAL_S 10
+/* Connections accepted per wake-up, so a flood cannot starve the other events. */
+#define ACCEPT_BATCH 32
+
+enum conn_state {
+	C_IDLE,      /* waiting for the first byte of a request */
+	C_HEAD,      /* reading a head, against the header deadline */
+	C_BODY,      /* reading an admitted request's body */
+	C_BUSY,      /* the handler or its reply has the connection */
+	C_CLOSING,   /* the last reply written; draining what the caller still sends */
+};
+
+struct conn {
+	struct conn *prev, *next;
+	struct bufferevent *bev;
+	struct event *timer;
+	enum conn_state state;
+	uint64_t since_ms;       /* when the state was entered: the oldest idle is evicted first */
+	struct http_request *req;
+	int close_after;         /* close once the output is flushed */
+	uint64_t discard;        /* body bytes of a refused request still to drop */
+	size_t lingered;
+	size_t out_len;          /* this connection's share of the output counter */
+	int depth;               /* >0 while the connection's own callbacks run: no freeing then */
+	int dead;                /* closed while depth > 0; freed when it returns to 0 */
+};
+
+struct http_request {
+	struct conn *conn;
+	char *head_buf;
+	struct http_head head;
+	struct evbuffer *headers;    /* extra reply header lines */
+	enum http_body_mode mode;
+	http_handler handler;
+	/* the request body */
+	struct evbuffer *body;       /* buffered mode */
+	uint64_t body_left;          /* Content-Length bytes still to read */
+	uint64_t reserved;           /* charged against the in-flight body budget */
+	struct http_chunked ck;
+	int body_done;
+	int (*on_data)(void *, const char *, size_t);
+	void (*on_end)(void *, int);
+	void *body_ctx;
+	/* the reply */
+	int replying;                /* a streamed reply started */
+	int finished;                /* the reply was handed over in full */
+	int reply_chunked;
+	int64_t reply_left;          /* Content-Length bytes of a streamed reply still owed */
+	void (*drain)(void *);
+	void (*gone)(void *);
+	void *watch_ctx;
+};
+
+struct server {
+	struct http_config cfg;
+	evutil_socket_t fd;
+	struct event *accept_ev, *backoff_ev;
+	int backoff_ms;
+	time_t accept_logged;
+	unsigned long accept_failures;   /* since the last report */
+	struct conn *conns;
+	unsigned nconns, max_conns;
+	uint64_t body_bytes, body_budget;
+	uint64_t out_bytes;
+};
+
+static struct server srv = { .fd = -1 };
+
+static void process(struct conn *c);
+static void conn_close(struct conn *c);
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void set_state(struct conn *c, enum conn_state s)
+{
+	c->state = s;
+	c->since_ms = now_ms();
+}
+
+static void arm(struct conn *c, unsigned ms)
+{
+	struct timeval tv = { ms / 1000, (suseconds_t)(ms % 1000) * 1000 };
+	evtimer_add(c->timer, &tv);
+}
+
+static const char *reason(int status)
+{
+	switch (status) {
+	case 100: return "Continue";
+	case 200: return "OK";
+	case 204: return "No Content";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 408: return "Request Timeout";
+	case 413: return "Content Too Large";
+	case 417: return "Expectation Failed";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 503: return "Service Unavailable";
+	case 505: return "HTTP Version Not Supported";
+	default: return "Status";
+	}
+}
+
+/* ---- requests ---- */
+
+static void request_free(struct http_request *req)
+{
+	srv.body_bytes -= req->reserved;
+	if (req->body)
+		evbuffer_free(req->body);
+	if (req->headers)
+		evbuffer_free(req->headers);
+	free(req->head_buf);
+	free(req);
+}
+
+const struct http_head *http_request_head(const struct http_request *req)
+{
+	return &req->head;
+}
+
+const char *http_request_body(struct http_request *req, size_t *len)
+{
+	*len = req->body ? evbuffer_get_length(req->body) : 0;
+	if (*len == 0)
+		return "";
+	return (const char *)evbuffer_pullup(req->body, -1);
+}
+
+int http_add_header(struct http_request *req, const char *name, const char *value)
+{
+	if (req->headers == NULL && (req->headers = evbuffer_new()) == NULL)
+		return -1;
+	return evbuffer_add_printf(req->headers, "%s: %s\r\n", name, value) < 0 ? -1 : 0;
+}
+
+static void settle_body(struct http_request *req);
+
+/* Status line and headers. length < 0: chunked; no Content-Length for 204. */
+static int write_head(struct http_request *req, int status, const char *content_type,
+		      int64_t length)
+{
+	struct conn *c = req->conn;
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	settle_body(req);
+	if (!req->head.keep_alive)
+		c->close_after = 1;
+	int r = evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, reason(status));
+	if (r >= 0 && content_type)
+		r = evbuffer_add_printf(out, "Content-Type: %s\r\n", content_type);
+	if (r >= 0 && length < 0)
+		r = evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+	else if (r >= 0 && status != 204)
+		r = evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)length);
+	if (r >= 0 && req->headers)
+		r = evbuffer_add_buffer(out, req->headers);
+	/* The caller learns the connection ends with this reply; then it is ended. */
+	if (r >= 0 && c->close_after)
+		r = evbuffer_add(out, "Connection: close\r\n", 19);
+	if (r >= 0)
+		r = evbuffer_add(out, "\r\n", 2);
+	return r < 0 ? -1 : 0;
+}
+
+static void kick(struct conn *c);
+
+/* A reply before the body was read to its end: the next request's start is unknown, so the
+ * connection ends after this reply, unless what is left is short enough to drop. Decided
+ * before the head is written, which says so. */
+static void settle_body(struct http_request *req)
+{
+	if (req->body_done)
+		return;
+	if (!req->head.chunked && req->body_left <= DISCARD_MAX && !req->on_data)
+		req->conn->discard = req->body_left;
+	else
+		req->conn->close_after = 1;
+	req->body_done = 1;
+}
+
+static void finish(struct http_request *req)
+{
+	req->finished = 1;
+	settle_body(req);
+	kick(req->conn);
+}
+
+void http_reply(struct http_request *req, int status, const char *content_type,
+		struct evbuffer *body)
+{
+	struct conn *c = req->conn;
+	if (req->finished || req->replying) {
+		/* A second answer to one request would be read as the answer to the next. */
+		log_info("a reply to an answered request was dropped (status %d)", status);
+		if (body)
+			evbuffer_free(body);
+		return;
+	}
+	size_t len = body ? evbuffer_get_length(body) : 0;
+	if (write_head(req, status, body ? content_type : NULL, (int64_t)len) < 0 ||
+	    (body && req->head.method != HTTP_HEAD &&
+	     evbuffer_add_buffer(bufferevent_get_output(c->bev), body) < 0))
+		c->close_after = 1; /* a reply cut short must not be taken for a whole one */
+	if (body)
+		evbuffer_free(body);
+	struct timeval tv = { STALL_TIMEOUT_S, 0 };
+	bufferevent_set_timeouts(c->bev, NULL, &tv);
+	finish(req);
+}
+
+int http_reply_start(struct http_request *req, int status, const char *content_type,
+		     int64_t content_length)
+{
+	req->replying = 1;
+	req->reply_chunked = content_length < 0;
+	req->reply_left = content_length;
+	/* A slow reader is backpressure here, not a fault: the producer waits for it. */
+	bufferevent_set_timeouts(req->conn->bev, NULL, NULL);
+	if (write_head(req, status, content_type, content_length) < 0) {
+		req->conn->close_after = 1;
+		return -1;
+	}
+	return 0;
+}
+
+int http_reply_chunk(struct http_request *req, struct evbuffer *b)
+{
+	struct evbuffer *out = bufferevent_get_output(req->conn->bev);
+	size_t n = evbuffer_get_length(b);
+	if (n == 0)
+		return 0;
+	if (req->reply_chunked) {
+		if (evbuffer_add_printf(out, "%zx\r\n", n) < 0 || evbuffer_add_buffer(out, b) < 0 ||
+		    evbuffer_add(out, "\r\n", 2) < 0)
+			goto cut;
+		return 0;
+	}
+	if ((int64_t)n > req->reply_left || evbuffer_add_buffer(out, b) < 0)
+		goto cut;
+	req->reply_left -= (int64_t)n;
+	return 0;
+cut:
+	/* The body is now unusable; closing is the only honest end. */
+	req->conn->close_after = 1;
+	evbuffer_drain(b, evbuffer_get_length(b));
+	return -1;
+}
+
+void http_reply_end(struct http_request *req)
+{
+	struct conn *c = req->conn;
+	if (req->reply_chunked) {
+		if (evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5) < 0)
+			c->close_after = 1;
+	} else if (req->reply_left != 0) {
+		c->close_after = 1;
+	}
+	struct timeval tv = { STALL_TIMEOUT_S, 0 };
+	bufferevent_set_timeouts(c->bev, NULL, &tv);
+	req->drain = NULL;
+	req->gone = NULL;
+	finish(req);
+}
+
+size_t http_reply_queued(const struct http_request *req)
+{
+	return evbuffer_get_length(bufferevent_get_output(req->conn->bev));
+}
+
+void http_reply_watch(struct http_request *req, void (*drain)(void *), void (*gone)(void *),
+		      void *ctx)
+{
+	req->drain = drain;
+	req->gone = gone;
+	req->watch_ctx = ctx;
+}
+
+void http_body_stream(struct http_request *req, int (*data)(void *, const char *, size_t),
+		      void (*end)(void *, int), void *ctx)
+{
+	req->on_data = data;
+	req->on_end = end;
+	req->body_ctx = ctx;
+	kick(req->conn);
+}
+
+/* Plain refusals from the HTTP layer itself, before any handler: CODE: message. */
+static void refuse(struct http_request *req, int status, const char *code, const char *why)
+{
+	struct evbuffer *b = evbuffer_new();
+	if (b)
+		evbuffer_add_printf(b, "%s: %s", code, why);
+	log_debug("answered %d %s: %s", status, code, why);
+	http_reply(req, status, "text/plain; charset=utf-8", b);
+}
+
+/* ---- connections ---- */
+
+static void conn_free(struct conn *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		srv.conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	srv.nconns--;
+	srv.out_bytes -= c->out_len;
+	c->out_len = 0;
+	evbuffer_remove_cb(bufferevent_get_output(c->bev), NULL, NULL);
+	event_free(c->timer);
+	bufferevent_free(c->bev);
+	free(c);
+}
+
+/* Ends the connection; an unfinished request hears it first. Inside one of the connection's
+ * own callbacks it is only marked, and freed when the outermost one returns. */
+static void conn_close(struct conn *c)
+{
+	if (c->depth > 0) {
+		c->dead = 1;
+		return;
+	}
+	struct http_request *req = c->req;
+	c->req = NULL;
+	if (req) {
+		c->depth++;
+		if (!req->finished && req->on_end && !req->body_done) {
+			req->body_done = 1;
+			req->on_end(req->body_ctx, 0);
+		} else if (!req->finished && req->gone) {
+			req->gone(req->watch_ctx);
+		}
+		c->depth--;
+		request_free(req);
+	}
+	conn_free(c);
+}
+
+static void enter(struct conn *c)
+{
+	c->depth++;
+}
+
+/* Leaves a callback; frees the connection if it was closed meanwhile. */
+static void leave(struct conn *c)
+{
+	if (--c->depth == 0 && c->dead) {
+		c->dead = 0;
+		conn_close(c);
+	}
+}
+
+/* Runs the connection from outside its callbacks (a reply that ended, a body now wanted). */
+static void kick(struct conn *c)
+{
+	if (c->depth > 0)
+		return; /* the running loop sees the change */
+	enter(c);
+	process(c);
+	leave(c);
+}
+
+static void start_closing(struct conn *c)
+{
+	set_state(c, C_CLOSING);
+	shutdown(bufferevent_getfd(c->bev), SHUT_WR);
+	bufferevent_disable(c->bev, EV_WRITE);
+	c->lingered = 0;
+	arm(c, LINGER_MS);
+}
+
+/* The body is in (or there is none): the handler runs. */
+static void body_complete(struct conn *c)
+{
+	struct http_request *req = c->req;
+	req->body_done = 1;
+	evtimer_del(c->timer);
+	set_state(c, C_BUSY);
+	if (req->mode == HTTP_BODY_BUFFERED)
+		req->handler(req);
+	else
+		req->on_end(req->body_ctx, 1);
+}
+
+/* Moves the input the body wants. 1 when something changed, 0 when it waits for more. */
+static int read_body(struct conn *c)
+{
+	struct http_request *req = c->req;
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	size_t avail = evbuffer_get_length(in);
+	if (req->mode == HTTP_BODY_STREAMED && req->on_data == NULL)
+		return 0; /* the handler has not asked for it yet */
+	if (!req->head.chunked && req->body_left == 0) {
+		body_complete(c);
+		return 1;
+	}
+	if (avail == 0)
+		return 0;
+	size_t take = avail < HTTP_BODY_PIECE ? avail : HTTP_BODY_PIECE;
+	const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)take);
+	if (p == NULL) {
+		conn_close(c);
+		return 1;
+	}
+	size_t used, off = 0, n = 0;
+	int done;
+	if (req->head.chunked) {
+		int r = http_chunked_step(&req->ck, p, take, &used, &off, &n);
+		if (r == HTTP_CHUNKED_ERROR) {
+			evbuffer_drain(in, used);
+			if (req->mode == HTTP_BODY_STREAMED) {
+				conn_close(c); /* the handler hears it through end(0); no answer fits */
+				return 1;
+			}
+			req->body_done = 1;
+			c->close_after = 1;
+			refuse(req, 400, "REQUEST_INVALID", "Request invalid: the chunked body is malformed");
+			return 1;
+		}
+		if (r != HTTP_CHUNKED_DATA)
+			n = 0;
+		done = r == HTTP_CHUNKED_DONE;
+	} else {
+		n = take < req->body_left ? take : (size_t)req->body_left;
+		used = n;
+		req->body_left -= n;
+		done = req->body_left == 0;
+	}
+	if (req->mode == HTTP_BODY_BUFFERED) {
+		if (n > 0 && req->head.chunked) {
+			/* a chunked body is charged as it grows, against the same bounds */
+			uint64_t have = evbuffer_get_length(req->body) + n;
+			if (have > srv.cfg.body_max || srv.body_bytes + n > srv.body_budget) {
+				evbuffer_drain(in, used);
+				c->close_after = 1;
+				req->body_done = 1;
+				refuse(req, 413, "REQUEST_INVALID",
+				       "Request invalid: the body is over the agent's limit");
+				return 1;
+			}
+			srv.body_bytes += n;
+			req->reserved += n;
+		}
+		if (n > 0 && evbuffer_add(req->body, p + off, n) < 0) {
+			conn_close(c);
+			return 1;
+		}
+		evbuffer_drain(in, used);
+	} else {
+		int r = n > 0 ? req->on_data(req->body_ctx, p + off, n) : 0;
+		evbuffer_drain(in, used);
+		if (c->dead || r < 0 || req->finished)
+			return 1; /* the handler refused mid-body and answered */
+		arm(c, STALL_TIMEOUT_S * 1000);
+	}
+	if (done)
+		body_complete(c);
+	return 1;
+}
+
+/* A head is complete: parse it, ask on_head, then read the body or run the handler. */
+static void admit(struct conn *c, size_t head_len)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	struct http_request *req = calloc(1, sizeof *req);
+	if (req == NULL || (req->head_buf = malloc(head_len)) == NULL) {
+		free(req);
+		conn_close(c);
+		return;
+	}
+	req->conn = c;
+	evbuffer_remove(in, req->head_buf, head_len);
+	c->req = req;
+	evtimer_del(c->timer);
+	set_state(c, C_BUSY);
+	const char *why;
+	int status = http_parse_head(req->head_buf, head_len, &req->head, &why);
+	req->body_left = req->head.content_length;
+	req->body_done = !req->head.chunked && req->body_left == 0;
+	if (status != 0) {
+		/* The framing cannot be trusted: answer and end the connection. */
+		req->head.keep_alive = 0;
+		req->body_done = 1;
+		c->close_after = 1;
+		refuse(req, status, status == 505 ? "PROTOCOL_VERSION_MISMATCH" : "REQUEST_INVALID",
+		       why);
+		return;
+	}
+	enum http_body_mode mode = HTTP_BODY_BUFFERED;
+	http_handler h = srv.cfg.on_head(req, &mode);
+	if (h == NULL || c->dead) {
+		if (!req->finished && !c->dead)
+			refuse(req, 500, "AGENT_OPERATION_FAILED", "the request was not answered");
+		return;
+	}
+	req->handler = h;
+	req->mode = mode;
+	if (req->body_done && mode == HTTP_BODY_BUFFERED) {
+		h(req);
+		return;
+	}
+	/* A streamed handler hears of an empty body through end(1) like of any other. */
+	req->body_done = 0;
+	if (mode == HTTP_BODY_BUFFERED) {
+		uint64_t want = req->head.chunked ? 0 : req->body_left;
+		if (want > srv.cfg.body_max) {
+			refuse(req, 413, "REQUEST_INVALID", "Request invalid: the body is over the agent's limit");
+			return;
+		}
+		if (srv.body_bytes + want > srv.body_budget) {
+			refuse(req, 503, "AGENT_BUSY",
+			       "request bodies in flight exceed the agent's budget; retry");
+			return;
+		}
+		if ((req->body = evbuffer_new()) == NULL) {
+			refuse(req, 500, "AGENT_OPERATION_FAILED", "out of memory for the body");
+			return;
+		}
+		req->reserved = want;
+		srv.body_bytes += want;
+		arm(c, BODY_TIMEOUT_S * 1000);
+	} else {
+		arm(c, STALL_TIMEOUT_S * 1000);
+	}
+	/* Only an admitted request is invited to send its body. */
+	if (req->head.expect_continue)
+		evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	set_state(c, C_BODY);
+	if (mode == HTTP_BODY_STREAMED)
+		h(req);
+}
+
+/* One step from what is buffered. 1 when something changed (step again), 0 when waiting. */
+static int step(struct conn *c)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	if (c->dead)
+		return 0;
+	if (c->req && c->req->finished) {
+		request_free(c->req);
+		c->req = NULL;
+		if (c->close_after) {
+			set_state(c, C_CLOSING);
+			c->since_ms = 0; /* the first to go when the cap is reached */
+			evtimer_del(c->timer);
+			if (evbuffer_get_length(out) == 0)
+				start_closing(c);
+			return 0;
+		}
+		set_state(c, C_IDLE);
+		return 1;
+	}
+	switch (c->state) {
+	case C_BODY:
+		return read_body(c);
+	case C_BUSY:
+		if (evbuffer_get_length(in) > PIPELINE_MAX) {
+			log_debug("closed a connection that sent over %d bytes while being answered",
+				  PIPELINE_MAX);
+			conn_close(c);
+		}
+		return 0;
+	case C_CLOSING:
+		if (c->req == NULL && evbuffer_get_length(out) == 0) {
+			c->lingered += evbuffer_get_length(in);
+			evbuffer_drain(in, evbuffer_get_length(in));
+			if (c->lingered > LINGER_MAX)
+				conn_close(c);
+		}
+		return 0;
+	case C_IDLE:
+	case C_HEAD:
+		break;
+	}
+	if (c->discard > 0) {
+		size_t n = evbuffer_get_length(in);
+		if (n > c->discard)
+			n = (size_t)c->discard;
+		evbuffer_drain(in, n);
+		c->discard -= n;
+		if (c->discard > 0)
+			return 0;
+	}
+	/* A reply still waiting to be read holds back the next request: pipelining cannot pile up
+	 * replies. The write callback steps again. */
+	if (evbuffer_get_length(out) > HTTP_OUTPUT_HIGH)
+		return 0;
+	size_t avail = evbuffer_get_length(in);
+	if (avail == 0) {
+		if (c->state == C_IDLE)
+			arm(c, IDLE_TIMEOUT_S * 1000);
+		return 0;
+	}
+	if (c->state == C_IDLE) {
+		set_state(c, C_HEAD);
+		arm(c, srv.cfg.header_timeout_ms);
+	}
+	size_t look = avail < HTTP_HEAD_MAX ? avail : HTTP_HEAD_MAX;
+	const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)look);
+	size_t hl = p ? http_head_length(p, look) : 0;
+	if (hl > 0) {
+		admit(c, hl);
+		return 1;
+	}
+	if (look < HTTP_HEAD_MAX)
+		return 0;
+	struct http_request *req = calloc(1, sizeof *req);
+	if (req == NULL) {
+		conn_close(c);
+		return 0;
+	}
+	req->conn = c;
+	req->body_done = 1;
+	c->req = req;
+	c->close_after = 1;
+	evbuffer_drain(in, evbuffer_get_length(in));
+	set_state(c, C_BUSY);
+	refuse(req, 431, "REQUEST_INVALID", "the request head is over 16384 bytes");
+	return 1;
+}
+
+/* Steps until nothing changes. Runs inside enter/leave. */
+static void process(struct conn *c)
+{
+	while (step(c))
+		;
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+	(void)bev;
+	kick(arg);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+	struct conn *c = arg;
+	if (c->state == C_CLOSING) {
+		if (c->req == NULL && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+			start_closing(c);
+		return;
+	}
+	enter(c);
+	if (c->req && c->req->drain && !c->req->finished)
+		c->req->drain(c->req->watch_ctx);
+	process(c);
+	leave(c);
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+	(void)bev;
+	struct conn *c = arg;
+	/* A caller that half-closes is taken as gone: no client of this protocol sends its
+	 * request and then shuts its side while expecting the reply to go on. */
+	if (what & BEV_EVENT_TIMEOUT)
+		log_debug("closed a connection whose caller stopped reading");
+	conn_close(c);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct conn *c = arg;
+	if (c->state == C_HEAD)
+		log_debug("closed a connection whose request head took over %u ms",
+			  srv.cfg.header_timeout_ms);
+	else if (c->state == C_BODY)
+		log_debug("closed a connection whose request body stalled");
+	conn_close(c);
+}
+
+static void on_output_change(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
+{
+	(void)b;
+	struct conn *c = arg;
+	c->out_len = c->out_len + info->n_added - info->n_deleted;
+	srv.out_bytes = srv.out_bytes + info->n_added - info->n_deleted;
+}
+
+/* At the cap, the connection that has waited longest without a request in progress gives
+ * way: idle and half-sent heads are what an attacker holds, and an authorized caller's request
+ * is never among them. */
+static int evict_one(void)
+{
+	struct conn *victim = NULL;
+	for (struct conn *c = srv.conns; c; c = c->next) {
+		if (c->state != C_IDLE && c->state != C_HEAD && c->state != C_CLOSING)
+			continue;
+		if (c->state == C_CLOSING && c->req)
+			continue;
+		if (victim == NULL || c->since_ms < victim->since_ms)
+			victim = c;
+	}
+	if (victim == NULL)
+		return -1;
+	conn_close(victim);
+	return 0;
+}
+
+static void refuse_socket(evutil_socket_t fd)
+{
+	static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; "
+				   "charset=utf-8\r\nContent-Length: 55\r\nConnection: close\r\n\r\n"
+				   "AGENT_BUSY: every connection the agent allows is in use";
+	ssize_t w = send(fd, busy, sizeof busy - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)w; /* best effort: the close says the same */
+	close(fd);
+}
+
+static void add_conn(evutil_socket_t fd)
+{
+	if (srv.nconns >= srv.max_conns && evict_one() < 0) {
+		refuse_socket(fd);
+		return;
+	}
+	struct conn *c = calloc(1, sizeof *c);
+	if (c == NULL) {
+		close(fd);
+		return;
+	}
+	c->bev = bufferevent_socket_new(agent.base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->timer = evtimer_new(agent.base, on_timer, c);
+	if (c->bev == NULL || c->timer == NULL ||
+	    evbuffer_add_cb(bufferevent_get_output(c->bev), on_output_change, c) == NULL) {
+		if (c->bev)
+			bufferevent_free(c->bev);
+		else
+			close(fd);
+		if (c->timer)
+			event_free(c->timer);
+		free(c);
+		return;
+	}
+	int one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
+	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);
+	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	c->next = srv.conns;
+	if (srv.conns)
+		srv.conns->prev = c;
+	srv.conns = c;
+	srv.nconns++;
+	set_state(c, C_IDLE);
+	arm(c, IDLE_TIMEOUT_S * 1000);
+}
+
+static void on_backoff(evutil_socket_t fd, short what, void *arg);
+
+static void accept_failed(int err)
+{
+	srv.accept_failures++;
+	time_t now = time(NULL);
+	if (now - srv.accept_logged >= ACCEPT_LOG_INTERVAL_S) {
+		log_info("cannot accept connections: %s (%lu times since the last report); "
+			 "retrying with back-off", strerror(err), srv.accept_failures);
+		srv.accept_logged = now;
+		srv.accept_failures = 0;
+	}
+	srv.backoff_ms = srv.backoff_ms ? srv.backoff_ms * 2 : ACCEPT_BACKOFF_MIN_MS;
+	if (srv.backoff_ms > ACCEPT_BACKOFF_MAX_MS)
+		srv.backoff_ms = ACCEPT_BACKOFF_MAX_MS;
+	event_del(srv.accept_ev);
+	struct timeval tv = { srv.backoff_ms / 1000, (suseconds_t)(srv.backoff_ms % 1000) * 1000 };
+	evtimer_add(srv.backoff_ev, &tv);
+}
+
+static void on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+	(void)what;
+	(void)arg;
+	for (int i = 0; i < ACCEPT_BATCH; i++) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+				continue;
+			/* EMFILE, ENFILE, ENOBUFS, ENOMEM: retrying at once would spin on the same
+			 * error; the kernel keeps the connections queued meanwhile. */
+			accept_failed(errno);
+			return;
+		}
+		srv.backoff_ms = 0;
+		add_conn(fd);
+	}
+}
+
+static void on_backoff(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	event_add(srv.accept_ev, NULL);
+	/* backoff_ms stays set until an accept succeeds, so the next failure waits longer */
+	on_accept(srv.fd, EV_READ, NULL);
+}
+
+/* Raises the soft descriptor limit to the hard one and sizes the connection cap to it. */
+static unsigned connection_cap(unsigned wanted)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return wanted;
+	uint64_t fds = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+	uint64_t fixed = FDS_RESERVED + (uint64_t)AGENT_JOBS_MAX * FDS_PER_JOB;
+	uint64_t room = fds > fixed ? (fds - fixed) / FDS_PER_CONNECTION : 0;
+	if (room < 1)
+		room = 1;
+	if (room < wanted) {
+		log_info("descriptor limit %llu allows %llu connections, not %u",
+			 (unsigned long long)fds, (unsigned long long)room, wanted);
+		return (unsigned)room;
+	}
+	return wanted;
+}
+
+unsigned http_max_connections(void)
+{
+	return srv.max_conns;
+}
+
+int http_start(const struct http_config *cfg, unsigned *port)
+{
+	srv.cfg = *cfg;
+	srv.max_conns = connection_cap(cfg->max_connections);
+	/* Two of the largest bodies at once; one alone always fits. */
+	srv.body_budget = 2 * cfg->body_max;
+	char portstr[16];
+	snprintf(portstr, sizeof portstr, "%u", cfg->port);
+	struct evutil_addrinfo hints, *ai = NULL;
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_ADDRCONFIG;
+	int gai = evutil_getaddrinfo(cfg->host, portstr, &hints, &ai);
+	if (gai != 0) {
+		errno = EADDRNOTAVAIL;
+		return -1;
+	}
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int one = 1;
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+	    bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		evutil_freeaddrinfo(ai);
+		errno = e;
+		return -1;
+	}
+	evutil_freeaddrinfo(ai);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		close(fd);
+		return -1;
+	}
+	*port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+					       : ((struct sockaddr_in *)&ss)->sin_port);
+	srv.fd = fd;
+	srv.accept_ev = event_new(agent.base, fd, EV_READ | EV_PERSIST, on_accept, NULL);
+	srv.backoff_ev = evtimer_new(agent.base, on_backoff, NULL);
+	if (srv.accept_ev == NULL || srv.backoff_ev == NULL || event_add(srv.accept_ev, NULL) < 0)
+		return -1;
+	return 0;
+}
+
+void http_stop(void)
+{
+	while (srv.conns) {
+		srv.conns->depth = 0;
+		conn_close(srv.conns);
+	}
+	if (srv.accept_ev)
+		event_free(srv.accept_ev);
+	if (srv.backoff_ev)
+		event_free(srv.backoff_ev);
+	srv.accept_ev = srv.backoff_ev = NULL;
+	if (srv.fd >= 0)
+		close(srv.fd);
+	srv.fd = -1;
+}

@@ -1,0 +1,108 @@
+/*
+ * http.h — sandkit-agent's own HTTP/1.1 server on libevent bufferevents (docs/agent.md
+ * "Architecture"): connections, the request head and its deadline, request bodies (buffered
+ * or streamed to the handler), replies (whole, or streamed with a drain callback), and the
+ * bounds that keep any number of callers from exhausting the agent.
+ *
+ * One request at a time per connection. Once its head is in, the server calls on_head, which
+ * either answers (a refusal: nothing of the body has been read) or admits the request with a
+ * handler; only then is the body read. A request lives until its reply has been handed to the
+ * connection in full, or until the connection dies (then its gone callback runs instead).
+ */
+#ifndef SANDKIT_AGENT_HTTP_H
+#define SANDKIT_AGENT_HTTP_H
+
+#include "http_parse.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct evbuffer;
+struct http_request;
+
+typedef void (*http_handler)(struct http_request *req);
+
+enum http_body_mode {
+	HTTP_BODY_BUFFERED,  /* the whole body is read (bounded), then the handler runs */
+	HTTP_BODY_STREAMED,  /* the handler runs at once and takes the body with http_body_stream */
+};
+
+/* Default --max-connections: a session's client keeps a handful of connections; room for a few
+ * hundred concurrent streams, while the worst-case memory below stays within reach. */
+#define HTTP_DEFAULT_MAX_CONNECTIONS 256
+/* Default --header-timeout: a request line and headers arrive in one packet from any real
+ * client; ten seconds is generous for a slow link and short enough that a slowloris that
+ * sends a byte at a time holds a connection ten seconds, not for ever. */
+#define HTTP_DEFAULT_HEADER_TIMEOUT_MS 10000
+
+struct http_config {
+	const char *host;
+	unsigned port;
+	unsigned max_connections;
+	unsigned header_timeout_ms;
+	uint64_t body_max;   /* largest buffered body; streamed bodies have no limit */
+	/* Called with every admitted head. Answers the request itself (returns NULL) or returns
+	 * the handler and sets *mode. */
+	http_handler (*on_head)(struct http_request *req, enum http_body_mode *mode);
+};
+
+/* Binds and starts accepting; *port receives the port actually bound. -1 with errno. */
+int http_start(const struct http_config *cfg, unsigned *port);
+/* Closes every connection (gone callbacks run) and the listener. */
+void http_stop(void);
+/* The connection cap in force: --max-connections, lowered to what RLIMIT_NOFILE allows. */
+unsigned http_max_connections(void);
+
+/* The request. */
+const struct http_head *http_request_head(const struct http_request *req);
+/* The buffered body (HTTP_BODY_BUFFERED) as one span; "" when there is none; NULL when memory
+ * ran out making it contiguous. */
+const char *http_request_body(struct http_request *req, size_t *len);
+
+/* Adds a header to the reply (before it starts). name and value are the agent's own text. */
+int http_add_header(struct http_request *req, const char *name, const char *value);
+
+/* A whole reply; body may be NULL (no body) and is consumed. The request is finished after.
+ * Only for small bodies (errors, JSON of a few KB): anything that can be large is streamed, so
+ * that no connection holds more than HTTP_OUTPUT_HIGH for a caller who does not read. */
+void http_reply(struct http_request *req, int status, const char *content_type,
+		struct evbuffer *body);
+
+/*
+ * A streamed reply: content_length >= 0 announces the length, -1 makes it chunked. Chunks are
+ * moved out of b. http_reply_end finishes the request (a Content-Length reply that is short of
+ * its length makes the connection close, which the caller sees as a cut body).
+ */
+int http_reply_start(struct http_request *req, int status, const char *content_type,
+		     int64_t content_length);
+int http_reply_chunk(struct http_request *req, struct evbuffer *b);
+void http_reply_end(struct http_request *req);
+
+/*
+ * Bytes of this request's reply waiting for the caller to read them. A producer stops at
+ * HTTP_OUTPUT_HIGH and waits for the drain callback, which runs when the connection's queue
+ * fell to HTTP_OUTPUT_LOW. gone runs (once) if the caller goes away before the reply ended;
+ * the request is freed right after it.
+ */
+size_t http_reply_queued(const struct http_request *req);
+void http_reply_watch(struct http_request *req, void (*drain)(void *ctx), void (*gone)(void *ctx),
+		      void *ctx);
+
+/* Per connection: what a streaming producer queues before waiting for the caller. 256 KiB keeps
+ * a loopback stream at full speed (the kernel's socket buffer holds far more) while a thousand
+ * stalled readers cost 256 MiB at most. */
+#define HTTP_OUTPUT_HIGH (128 * 1024)
+#define HTTP_OUTPUT_LOW (32 * 1024)
+
+/*
+ * Takes the body of an HTTP_BODY_STREAMED request as it arrives, in pieces of at most
+ * HTTP_BODY_PIECE bytes; the next piece is read only after data returned. data returns 0 to
+ * go on, -1 to stop (then the handler has answered). end runs once: complete = 1 after the
+ * whole body (the handler then answers), 0 when the caller went away or stalled (no answer is
+ * possible; the request is freed after end returns).
+ */
+#define HTTP_BODY_PIECE (64 * 1024)
+void http_body_stream(struct http_request *req, int (*data)(void *ctx, const char *p, size_t n),
+		      void (*end)(void *ctx, int complete), void *ctx);
+
+#endif
