@@ -251,9 +251,10 @@ local function progress_bar()
     last = now
     draw(done, total)
   end
-  function bar.finish()
+  --- A transfer that completed knows its size, even one read from a pipe of unknown length.
+  function bar.finish(complete)
     if drawn then
-      draw(bar.done, bar.total)
+      draw(bar.done, bar.total or (complete and bar.done or nil))
       io.stderr:write("\n")
     end
   end
@@ -418,7 +419,7 @@ local function transfer(fn, ...)
   local args = pack(...)
   args[args.n + 1] = { progress = bar.update }
   local ok, result, err = interruptible(fn, unpack(args, 1, args.n + 1))
-  bar.finish()
+  bar.finish(ok and result and not interrupt.pending)
   if interrupt.pending then return interrupted_status() end
   if not ok then return fail(EXIT_FAILED, one_line(result)) end
   if not result then return fail(EXIT_FAILED, one_line(err)) end
