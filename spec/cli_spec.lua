@@ -141,15 +141,23 @@ describe("the sandkit command", function()
   end)
 
   it("says when a file is over what an agent without rawFiles moves", function()
-    if agent_features(root).rawFiles then return pending("this agent offers rawFiles") end
-    sandkit_cmd("create work")
-    local _, err, status = local_state.sh("head -c 33554433 /dev/zero | " .. command("put work - /big"))
-    assert.equal(1, status)
+    local agent_session = require "support.agent_session"
+    local _, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "500 Internal Server Error", "nothing should have been sent") end]],
+      nil, { "jobIdempotency" })
+    finally(function() server:stop() end)
+    local token = root .. "/token"
+    files.write(token, "test-token\n")
+    local _, err, status = local_state.sh("head -c 33554433 /dev/zero | " .. local_state.lua_env() .. " "
+      .. LUA .. " bin/sandkit --provider agent --url " .. q(server.url) .. " --token-file " .. q(token)
+      .. " put work - /big")
+    assert.equal(1, status, err)
     assert.matches("does not offer the rawFiles extension", err)
+    assert.equal(0, #server:requests_to("/v1/files"), "refused before anything was sent")
   end)
 
   it("moves a file over 32 MiB both ways once the agent offers rawFiles", function()
-    if not agent_features(root).rawFiles then return pending("waits for the agent's rawFiles extension") end
+    assert.is_true(agent_features(root).rawFiles, "sandkit-agent offers rawFiles")
     sandkit_cmd("create work")
     local src, dst = os.tmpname(), os.tmpname()
     local data = files.pattern(40 * 1024 * 1024)

@@ -192,28 +192,51 @@ describe("a file read with rawFiles", function()
   end)
 end)
 
+--- A fake agent that offers no rawFiles and keeps files in memory through the files API, as
+-- sandkit-agent does it: a file over 32 MiB is refused when read, with the agent's own code.
+local PLAIN_FILES = [[function(req, conn)
+  local cjson = require "cjson"
+  local files = conn.state
+  if req.path == "/v1/files" and req.method == "PUT" then
+    local body = cjson.decode(req.body)
+    files[body.path] = body.contentsBase64
+    return respond.status(conn, "204 No Content")
+  end
+  if req.path == "/v1/files" and req.method == "GET" then
+    local path = req.query:match("^path=(.*)$"):gsub("%%(%x%x)", function(h)
+      return string.char(tonumber(h, 16)) end)
+    if path == "/big" then
+      return respond.status(conn, "400 Bad Request",
+        "REQUEST_INVALID: Request invalid: '/big' is over the 33554432 byte transfer limit")
+    end
+    if not files[path] then
+      return respond.status(conn, "404 Not Found", "PATH_NOT_FOUND: No such file in the sandbox: " .. path)
+    end
+    return respond.json(conn, "200 OK", { contentsBase64 = files[path] })
+  end
+  respond.status(conn, "404 Not Found", "ROUTE_NOT_FOUND: No route " .. req.path)
+end]]
+
 describe("files against an agent without rawFiles", function()
-  local root, session
+  local session, server
   before_each(function()
-    root = local_state.new()
-    session = assert(assert(sandkit.sandbox{ provider = "local", root = root }):create{ id = "plain" })
+    session, server = agent_session.open(PLAIN_FILES, nil, { "jobIdempotency" })
   end)
-  after_each(function() local_state.clean(root) end)
+  after_each(function() server:stop() end)
 
   it("still move whole, through the files API", function()
-    if session.conn and session.conn.features.rawFiles then return pending("this agent offers rawFiles") end
     local src, dst = temp_path(), temp_path()
     files.write(src, "small\0file")
     assert.equal(10, assert(session:write_file_from("/small", src)))
     assert.equal(10, assert(session:read_file_to("/small", dst)))
     assert.equal("small\0file", files.read(dst))
+    assert.equal("PUT", server:requests_to("/v1/files")[1].method)
+    assert.equal(0, #server:requests_to("/v1/files/raw"))
     os.remove(src)
     os.remove(dst)
   end)
 
   it("over 32 MiB are refused, the error saying the agent lacks rawFiles", function()
-    local features = assert(session:exec({ "true" }, { timeout = 5 })) and session.conn.features
-    if features.rawFiles then return pending("this agent offers rawFiles") end
     local big = string.rep("x", 32 * 1024 * 1024 + 1)
     local sent, err = session:write_file_from("/big", function()
       local chunk = big
@@ -224,7 +247,7 @@ describe("files against an agent without rawFiles", function()
     assert.equal("INVALID_INPUT", err.code)
     assert.matches("does not offer the rawFiles extension", err.message, 1, true)
     assert.matches("32 MiB", err.message, 1, true)
-    assert(session:exec({ "sh", "-c", "head -c 33554433 /dev/zero > big" }, { timeout = 10 }))
+    assert.equal(0, #server:requests_to("/v1/files"), "refused before anything was sent")
     local got, rerr = session:read_file_to("/big", function() end)
     assert.is_nil(got)
     assert.equal("REQUEST_INVALID", rerr.reason)
@@ -242,7 +265,7 @@ describe("files of any size through the real sandkit-agent", function()
   after_each(function() local_state.clean(root) end)
 
   it("go in and out whole past 32 MiB, and a cut upload leaves the old file", function()
-    if not session.conn.features.rawFiles then return pending("waits for the agent's rawFiles extension") end
+    assert.is_true(session.conn.features.rawFiles, "sandkit-agent offers rawFiles")
     local size = 40 * 1024 * 1024
     local data = files.pattern(size)
     local src, dst = temp_path(), temp_path()
