@@ -44,11 +44,12 @@ BUILD ?= build
 MODDIR := $(BUILD)/$(LUA_PC)
 
 CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
-            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c
+            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \
+            src/ed25519.c src/lua_ed25519.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
-AGENT_SRC := $(wildcard src/agent/*.c) src/base64.c src/json.c
+AGENT_SRC := $(wildcard src/agent/*.c) src/base64.c src/json.c src/ed25519.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 

@@ -15,6 +15,7 @@ void skl_open_frames(lua_State *L);   /* frames.c glue: decoder, base64 */
 void skl_open_transfer(lua_State *L); /* transfer.c glue: client, request, wait */
 void skl_open_process(lua_State *L);  /* process.c: spawn, signals, files */
 void skl_open_sigv4(lua_State *L);    /* sigv4.c glue: sigv4 */
+void skl_open_ed25519(lua_State *L);  /* ed25519.c glue: keys, signing, verifying */
 
 struct sk_frame;
 struct sk_frames;
