@@ -66,10 +66,11 @@ $(CORE_SO): $(CORE_OBJ) | $(MODDIR)/sandkit
 	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) -lm
 
 $(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/*.h src/agent/*.h) | $(BUILD)/agent-obj/agent
-	$(CC) $(CFLAGS) $(STRICT) $(EVENT_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(STRICT) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
 
+# libcrypto verifies capability tokens (src/agent/capability.c, Ed25519).
 $(AGENT_BIN): $(AGENT_OBJ)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS)
 
 $(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent:
 	mkdir -p $@

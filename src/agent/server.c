@@ -2,6 +2,7 @@
 #include "server.h"
 
 #include "agent.h"
+#include "capability.h"
 #include "files.h"
 #include "jobs.h"
 #include "log.h"
@@ -164,9 +165,10 @@ static void health(struct evhttp_request *req)
 	if (b == NULL ||
 	    evbuffer_add_printf(b,
 				"{\"protocolVersion\":%d,\"bootId\":\"%s\",\"status\":\"%s\","
-				"\"features\":[\"jobIdempotency\"]}",
+				"\"features\":[\"jobIdempotency\"%s]}",
 				AGENT_PROTOCOL_VERSION, agent.boot_id,
-				agent.activated ? "ready" : "awaiting-network-verification") < 0) {
+				agent.activated ? "ready" : "awaiting-network-verification",
+				agent.cfg.capability ? ",\"capability\"" : "") < 0) {
 		if (b)
 			evbuffer_free(b);
 		reply_out_of_memory(req, "answer health");
@@ -183,19 +185,34 @@ static void activate(struct evhttp_request *req)
 	reply_empty(req, 204);
 }
 
-/* Bearer mode (docs/protocol.md §2). 1 when the request may proceed; otherwise answered. */
+/* Bearer and capability modes (docs/protocol.md §2). 1 when the request may proceed;
+ * otherwise answered. */
 static int authorized(struct evhttp_request *req)
 {
 	if (agent.cfg.no_auth)
 		return 1; /* provider mode: the proxy in front authorized the caller */
 	struct evkeyvalq *h = evhttp_request_get_input_headers(req);
-	const char *value = NULL;
-	int count = 0;
+	const char *value = NULL, *token = NULL;
+	int count = 0, token_count = 0;
 	for (struct evkeyval *kv = h->tqh_first; kv; kv = kv->next.tqe_next) {
 		if (evutil_ascii_strcasecmp(kv->key, "Authorization") == 0) {
 			value = kv->value;
 			count++;
+		} else if (evutil_ascii_strcasecmp(kv->key, CAPABILITY_HEADER) == 0) {
+			token = kv->value;
+			token_count++;
 		}
+	}
+	if (agent.cfg.capability) {
+		char why[CAPABILITY_WHY_MAX];
+		int status = capability_authorize(agent.cfg.capability, value, count, token,
+						  token_count, why, sizeof why);
+		if (status == 401)
+			reply_error(req, 401, NULL, "a capability is required");
+		else if (status != 0)
+			reply_error(req, 403, "SANDBOX_CAPABILITY_REFUSED",
+				    "Sandbox capability refused: %s", why);
+		return status == 0;
 	}
 	if (count == 0) {
 		reply_error(req, 401, NULL, "a capability is required");
