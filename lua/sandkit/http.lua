@@ -29,7 +29,10 @@ response_mt.__index = response_mt
 
 --- Starts a request and waits for its response headers, at most until `header_deadline`.
 -- spec: method, url, headers, body, fresh_connect, ca_file, proxy, connect_timeout,
---       max_body, max_error_body, buffer_size, header_deadline (absolute, core.now clock)
+--       max_body, max_error_body, buffer_size, header_deadline (absolute, core.now clock),
+--       ca_pem, client_cert_pem, client_key_pem (PEM text: the only CA trusted, and a client
+--       certificate for mTLS), tls_server_name (the name the certificate is verified against
+--       and sent as SNI, when it is not the URL's host)
 -- Returns a response, or nil and a failure: { kind = "refused" (nothing was sent) |
 -- "timeout" (no headers in time) | "failed" (the connection failed after sending),
 -- sent = bool, detail = libcurl's sentence }.
