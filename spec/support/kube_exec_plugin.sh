@@ -1,0 +1,11 @@
+#!/bin/sh
+# A kubeconfig exec plugin for the kubernetes specs: counts its runs in $FAKE_EXEC_DIR/exec-runs,
+# keeps what it was given in KUBERNETES_EXEC_INFO, and answers an ExecCredential of the
+# apiVersion it was asked for whose token is exec-token-<run>.
+set -eu
+dir=$FAKE_EXEC_DIR
+n=$(( $(cat "$dir/exec-runs" 2>/dev/null || echo 0) + 1 ))
+echo "$n" >"$dir/exec-runs"
+printf '%s\n' "$KUBERNETES_EXEC_INFO" >"$dir/exec-info"
+api=$(printf '%s' "$KUBERNETES_EXEC_INFO" | sed 's/.*"apiVersion" *: *"\([^"]*\)".*/\1/')
+printf '{"apiVersion":"%s","kind":"ExecCredential","status":{"token":"exec-token-%s"}}\n' "$api" "$n"
