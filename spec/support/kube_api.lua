@@ -19,7 +19,8 @@
 --   watch_gone_status, watch_gone_event, watch_drop   the first N watches answer 410, send
 --                                              an ERROR 410 event, or drop mid-stream
 --   list_fail = { [page] = 503 | "html" }      a list page answers a Status 503 or a 502 page
---   short_pages = true               pages hold half the limit, continue set
+--   page_size = n                    list pages hold at most n items whatever the limit
+--                                    (Kubernetes may answer fewer than asked, continue set)
 --   forbid = { ["create sandboxclaims"] = true }   403 Forbidden, as RBAC words it
 --   throttle = { ["list sandboxclaims"] = 1 }      429 with Retry-After
 -- pools: { [name] = { bind_delay, ready_delay, never_ready, expire_before_ready,
@@ -439,7 +440,7 @@ function kube_api.scenario(config)
       return status(conn, fail, "ServiceUnavailable", "the server is currently unable to handle the request")
     end
     local limit = tonumber(q.limit or "") or 0
-    if faults.short_pages and limit > 1 then limit = math.floor(limit / 2) end
+    if faults.page_size and (limit == 0 or limit > faults.page_size) then limit = faults.page_size end
     local items = {}
     local more = false
     for _, name in ipairs(names) do
@@ -491,11 +492,14 @@ function kube_api.scenario(config)
       chunk{ type = "BOOKMARK", object = { kind = KINDS[resource].kind, apiVersion = KINDS[resource].api_version,
         metadata = { resourceVersion = tostring(S.rv) } } }
     end
-    local drop = n <= (faults.watch_gone_status or 0) + (faults.watch_gone_event or 0) + (faults.watch_drop or 0)
+    -- A dropped watch ends mid-stream, without its last chunk: the connection just closes.
+    if n <= (faults.watch_gone_status or 0) + (faults.watch_gone_event or 0) + (faults.watch_drop or 0) then
+      S.watchers[w] = nil
+      return conn:close()
+    end
     local deadline = cqueues.monotime() + (tonumber(q.timeoutSeconds or "") or 1800)
     while not conn.closed do
       if #w.queue == 0 then
-        if drop then break end
         local left = deadline - cqueues.monotime()
         if left <= 0 then break end
         w.cond:wait(left)
@@ -505,8 +509,6 @@ function kube_api.scenario(config)
       end
     end
     S.watchers[w] = nil
-    -- A dropped watch ends without its last chunk: the connection just closes.
-    if drop then return conn:close() end
     conn:write("0\r\n\r\n")
   end
 
@@ -514,7 +516,7 @@ function kube_api.scenario(config)
 
   local HOP = { authorization = true, host = true, connection = true, ["content-length"] = true,
     ["transfer-encoding"] = true, ["x-fake-client-verify"] = true, ["x-fake-client-subject"] = true,
-    ["x-fake-sni"] = true, ["x-sandbox-id"] = true, ["x-sandbox-namespace"] = true,
+    ["x-fake-sni"] = true, ["x-fake-host"] = true, ["x-sandbox-id"] = true, ["x-sandbox-namespace"] = true,
     ["x-sandbox-port"] = true, ["x-sandbox-pod-ip"] = true }
 
   local function relay(req, conn, ip, port, target)
@@ -665,7 +667,8 @@ function kube_api.scenario(config)
     if req.path:sub(1, 7) == "/_fake/" then return control(req, conn) end
     if req.headers["x-sandbox-id"] then return router(req, conn) end
     local user = authenticate(req)
-    conn:log{ request = req.index, user = user or false, sni = req.headers["x-fake-sni"] }
+    conn:log{ request = req.index, user = user or false, sni = req.headers["x-fake-sni"],
+      host = req.headers["x-fake-host"] }
     if not user then return status(conn, 401, "Unauthorized", "Unauthorized") end
     local resource, ns, name, sub = route(req.path)
     if not resource then

@@ -45,30 +45,6 @@ local function temp_dir()
 end
 
 local function front_conf(c, port)
-  local function server(name, cert)
-    return table.concat({
-      "  server {",
-      "    listen 127.0.0.1:" .. port .. " ssl" .. (name == "_" and " default_server" or "") .. ";",
-      "    server_name " .. name .. ";",
-      "    ssl_certificate " .. c.dir .. "/" .. cert .. ".crt;",
-      "    ssl_certificate_key " .. c.dir .. "/" .. cert .. ".key;",
-      "    ssl_client_certificate " .. c.dir .. "/ca.crt;",
-      "    ssl_verify_client optional;",
-      "    location / {",
-      "      proxy_pass http://127.0.0.1:" .. c.backend.port .. ";",
-      "      proxy_http_version 1.1;",
-      '      proxy_set_header Connection "";',
-      "      proxy_set_header X-Fake-Client-Verify $ssl_client_verify;",
-      "      proxy_set_header X-Fake-Client-Subject $ssl_client_s_dn;",
-      "      proxy_set_header X-Fake-Sni $ssl_server_name;",
-      "      proxy_buffering off;",
-      "      proxy_request_buffering off;",
-      "      proxy_read_timeout 600s;",
-      "      client_max_body_size 64m;",
-      "    }",
-      "  }",
-    }, "\n")
-  end
   return table.concat({
     "worker_processes 1;",
     "pid " .. c.dir .. "/nginx.pid;",
@@ -77,8 +53,32 @@ local function front_conf(c, port)
     "http {",
     nginx.temp_paths(c.dir),
     "  access_log off;",
-    server("_", "server"),
-    server(kube_cluster.SERVER_NAME, "named"),
+    -- One server, its certificate picked by SNI: a second server block would answer 421 to a
+    -- client whose Host names the address and whose SNI the name, as client-go's do.
+    "  map $ssl_server_name $fake_cert {",
+    "    " .. kube_cluster.SERVER_NAME .. " named;",
+    "    default server;",
+    "  }",
+    "  server {",
+    "    listen 127.0.0.1:" .. port .. " ssl;",
+    "    ssl_certificate " .. c.dir .. "/$fake_cert.crt;",
+    "    ssl_certificate_key " .. c.dir .. "/$fake_cert.key;",
+    "    ssl_client_certificate " .. c.dir .. "/ca.crt;",
+    "    ssl_verify_client optional;",
+    "    location / {",
+    "      proxy_pass http://127.0.0.1:" .. c.backend.port .. ";",
+    "      proxy_http_version 1.1;",
+    '      proxy_set_header Connection "";',
+    "      proxy_set_header X-Fake-Client-Verify $ssl_client_verify;",
+    "      proxy_set_header X-Fake-Client-Subject $ssl_client_s_dn;",
+    "      proxy_set_header X-Fake-Sni $ssl_server_name;",
+    "      proxy_set_header X-Fake-Host $http_host;",
+    "      proxy_buffering off;",
+    "      proxy_request_buffering off;",
+    "      proxy_read_timeout 600s;",
+    "      client_max_body_size 64m;",
+    "    }",
+    "  }",
     "}",
   }, "\n") .. "\n"
 end
@@ -101,6 +101,8 @@ function kube_cluster.start(opts)
       named = "DNS:" .. kube_cluster.SERVER_NAME }, clients = { client = "/O=system:masters/CN="
       .. kube_cluster.CLIENT_CN, stranger = "/CN=stranger" } })
     nginx.make_certificates(c.dir, { ca = "other-ca", servers = {}, clients = {} })
+    -- nginx loads an SNI-picked certificate in its worker, which runs as nobody under root.
+    nginx.run(c.dir, "chmod 644 server.key named.key")
     assert(core.mkdir(c.dir .. "/temp", tonumber("755", 8)))
     c.ca_file = c.dir .. "/ca.crt"
     c.ca_pem = files.read(c.ca_file)
