@@ -105,7 +105,8 @@ describe("a kubeconfig", function()
   end)
 
   for _, api in ipairs{ "v1", "v1beta1" } do
-    it("runs a client.authentication.k8s.io/" .. api .. " exec plugin once, keeps its token, runs it again after a 401", function()
+    it("runs a client.authentication.k8s.io/" .. api .. " exec plugin once, keeps its token, runs it again "
+        .. "after a 401", function()
       local cfg = assert(load{ user = { "exec:", "  apiVersion: client.authentication.k8s.io/" .. api,
         "  command: /bin/sh", "  args: [" .. PLUGIN .. "]", "  env:", "  - {name: FAKE_EXEC_DIR, value: " .. dir .. "}",
         "  provideClusterInfo: true", "  interactiveMode: Never" } })

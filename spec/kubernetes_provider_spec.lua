@@ -198,7 +198,8 @@ describe("a kubernetes sandbox", function()
   it("reaches the agent through the API server's pods proxy, which drops Authorization", function()
     local session = assert(assert(cluster:sandbox{ transport = "apiserver" }):create{ id = "via-api" })
     assert.equal("through\n", assert(session:exec({ "echo", "through" }, { timeout = 10 })).stdout)
-    local proxied = cluster:api_requests("POST", "^/api/v1/namespaces/" .. NS_PATTERN .. "/pods/[^/]+:8971/proxy/v1/exec$")
+    local proxied = cluster:api_requests("POST",
+      "^/api/v1/namespaces/" .. NS_PATTERN .. "/pods/[^/]+:8971/proxy/v1/exec$")
     assert.equal(1, #proxied)
     assert.equal("Bearer " .. kube_cluster.TOKEN, proxied[1].headers.authorization,
       "the API server's own credential, which it deletes before proxying")
@@ -328,7 +329,7 @@ describe("a kubernetes sandbox under faults", function()
     assert.is_nil(claim_of(cluster, "nopool-1"))
   end)
 
-  it("gives up on a claim that never becomes Ready at ready_timeout, saying what it last saw, and deletes it", function()
+  it("gives up on a claim never Ready at ready_timeout, saying what it last saw, and deletes it", function()
     local sb = start{ pools = { ["py-pool"] = { never_ready = true } }, sandbox = { ready_timeout = 1.5 } }
     local session, err = sb:create{ id = "never-1" }
     assert.is_nil(session)

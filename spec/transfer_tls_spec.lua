@@ -53,7 +53,7 @@ describe("a request's TLS material in memory", function()
     assert.equal(401, anonymous.status)
   end)
 
-  it("sends tls_server_name as SNI and verifies the certificate against it, still connecting to the URL's host", function()
+  it("sends tls_server_name as SNI and verifies the certificate by it, still connecting to the URL's host", function()
     local answer = assert(exchange{ ca_pem = cluster.ca_pem, tls_server_name = kube_cluster.SERVER_NAME,
       token = kube_cluster.TOKEN })
     assert.equal(404, answer.status)

@@ -416,7 +416,8 @@ function kube_api.scenario(config)
   local function list(conn, resource, ns, q)
     local fields, bad = field_selector(q.fieldSelector)
     if not fields then
-      return status(conn, 400, "BadRequest", '"' .. bad .. '" is not a known field selector: only "metadata.name", "metadata.namespace"')
+      return status(conn, 400, "BadRequest", '"' .. bad .. '" is not a known field selector: only '
+        .. '"metadata.name", "metadata.namespace"')
     end
     local names = {}
     for name, obj in pairs(store(resource, ns)) do
@@ -576,7 +577,8 @@ function kube_api.scenario(config)
         .. "is invalid: spec.warmPoolRef.name: Required value", name))
     end
     if store("sandboxclaims", ns)[name] then
-      return status(conn, 409, "AlreadyExists", string.format('sandboxclaims.extensions.agents.x-k8s.io "%s" already exists', name),
+      return status(conn, 409, "AlreadyExists",
+        string.format('sandboxclaims.extensions.agents.x-k8s.io "%s" already exists', name),
         { name = name, group = KINDS.sandboxclaims.group, kind = "sandboxclaims" })
     end
     local n = count("create")
