@@ -43,7 +43,10 @@ function reader_mt:next(deadline)
   local t = self.transfer
   while true do
     local nl = self.buf:find("\n", self.scanned + 1, true)
-    if nl then
+    if (nl or #self.buf + 1) - 1 > self.max_line then
+      return finish(self, "too_long", string.format("a watch event is longer than %d bytes",
+        self.max_line))
+    elseif nl then
       local line = self.buf:sub(1, nl - 1)
       self.buf = self.buf:sub(nl + 1)
       self.scanned = 0
@@ -54,9 +57,6 @@ function reader_mt:next(deadline)
         end
         return event
       end
-    elseif #self.buf > self.max_line then
-      return finish(self, "too_long", string.format("a watch event is longer than %d bytes",
-        self.max_line))
     else
       self.scanned = #self.buf
       local chunk = t:read()
