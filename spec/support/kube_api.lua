@@ -88,6 +88,9 @@ local function parse_query(q)
   return out
 end
 
+--- A boolean query parameter as Go's strconv.ParseBool reads it, as the API server does.
+local TRUE = { ["1"] = true, t = true, T = true, TRUE = true, ["true"] = true, True = true }
+
 local function own_pid()
   local f = assert(io.open("/proc/self/stat"))
   local pid = f:read("*n")
@@ -489,7 +492,12 @@ function kube_api.scenario(config)
       end
     end
     S.watchers[w] = true
-    if q.allowWatchBookmarks == "true" then
+    -- A bookmark promises every event up to its version was sent: so only after the replay.
+    while #w.queue > 0 do
+      local event = table.remove(w.queue, 1)
+      chunk{ type = event.type, object = event.object }
+    end
+    if TRUE[q.allowWatchBookmarks or ""] then
       chunk{ type = "BOOKMARK", object = { kind = KINDS[resource].kind, apiVersion = KINDS[resource].api_version,
         metadata = { resourceVersion = tostring(S.rv) } } }
     end
@@ -685,7 +693,7 @@ function kube_api.scenario(config)
     elseif req.method == "DELETE" then
       verb = "delete"
     elseif req.method == "GET" then
-      verb = name and "get" or ((q.watch == "1" or q.watch == "true") and "watch" or "list")
+      verb = name and "get" or (TRUE[q.watch or ""] and "watch" or "list")
     else
       return status(conn, 405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
     end
