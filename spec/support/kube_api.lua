@@ -22,6 +22,7 @@
 --   page_size = n                    list pages hold at most n items whatever the limit
 --                                    (Kubernetes may answer fewer than asked, continue set)
 --   forbid = { ["create sandboxclaims"] = true }   403 Forbidden, as RBAC words it
+--   allow = { ["get pods"] = true, … }   403 for every verb and resource not listed (a Role)
 --   throttle = { ["list sandboxclaims"] = 1 }      429 with Retry-After
 -- pools: { [name] = { bind_delay, ready_delay, never_ready, expire_before_ready,
 --                     foreign_owner, pod_name_annotation } }
@@ -399,10 +400,11 @@ function kube_api.scenario(config)
   end
 
   local function forbidden(conn, user, verb, resource, ns)
-    local g = KINDS[resource].group
-    status(conn, 403, "Forbidden", string.format('%s is forbidden: User "%s" cannot %s resource "%s" '
-      .. 'in API group "%s" in the namespace "%s"', qualified(resource), user, verb, resource, g, ns),
-      { kind = resource, group = g })
+    local g = KINDS[resource:match("^[^/]+")].group
+    local base, sub = resource:match("^([^/]+)/?(.*)$")
+    status(conn, 403, "Forbidden", string.format('%s is forbidden: User "%s" cannot %s resource "%s"%s '
+      .. 'in API group "%s" in the namespace "%s"', qualified(base), user, verb, base,
+      sub ~= "" and (' with subresource "' .. sub .. '"') or "", g, ns), { kind = base, group = g })
   end
 
   -- Lists and watches ------------------------------------------------------------------------------
@@ -687,7 +689,8 @@ function kube_api.scenario(config)
     local q = parse_query(req.query)
     local verb
     if sub ~= "" then
-      verb = "proxy"
+      -- RBAC's verbs for the pods proxy are the HTTP method's.
+      verb = ({ GET = "get", POST = "create", PUT = "update", DELETE = "delete" })[req.method]
     elseif req.method == "POST" then
       verb = "create"
     elseif req.method == "DELETE" then
@@ -697,15 +700,16 @@ function kube_api.scenario(config)
     else
       return status(conn, 405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
     end
-    local key = verb .. " " .. (verb == "proxy" and "pods/proxy" or resource)
-    if faults.forbid and faults.forbid[key] then
-      return forbidden(conn, user, verb, verb == "proxy" and "pods/proxy" or resource, ns)
+    local rbac_resource = sub ~= "" and (resource .. "/" .. sub:match("^[^/]*")) or resource
+    local key = verb .. " " .. rbac_resource
+    if (faults.forbid and faults.forbid[key]) or (faults.allow and not faults.allow[key]) then
+      return forbidden(conn, user, verb, rbac_resource, ns)
     end
     if faults.throttle and faults.throttle[key] and count("throttle " .. key) <= faults.throttle[key] then
       return status(conn, 429, "TooManyRequests", "Too many requests, please try again later.",
         { retryAfterSeconds = 2 }, { ["Retry-After"] = "2" })
     end
-    if verb == "proxy" then
+    if sub ~= "" then
       local pod_name, port = name:match("^([^:]+):(%d+)$")
       if not pod_name then pod_name, port = name:match("^http:([^:]+):(%d+)$") end
       local pod = pod_name and store("pods", ns)[pod_name]
