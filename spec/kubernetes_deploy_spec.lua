@@ -138,4 +138,27 @@ describe("deploy/kubernetes", function()
     os.remove(dir .. ".log")
     assert(ok, err)
   end)
+
+  it("has an example that runs as documented, here against the fake cluster", function()
+    local cluster = kube_cluster.start{ pools = { ["py-pool"] = {} } }
+    local out = cluster.dir .. "/example.out"
+    local ok, err = pcall(function()
+      local pid = assert(core.spawn({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "examples/kubernetes.lua",
+        "py-pool", cluster.key_path, cluster.key_id, kube_cluster.NAMESPACE },
+        { stdout = out, stderr = out, env = { PATH = os.getenv("PATH"), KUBECONFIG = cluster:kubeconfig(),
+          LUA_PATH = package.path, LUA_CPATH = package.cpath, HOME = cluster.dir } }))
+      local deadline = wait.now() + 30
+      while not core.reap(pid) do
+        assert(wait.now() < deadline, "the example did not finish")
+        wait.sleep(0.02)
+      end
+      local said = files.read(out) or ""
+      assert.matches("hello from sandkit\n[^\n]+\nexit\t3\n", said)
+      assert.matches("state\trunning", said)
+      assert.is_nil(next(cluster:state().objects.sandboxclaims[kube_cluster.NAMESPACE] or {}),
+        "the example deleted its claim")
+    end)
+    cluster:stop()
+    assert(ok, err)
+  end)
 end)
