@@ -1,6 +1,7 @@
 --- The `sandkit` command: thin scripts over the public API for automation.
 --
---   sandkit [--root DIR] [--isolate bwrap] COMMAND …
+--   sandkit [--provider local] [--root DIR] [--isolate bwrap] COMMAND …
+--   sandkit --provider kubernetes --warm-pool POOL --signing-key KEY.pem --key-id ID … COMMAND …
 --   sandkit run [--session NAME] [--timeout S] [--cwd DIR] [--env K=V]... -- ARGV...
 --   sandkit create [NAME]            sandkit ls            sandkit rm NAME...
 --   sandkit put NAME LOCAL REMOTE    sandkit get NAME REMOTE LOCAL|-
@@ -22,7 +23,11 @@ local EXIT_TIMEOUT, EXIT_SANDKIT, EXIT_SPAWN = 124, 125, 127
 local DEFAULT_TIMEOUT = 86400
 
 local USAGE = [[
-usage: sandkit [--root DIR] [--isolate bwrap] COMMAND ...
+usage: sandkit [--provider local] [--root DIR] [--isolate bwrap] COMMAND ...
+       sandkit --provider kubernetes --warm-pool POOL --signing-key KEY.pem --key-id ID
+               [--namespace NS] [--kubeconfig FILE] [--context NAME] [--transport direct|apiserver|router]
+               [--router-url URL] [--agent-port N] [--lifetime S] [--ready-timeout S]
+               [--capability-lifetime S] [--service-account-dir DIR] COMMAND ...
 
   run [--session NAME] [--timeout S] [--cwd DIR] [--env K=V]... -- ARGV...
         run ARGV in a session (a throwaway one without --session), streaming its output;
@@ -288,29 +293,60 @@ end
 
 local COMMANDS = { run = run, create = create, ls = ls, rm = rm, put = put, get = get, job = job }
 
+--- The options each provider takes as flags before the command: --flag-name becomes the
+-- sandbox option flag_name, a string or a number as said here.
+local PROVIDER_FLAGS = {
+  ["local"] = { root = "string", isolate = "string" },
+  kubernetes = { ["warm-pool"] = "string", namespace = "string", kubeconfig = "string",
+    context = "string", ["signing-key"] = "string", ["key-id"] = "string", transport = "string",
+    ["router-url"] = "string", ["agent-port"] = "number", lifetime = "number",
+    ["ready-timeout"] = "number", ["capability-lifetime"] = "number",
+    ["service-account-dir"] = "string" },
+}
+
+--- The sandbox options of the flags given for a provider, or nil and the usage error.
+local function provider_options(provider, flags)
+  local known = PROVIDER_FLAGS[provider]
+  if not known then return nil, "unknown provider " .. provider .. " (local or kubernetes)" end
+  local options = { provider = provider }
+  for flag, value in pairs(flags) do
+    local kind = known[flag]
+    if not kind then return nil, "--" .. flag .. " is not an option of the " .. provider .. " provider" end
+    if kind == "number" then
+      value = tonumber(value)
+      if not value then return nil, "--" .. flag .. " needs a number" end
+    end
+    options[(flag:gsub("%-", "_"))] = value
+  end
+  return options
+end
+
 --- Runs the command line in args (as the `arg` table) and returns the exit status.
 function cli.main(args)
-  local global, _ = {}, nil
+  local provider, flags = "local", {}
   local i = 1
   while args[i] and args[i]:match("^%-%-") do
     local name = args[i]:sub(3)
     if name == "help" then
       io.stdout:write(USAGE)
       return 0
-    elseif (name == "root" or name == "isolate") and args[i + 1] then
-      global[name] = args[i + 1]
-      i = i + 2
-    else
+    elseif args[i + 1] == nil then
       return fail(EXIT_USAGE, "unknown option " .. args[i] .. "\n" .. USAGE)
+    elseif name == "provider" then
+      provider = args[i + 1]
+    else
+      flags[name] = args[i + 1]
     end
+    i = i + 2
   end
+  local options, bad = provider_options(provider, flags)
+  if not options then return fail(EXIT_USAGE, bad) end
   local command = COMMANDS[args[i] or ""]
   if not command then
     io.stderr:write(USAGE)
     return EXIT_USAGE
   end
-  local sandbox, err = sandkit.sandbox{ provider = "local", root = global.root,
-    isolate = global.isolate }
+  local sandbox, err = sandkit.sandbox(options)
   if not sandbox then return fail(EXIT_FAILED, one_line(err)) end
   return command(sandbox, args, i + 1)
 end
