@@ -213,7 +213,7 @@ describe("sandkit-agent's capability configuration", function()
         "more than 16 keys" },
       { { "--session-id", SESSION, "--no-auth" }, "belong to %-%-auth capability" },
       { { "--auth", "capability", "--session-id", SESSION, "--public-keys", good_ring, "--no-auth" },
-        "exactly one of" },
+        "exclude each other" },
       { { "--auth", "magic" }, "must be bearer, none or capability" },
     }
     for _, case in ipairs(cases) do

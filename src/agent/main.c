@@ -184,8 +184,11 @@ static void configure_auth(const struct raw_options *o, int no_auth)
 		else if (o->token_file == NULL)
 			die("--auth bearer needs --token-file");
 	}
-	if (capability + no_auth + (o->token_file != NULL) != 1)
-		die("exactly one of --token-file, --no-auth and --auth capability is required");
+	int ways = capability + no_auth + (o->token_file != NULL);
+	if (ways == 0)
+		die("one of --token-file and --no-auth is required (or --auth capability)");
+	if (ways > 1)
+		die("--token-file, --no-auth and --auth capability exclude each other");
 	/* Capability settings without capability mode would be silently ignored. */
 	if (!capability && (o->session_id || o->public_keys))
 		die("--session-id and --public-keys belong to --auth capability");
