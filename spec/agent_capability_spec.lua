@@ -26,18 +26,11 @@ local function ring(keys)
   return table.concat(entries, ",")
 end
 
-local function temp_dir()
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(core.mkdir(dir, 448))
-  return dir
-end
-
 --- Starts the agent with args (and env, replacing the environment when given): the agent, or
 -- nil and what it said on stderr.
 local function start(args, env)
   assert(AGENT, "set SANDKIT_AGENT to the sandkit-agent binary")
-  local dir = temp_dir()
+  local dir = files.temp_dir()
   assert(core.mkdir(dir .. "/root", 448))
   local argv = { AGENT, "--root", dir .. "/root", "--listen", "127.0.0.1:0", "--ready-fd", "3",
     "--log", "quiet" }

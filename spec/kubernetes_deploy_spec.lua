@@ -93,9 +93,7 @@ describe("deploy/kubernetes", function()
     assert.truthy(env.SANDKIT_AGENT_PUBLIC_KEYS)
 
     -- The same arguments, with a root and an address of this machine.
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(core.mkdir(dir, 448))
+    local dir = files.temp_dir()
     local argv = { os.getenv("SANDKIT_AGENT") }
     local args = container.args
     for i = 1, #args do

@@ -15,12 +15,7 @@ local PLUGIN = os.getenv("PWD") .. "/spec/support/kube_exec_plugin.sh"
 local CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 local KEY = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n"
 
-local function temp_dir()
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(core.mkdir(dir, 448))
-  return dir
-end
+local temp_dir = files.temp_dir
 
 --- A kubeconfig with one cluster, user and context; extra lines go into the cluster and the
 -- user, and `user` replaces the user's body.

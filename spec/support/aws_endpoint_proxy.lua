@@ -65,13 +65,8 @@ local function nginx_conf(p)
   end
   table.sort(checks)
   return table.concat({
-    "worker_processes 1;",
-    "pid " .. p.dir .. "/nginx.pid;",
-    "error_log " .. p.dir .. "/error.log info;",
-    "events { worker_connections 64; }",
-    "http {",
+    nginx.conf_head(p.dir),
     "  log_format gate '$status $request_uri';",
-    nginx.temp_paths(p.dir),
     "  server {",
     "    listen 127.0.0.1:" .. p.port .. " ssl;",
     "    server_name localhost;",

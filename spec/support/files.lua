@@ -16,6 +16,15 @@ function files.write(path, data)
   f:close()
 end
 
+--- A fresh private directory under the system's temporary folder (mode 0700, or `mode`).
+function files.temp_dir(mode)
+  local core = require "sandkit.core"
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(core.mkdir(dir, mode or 448))
+  return dir
+end
+
 --- A word the shell passes on unchanged, whatever it holds.
 function files.shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"

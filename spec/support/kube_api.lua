@@ -35,6 +35,7 @@ local cqueues = require "cqueues"
 local condition = require "cqueues.condition"
 local socket = require "cqueues.socket"
 local core = require "sandkit.core"
+local files = require "support.files"
 
 local kube_api = {}
 
@@ -241,13 +242,6 @@ function kube_api.scenario(config)
     end
   end
 
-  local function temp_dir()
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(core.mkdir(dir, 448))
-    return dir
-  end
-
   --- Starts a pod's agent: { pid, ip, dir }. `ip` asks for that address (a pod recreated in
   -- place); otherwise the next free one.
   local function start_agent(pod_uid, ip)
@@ -257,7 +251,7 @@ function kube_api.scenario(config)
         addr = string.format("127.%d.%d.%d", net_a, net_b, S.next_host)
         S.next_host = S.next_host % 253 + 2
       end
-      local dir = temp_dir()
+      local dir = files.temp_dir()
       assert(core.mkdir(dir .. "/root", 448))
       local apid, reader = core.spawn({ config.agent, "--root", dir .. "/root", "--auth", "capability",
         "--session-id", pod_uid, "--public-keys", config.public_keys,

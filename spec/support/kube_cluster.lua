@@ -36,22 +36,15 @@ local cluster_mt = {}
 cluster_mt.__index = cluster_mt
 
 local function temp_dir()
-  local dir = os.tmpname()
-  os.remove(dir)
   -- 0755: nginx's workers run as nobody when the spec runs as root, and read the certificates.
-  assert(core.mkdir(dir, tonumber("755", 8)))
-  assert(os.execute("chmod 755 '" .. dir .. "'"))
+  local dir = files.temp_dir(tonumber("755", 8))
+  assert(os.execute("chmod 755 '" .. dir .. "'")) -- whatever the umask took away
   return dir
 end
 
 local function front_conf(c, port)
   return table.concat({
-    "worker_processes 1;",
-    "pid " .. c.dir .. "/nginx.pid;",
-    "error_log " .. c.dir .. "/error.log info;",
-    "events { worker_connections 256; }",
-    "http {",
-    nginx.temp_paths(c.dir),
+    nginx.conf_head(c.dir, 256),
     "  access_log off;",
     -- One server, its certificate picked by SNI: a second server block would answer 421 to a
     -- client whose Host names the address and whose SNI the name, as client-go's do.

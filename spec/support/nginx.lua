@@ -125,9 +125,12 @@ function nginx.start(dir, conf_for, opts)
     .. (files.read(dir .. "/error.log") or ""), 0)
 end
 
---- The temp-path lines every nginx.conf of a spec needs, so nothing is written outside dir.
-function nginx.temp_paths(dir)
-  local lines = {}
+--- The opening of every nginx.conf of a spec, up to and inside `http {`: one worker, its pid,
+-- log and temporary files all in dir, so nothing is written outside it.
+function nginx.conf_head(dir, connections)
+  local lines = { "worker_processes 1;", "pid " .. dir .. "/nginx.pid;",
+    "error_log " .. dir .. "/error.log info;",
+    "events { worker_connections " .. (connections or 64) .. "; }", "http {" }
   for _, kind in ipairs{ "client_body", "proxy", "fastcgi", "uwsgi", "scgi" } do
     local directive = kind == "client_body" and "client_body_temp_path" or (kind .. "_temp_path")
     lines[#lines + 1] = "  " .. directive .. " " .. dir .. "/temp/" .. kind .. ";"
