@@ -25,6 +25,13 @@ function files.temp_dir(mode)
   return dir
 end
 
+--- Runs a shell command: true when it exited 0 (os.execute says so as true on Lua 5.2+ and
+-- as 0 on LuaJIT's 5.1 ABI).
+function files.sh(command)
+  local r = os.execute(command)
+  return r == true or r == 0
+end
+
 --- A word the shell passes on unchanged, whatever it holds.
 function files.shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"

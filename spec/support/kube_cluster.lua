@@ -38,7 +38,7 @@ cluster_mt.__index = cluster_mt
 local function temp_dir()
   -- 0755: nginx's workers run as nobody when the spec runs as root, and read the certificates.
   local dir = files.temp_dir(tonumber("755", 8))
-  assert(os.execute("chmod 755 '" .. dir .. "'")) -- whatever the umask took away
+  assert(files.sh("chmod 755 '" .. dir .. "'")) -- whatever the umask took away
   return dir
 end
 

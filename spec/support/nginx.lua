@@ -23,7 +23,7 @@ local START_TIMEOUT = 10
 local STOP_TIMEOUT = 5
 
 local function executable(path)
-  return os.execute("test -x '" .. path .. "'") == true
+  return files.sh("test -x '" .. path .. "'")
 end
 nginx.executable = executable
 
@@ -32,7 +32,7 @@ function nginx.require_tools()
     error("this spec needs nginx at " .. nginx.BINARY .. " (Debian package nginx or "
       .. "nginx-light; tools/bootstrap.sh installs it)", 0)
   end
-  if os.execute("command -v openssl >/dev/null 2>&1") ~= true then
+  if not files.sh("command -v openssl >/dev/null 2>&1") then
     error("this spec needs the openssl command line tool (Debian package openssl)", 0)
   end
 end
@@ -40,8 +40,9 @@ end
 --- Runs a shell command in dir, failing the spec with its output when it fails.
 function nginx.run(dir, command)
   local log = dir .. "/command.log"
-  local ok = os.execute("cd '" .. dir .. "' && " .. command .. " >'" .. log .. "' 2>&1")
-  if ok ~= true then error("`" .. command .. "` failed:\n" .. (files.read(log) or ""), 0) end
+  if not files.sh("cd '" .. dir .. "' && " .. command .. " >'" .. log .. "' 2>&1") then
+    error("`" .. command .. "` failed:\n" .. (files.read(log) or ""), 0)
+  end
 end
 
 local EC = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
