@@ -17,7 +17,7 @@ local sandbox = assert(sandkit.sandbox{ provider = "kubernetes", warm_pool = poo
   signing_key = key, key_id = key_id, namespace = namespace, transport = transport or "direct",
   lifetime = 600 })
 local session = assert(sandbox:create{})
-print("session " .. session.id .. " on pod " .. session.record.pod.name)
+print("session " .. session.id)
 
 assert(session:write_files{ ["/work/hello.txt"] = "hello from sandkit\n" })
 for frame in session:run({ "sh", "-c", "cat work/hello.txt; hostname; exit 3" }, { timeout = 30 }) do

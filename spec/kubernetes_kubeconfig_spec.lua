@@ -142,6 +142,35 @@ describe("a kubeconfig", function()
     assert.matches("status 127", err.message)
   end)
 
+  it("bounds what an exec plugin may write and how long it may take", function()
+    local function plugin(var, value)
+      return assert(load{ user = { "exec:", "  apiVersion: client.authentication.k8s.io/v1",
+        "  command: /bin/sh", "  args: [" .. PLUGIN .. "]", "  interactiveMode: Never", "  env:",
+        "  - {name: FAKE_EXEC_DIR, value: " .. dir .. "}", "  - {name: " .. var .. ", value: '" .. value .. "'}" } })
+    end
+    local _, err = plugin("FAKE_EXEC_FLOOD", tostring(1024 * 1024 + 1)).auth:fields("op")
+    assert.matches("it wrote more than an ExecCredential", err.message)
+    -- At the bound exactly, what it wrote is read (and is no ExecCredential).
+    _, err = plugin("FAKE_EXEC_FLOOD", tostring(1024 * 1024 - 2)).auth:fields("op")
+    assert.matches("not an ExecCredential", err.message)
+    local bound = auth.EXEC_TIMEOUT
+    auth.EXEC_TIMEOUT = 0.3
+    local started = wait.now()
+    _, err = plugin("FAKE_EXEC_SLEEP", "10").auth:fields("op")
+    auth.EXEC_TIMEOUT = bound
+    assert.matches("it did not finish within 0.3s", err.message)
+    assert.is_true(wait.now() - started < 5, "the plugin was stopped at the bound")
+  end)
+
+  it("refuses a token file that holds no token or more than one could be", function()
+    files.write(dir .. "/token", string.rep("t", 64 * 1024 + 1))
+    local _, err = assert(load{ user = { "tokenFile: token" } }).auth:fields("op")
+    assert.matches("larger than a token", err.message)
+    files.write(dir .. "/token", "two words\n")
+    _, err = assert(load{ user = { "tokenFile: token" } }).auth:fields("op")
+    assert.matches("holds no token", err.message)
+  end)
+
   it("refuses what it would otherwise ignore, naming the field", function()
     refusal({ cluster = { "insecure-skip-tls-verify: true" } }, "clusters%[c1%]%.insecure%-skip%-tls%-verify")
     refusal({ cluster = { "proxy-url: http://proxy:3128" } }, "clusters%[c1%]%.proxy%-url")

@@ -40,13 +40,16 @@ local EXEC_EXPIRY_MARGIN = 10
 
 --- Runs the plugin with the kubeconfig's environment on top of this process's own, its
 -- stdout on descriptor 3 (the pipe core.spawn gives), then appends NUL and its exit status.
+-- The plugin gets a process group of its own, so that stopping it at the bound stops whatever
+-- it started too.
 local EXEC_WRAPPER = [[
 n=$1
 shift
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n - 1)); done
-"$@" >&3 3>&- </dev/null &
+c=
+trap '[ -n "$c" ] && kill -- -"$c" 2>/dev/null; exit 1' TERM
+setsid "$@" >&3 3>&- </dev/null &
 c=$!
-trap 'kill "$c" 2>/dev/null; exit 1' TERM
 wait "$c"
 printf '\000%d' "$?" >&3
 ]]
