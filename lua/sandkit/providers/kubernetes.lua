@@ -481,7 +481,8 @@ function provider_mt:await(claim, operation)
     return fail(unreachable(operation, string.format("claim %s did not become ready within %gs; "
       .. "last seen: %s", id, self.times.ready_timeout, last)))
   end
-  --- Reads the claim again after a watch stopped; false when the wait is over.
+  --- Reads the claim again after a watch stopped (after a backoff when `why`): true, or nil
+  -- and the error that ends the wait.
   local function reread(why)
     if stream then stream:close() end
     stream = nil
