@@ -143,8 +143,8 @@ describe("deploy/kubernetes", function()
     local ok, err = pcall(function()
       local pid = assert(core.spawn({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "examples/kubernetes.lua",
         "py-pool", cluster.key_path, cluster.key_id, kube_cluster.NAMESPACE },
-        { stdout = out, stderr = out, env = { PATH = os.getenv("PATH"), KUBECONFIG = cluster:kubeconfig(),
-          LUA_PATH = package.path, LUA_CPATH = package.cpath, HOME = cluster.dir } }))
+        { stdout = out, stderr = out, env = files.child_env{ KUBECONFIG = cluster:kubeconfig(),
+          HOME = cluster.dir } }))
       local deadline = wait.now() + 30
       while not core.reap(pid) do
         assert(wait.now() < deadline, "the example did not finish")

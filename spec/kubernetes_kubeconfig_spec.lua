@@ -207,9 +207,8 @@ local function load_with_env(env, sa_dir)
     f:write(cjson.encode(out))
     f:close()
   ]])
-  env.LUA_PATH, env.LUA_CPATH, env.PATH = package.path, package.cpath, os.getenv("PATH")
   local pid = assert(core.spawn({ LUA, script, sa_dir or "", dir .. "/out.json" },
-    { env = env, stderr = dir .. "/err" }))
+    { env = files.child_env(env), stderr = dir .. "/err" }))
   local deadline = wait.now() + 10
   while not core.reap(pid) do
     assert(wait.now() < deadline, "the loader did not finish")

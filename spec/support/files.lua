@@ -32,6 +32,15 @@ function files.sh(command)
   return r == true or r == 0
 end
 
+--- The environment of a Lua child process that loads this checkout's sandkit: its paths, and
+-- the sanitizer runtime when `make check-asan` preloads it; `extra` is added.
+function files.child_env(extra)
+  local env = { LUA_PATH = package.path, LUA_CPATH = package.cpath, PATH = os.getenv("PATH") }
+  for _, name in ipairs{ "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" } do env[name] = os.getenv(name) end
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return env
+end
+
 --- A word the shell passes on unchanged, whatever it holds.
 function files.shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
