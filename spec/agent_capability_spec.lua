@@ -183,9 +183,9 @@ describe("sandkit-agent's capability configuration", function()
   it("is read from SANDKIT_AGENT_AUTH, SANDKIT_AGENT_SESSION_ID and SANDKIT_AGENT_PUBLIC_KEYS", function()
     local agent = assert(start({}, { PATH = os.getenv("PATH"), SANDKIT_AGENT_AUTH = "capability",
       SANDKIT_AGENT_SESSION_ID = SESSION, SANDKIT_AGENT_PUBLIC_KEYS = good_ring }))
+    finally(function() stop(agent) end)
     local res = assert(raw.request(agent.port, "POST", "/v1/mkdir", { body = '{"path":"/e"}',
       headers = { Authorization = "Bearer " .. capability.encode(key, claims()) } }))
-    stop(agent)
     assert.equal(204, res.status)
   end)
 
