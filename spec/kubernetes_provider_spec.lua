@@ -188,11 +188,26 @@ describe("a kubernetes sandbox", function()
     assert(session:terminate())
   end)
 
-  it("names every sandbox option it accepts in OPTIONS", function()
+  it("names every sandbox option it accepts in OPTIONS, and each command-line flag maps onto one", function()
     for _, name in ipairs{ "warm_pool", "namespace", "kubeconfig", "context", "signing_key", "key_id",
         "transport", "router_url", "agent_port", "lifetime", "ready_timeout" } do
       assert.is_true(kubernetes.OPTIONS[name], name)
     end
+    for _, flag in ipairs(kubernetes.CLI_OPTIONS) do
+      assert.is_true(kubernetes.OPTIONS[flag.option], flag.flag)
+      assert.equal(flag.option, (flag.flag:gsub("%-", "_")), "flags are the options' names")
+    end
+  end)
+
+  it("gives one claim its own lifetime from create{ lifetime = S }, and refuses a fractional one", function()
+    local sb = assert(cluster:sandbox{ lifetime = 600 })
+    local session = assert(sb:create{ id = "own-life", lifetime = 120 })
+    local shutdown = require("sandkit.kubernetes.rfc3339").parse(
+      claim_of(cluster, "own-life").spec.lifecycle.shutdownTime)
+    assert.is_true(math.abs(shutdown - (os.time() + 120)) <= 5)
+    assert(session:terminate())
+    local _, err = sb:create{ id = "bad-life", lifetime = 1.5 }
+    assert.equal("lifetime", err.field)
   end)
 
   it("reaches the agent through the API server's pods proxy, which drops Authorization", function()

@@ -26,8 +26,8 @@ local USAGE = [[
 usage: sandkit [--provider local] [--root DIR] [--isolate bwrap] COMMAND ...
        sandkit --provider kubernetes --warm-pool POOL --signing-key KEY.pem --key-id ID
                [--namespace NS] [--kubeconfig FILE] [--context NAME] [--transport direct|apiserver|router]
-               [--router-url URL] [--agent-port N] [--lifetime S] [--ready-timeout S]
-               [--capability-lifetime S] [--service-account-dir DIR] COMMAND ...
+               [--router-url URL] [--agent-port N] [--ready-timeout S] [--capability-lifetime S]
+               [--service-account-dir DIR] COMMAND ...
 
   run [--session NAME] [--timeout S] [--cwd DIR] [--env K=V]... -- ARGV...
         run ARGV in a session (a throwaway one without --session), streaming its output;
@@ -293,30 +293,33 @@ end
 
 local COMMANDS = { run = run, create = create, ls = ls, rm = rm, put = put, get = get, job = job }
 
---- The options each provider takes as flags before the command: --flag-name becomes the
--- sandbox option flag_name, a string or a number as said here.
-local PROVIDER_FLAGS = {
-  ["local"] = { root = "string", isolate = "string" },
-  kubernetes = { ["warm-pool"] = "string", namespace = "string", kubeconfig = "string",
-    context = "string", ["signing-key"] = "string", ["key-id"] = "string", transport = "string",
-    ["router-url"] = "string", ["agent-port"] = "number", lifetime = "number",
-    ["ready-timeout"] = "number", ["capability-lifetime"] = "number",
-    ["service-account-dir"] = "string" },
-}
+--- Flags before the command, per provider: the local provider's own, or the CLI_OPTIONS a
+-- provider module lists ({ flag =, option =, convert = }, as sandkit.providers.kubernetes does).
+local LOCAL_FLAGS = { root = { option = "root" }, isolate = { option = "isolate" } }
+
+local function provider_flags(name)
+  if name == "local" then return LOCAL_FLAGS end
+  local ok, module = pcall(require, "sandkit.providers." .. (name:match("^[%w_]+$") or "-"))
+  if not ok or type(module) ~= "table" or type(module.CLI_OPTIONS) ~= "table" then return nil end
+  local flags = {}
+  for _, f in ipairs(module.CLI_OPTIONS) do flags[f.flag] = f end
+  return flags
+end
 
 --- The sandbox options of the flags given for a provider, or nil and the usage error.
-local function provider_options(provider, flags)
-  local known = PROVIDER_FLAGS[provider]
-  if not known then return nil, "unknown provider " .. provider .. " (local or kubernetes)" end
+local function provider_options(provider, given)
+  local flags = provider_flags(provider)
+  if not flags then return nil, "unknown provider " .. provider .. " (local or kubernetes)" end
   local options = { provider = provider }
-  for flag, value in pairs(flags) do
-    local kind = known[flag]
-    if not kind then return nil, "--" .. flag .. " is not an option of the " .. provider .. " provider" end
-    if kind == "number" then
-      value = tonumber(value)
-      if not value then return nil, "--" .. flag .. " needs a number" end
+  for flag, value in pairs(given) do
+    local spec = flags[flag]
+    if not spec then return nil, "--" .. flag .. " is not an option of the " .. provider .. " provider" end
+    if spec.convert then
+      local converted, why = spec.convert(value)
+      if converted == nil then return nil, "--" .. flag .. " takes " .. why .. ", not " .. value end
+      value = converted
     end
-    options[(flag:gsub("%-", "_"))] = value
+    options[spec.option] = value
   end
   return options
 end

@@ -10,7 +10,8 @@
 --     key_id = "k1",                 -- required: the key's id in the agents' key ring
 --     transport = "direct",          -- "direct" | "apiserver" | "router"
 --     router_url = nil, router_token = nil, agent_port = 8971,
---     lifetime = 3600,               -- seconds: the claim's shutdownTime, policy Delete
+--     lifetime = 3600,               -- seconds: the claim's shutdownTime, policy Delete (a
+--                                    -- create{ lifetime = S } sets one claim's own)
 --     ready_timeout = 180, ready_interval = 0.5, capability_lifetime = 300, api_timeout = 30,
 --     header_timeout, grace, error_body_timeout, body_timeout, connect_timeout, command_timeout }
 --
@@ -38,6 +39,44 @@ kubernetes.OPTIONS = { warm_pool = true, namespace = true, kubeconfig = true, co
   service_account_dir = true, signing_key = true, key_id = true, transport = true,
   router_url = true, router_token = true, agent_port = true, lifetime = true,
   ready_timeout = true, ready_interval = true, capability_lifetime = true, api_timeout = true }
+
+--- Options `create{}` takes besides id and env: a claim's own lifetime, in seconds.
+kubernetes.CREATE_OPTIONS = { lifetime = true }
+
+local function cli_seconds(text)
+  local n = tonumber(text)
+  if n and n > 0 then return n end
+  return nil, "a positive number of seconds"
+end
+
+local function cli_port(text)
+  local n = json.integer(tonumber(text))
+  if n and n >= 1 and n <= 65535 then return n end
+  return nil, "a port number"
+end
+
+--- The options the `sandkit` command takes as flags before the command (--provider kubernetes).
+kubernetes.CLI_OPTIONS = {
+  { flag = "warm-pool", arg = "POOL", option = "warm_pool", help = "the SandboxWarmPool claims draw from" },
+  { flag = "namespace", arg = "NS", option = "namespace",
+    help = "where claims are made (default: the kubeconfig context's, else default)" },
+  { flag = "kubeconfig", arg = "FILE", option = "kubeconfig",
+    help = "a kubeconfig (default $KUBECONFIG, ~/.kube/config, else in-cluster)" },
+  { flag = "context", arg = "NAME", option = "context", help = "the kubeconfig context (default current-context)" },
+  { flag = "signing-key", arg = "FILE", option = "signing_key", help = "the Ed25519 private key, PKCS#8 PEM" },
+  { flag = "key-id", arg = "ID", option = "key_id", help = "the signing key's id in the agents' key ring" },
+  { flag = "transport", arg = "direct|apiserver|router", option = "transport",
+    help = "how requests reach the pod's agent (default direct)" },
+  { flag = "router-url", arg = "URL", option = "router_url", help = "agent-sandbox's router, for --transport router" },
+  { flag = "agent-port", arg = "PORT", option = "agent_port", convert = cli_port,
+    help = "the agent's port in the pod (default 8971)" },
+  { flag = "ready-timeout", arg = "S", option = "ready_timeout", convert = cli_seconds,
+    help = "seconds a claim gets to serve (default 180)" },
+  { flag = "capability-lifetime", arg = "S", option = "capability_lifetime", convert = cli_seconds,
+    help = "seconds a capability lives (default 300, at most 900)" },
+  { flag = "service-account-dir", arg = "DIR", option = "service_account_dir",
+    help = "the in-cluster credentials (default /var/run/secrets/kubernetes.io/serviceaccount)" },
+}
 
 kubernetes.AGENT_PORT = 8971
 kubernetes.MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -603,14 +642,14 @@ end
 
 --- POSTs the claim. An answer lost, a 5xx or a 409 is settled by reading the claim back and
 -- comparing its nonce — never by sending the create again.
-function provider_mt:post_claim(id, operation)
+function provider_mt:post_claim(id, lifetime, operation)
   local nonce = hex(16)
   local body = {
     apiVersion = "extensions.agents.x-k8s.io/v1beta1", kind = "SandboxClaim",
     metadata = { name = id, labels = { [kubernetes.MANAGED_BY_LABEL] = kubernetes.MANAGED_BY },
       annotations = { [kubernetes.NONCE_ANNOTATION] = nonce } },
     spec = { warmPoolRef = { name = self.warm_pool },
-      lifecycle = { shutdownTime = rfc3339.format(os.time() + self.times.lifetime),
+      lifecycle = { shutdownTime = rfc3339.format(os.time() + lifetime),
         shutdownPolicy = "Delete" } },
   }
   local claim, err = self.api:call{ operation = operation, verb = "create",
@@ -653,7 +692,11 @@ function provider_mt:create(opts)
   local id = opts.id or ("sandkit-" .. hex(5))
   local bad = bad_id(op, id)
   if bad then return nil, bad end
-  local claim, err = self:post_claim(id, op)
+  local lifetime = opts.lifetime or self.times.lifetime
+  if json.integer(lifetime) == nil or lifetime <= 0 then
+    return nil, errors.invalid_input(op, "lifetime", "lifetime is a whole number of seconds")
+  end
+  local claim, err = self:post_claim(id, lifetime, op)
   if not claim then return nil, err end
   local record
   record, err = self:await(claim, op)
