@@ -56,11 +56,11 @@ MODDIR := $(BUILD)/$(or $(LUA_NAME),$(LUA_PC))
 
 CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
             src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \
-            src/signals.c
+            src/signals.c src/ed25519.c src/lua_ed25519.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
-AGENT_SRC := $(wildcard src/agent/*.c) src/base64.c src/json.c
+AGENT_SRC := $(wildcard src/agent/*.c) src/base64.c src/json.c src/ed25519.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 
@@ -77,10 +77,11 @@ $(CORE_SO): $(CORE_OBJ) | $(MODDIR)/sandkit
 	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) -lm
 
 $(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/*.h src/agent/*.h) | $(BUILD)/agent-obj/agent
-	$(CC) $(CFLAGS) $(STRICT) $(EVENT_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(STRICT) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
 
+# libcrypto verifies capability tokens (src/agent/capability.c, Ed25519).
 $(AGENT_BIN): $(AGENT_OBJ)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS)
 
 $(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent:
 	mkdir -p $@

@@ -7,7 +7,9 @@
  *   local t = client:request{ method =, url =, headers = { [name] = value }, body =,
  *                             fresh_connect =, ca_file =, proxy =, connect_timeout = <s>,
  *                             max_body =, max_error_body =, buffer_size =,
- *                             body_stream =, body_length = }
+ *                             body_stream =, body_length =,
+ *                             ca_pem =, client_cert_pem =, client_key_pem =,  -- PEM text
+ *                             tls_server_name = }                             -- see transfer.h
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
@@ -62,6 +64,15 @@ static const char *opt_string(lua_State *L, int idx, const char *key)
 	lua_getfield(L, idx, key);
 	const char *s = lua_isnil(L, -1) ? NULL : luaL_checkstring(L, -1);
 	lua_pop(L, 1); /* the string stays alive in the options table the caller still holds */
+	return s;
+}
+
+/* A string option with its length; like opt_string, kept alive by the options table. */
+static const char *opt_lstring(lua_State *L, int idx, const char *key, size_t *len)
+{
+	lua_getfield(L, idx, key);
+	const char *s = lua_isnil(L, -1) ? NULL : luaL_checklstring(L, -1, len);
+	lua_pop(L, 1);
 	return s;
 }
 
@@ -195,6 +206,10 @@ static int client_request(lua_State *L)
 	req.url = opt_string(L, 2, "url");
 	req.ca_file = opt_string(L, 2, "ca_file");
 	req.proxy = opt_string(L, 2, "proxy");
+	req.ca_pem = opt_lstring(L, 2, "ca_pem", &req.ca_pem_len);
+	req.client_cert_pem = opt_lstring(L, 2, "client_cert_pem", &req.client_cert_pem_len);
+	req.client_key_pem = opt_lstring(L, 2, "client_key_pem", &req.client_key_pem_len);
+	req.tls_server_name = opt_string(L, 2, "tls_server_name");
 	if (req.method == NULL || req.url == NULL)
 		return luaL_error(L, "a request needs a method and a url");
 	lua_getfield(L, 2, "body");

@@ -174,6 +174,7 @@ int luaopen_sandkit_core(lua_State *L)
 	skl_open_process(L);
 	skl_open_sigv4(L);
 	skl_open_signals(L);
+	skl_open_ed25519(L);
 	lua_pushliteral(L, SANDKIT_VERSION);
 	lua_setfield(L, -2, "_VERSION");
 	lua_pushinteger(L, SANDKIT_ABI);

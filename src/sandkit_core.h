@@ -19,6 +19,7 @@ void skl_open_signals(lua_State *L);  /* signals.c: trap, caught */
 /* The read end of the pipe a trapped signal writes to, or -1 before any core.trap: core.wait
  * and core.poll watch it so a trapped signal ends their wait. */
 int skl_signal_fd(void);
+void skl_open_ed25519(lua_State *L);  /* ed25519.c glue: keys, signing, verifying */
 
 struct sk_frame;
 struct sk_frames;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@ struct sk_transfer {
 	sk_transfer *prev, *next;
 	CURL *easy;
 	struct curl_slist *request_headers;
+	struct curl_slist *connect_to; /* with tls_server_name: where the connection really goes */
 	int in_multi;
 
 	int sent, headers, done, too_long, paused;
@@ -398,6 +400,120 @@ static void set_stream_body(CURL *e, sk_transfer *t, const struct sk_request *re
 		curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method);
 }
 
+static int has_header(const struct sk_request *req, const char *name)
+{
+	size_t n = strlen(name);
+	for (size_t i = 0; i < req->header_count; i++)
+		if (strncasecmp(req->headers[i], name, n) == 0 && req->headers[i][n] == ':')
+			return 1;
+	return 0;
+}
+
+/*
+ * For tls_server_name: libcurl verifies the certificate against, and sends as SNI, the host of
+ * the URL it is given. So the URL it gets names tls_server_name, CURLOPT_CONNECT_TO sends the
+ * connection to the original host and port, and a Host header keeps naming them (as a client
+ * with a separate TLS server name sends it). Returns the URL to use (curl_free it), or NULL
+ * with err filled.
+ */
+static char *redirect_name(sk_transfer *t, const struct sk_request *req, char *err, size_t errlen)
+{
+	static const char dns[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-";
+	const char *name = req->tls_server_name;
+	size_t n = strlen(name);
+	/* Only a DNS name: anything else could break out of the CONNECT_TO line below. */
+	if (n == 0 || n > SK_TRANSFER_MAX_SERVER_NAME || strspn(name, dns) != n || name[0] == '-' ||
+	    name[0] == '.') {
+		snprintf(err, errlen, "tls_server_name must be a DNS name of at most %d characters",
+			 SK_TRANSFER_MAX_SERVER_NAME);
+		return NULL;
+	}
+	CURLU *u = curl_url();
+	char *host = NULL, *port = NULL, *given_port = NULL, *url = NULL;
+	char line[2 * SK_TRANSFER_MAX_SERVER_NAME + 64];
+	if (u == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	if (curl_url_set(u, CURLUPART_URL, req->url, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK ||
+	    strlen(host) > SK_TRANSFER_MAX_SERVER_NAME + 2) {
+		snprintf(err, errlen, "the URL does not parse as one with a host");
+		goto done;
+	}
+	if (curl_url_get(u, CURLUPART_PORT, &given_port, 0) != CURLUE_OK)
+		given_port = NULL; /* none in the URL: the Host header names none either */
+	snprintf(line, sizeof line, "%s:%s:%s:%s", name, port, host, port);
+	t->connect_to = curl_slist_append(NULL, line);
+	if (t->connect_to == NULL)
+		goto nomem;
+	if (!has_header(req, "Host")) {
+		snprintf(line, sizeof line, "Host: %s%s%s", host, given_port ? ":" : "",
+			 given_port ? given_port : "");
+		struct curl_slist *l = curl_slist_append(t->request_headers, line);
+		if (l == NULL)
+			goto nomem;
+		t->request_headers = l;
+	}
+	if (curl_url_set(u, CURLUPART_HOST, name, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_URL, &url, 0) != CURLUE_OK) {
+		snprintf(err, errlen, "the URL could not be rewritten for tls_server_name");
+		url = NULL;
+	}
+	goto done;
+nomem:
+	snprintf(err, errlen, "out of memory");
+done:
+	curl_free(host);
+	curl_free(port);
+	curl_free(given_port);
+	curl_url_cleanup(u);
+	return url;
+}
+
+/* Checks the in-memory TLS fields against each other and their bounds. */
+static int check_tls(const struct sk_request *req, char *err, size_t errlen)
+{
+	if (req->ca_pem && req->ca_file) {
+		snprintf(err, errlen, "ca_pem and ca_file exclude each other");
+		return -1;
+	}
+	if ((req->client_cert_pem == NULL) != (req->client_key_pem == NULL)) {
+		snprintf(err, errlen, "client_cert_pem and client_key_pem come together");
+		return -1;
+	}
+	if ((req->ca_pem && req->ca_pem_len > SK_TRANSFER_MAX_PEM) ||
+	    (req->client_cert_pem && req->client_cert_pem_len > SK_TRANSFER_MAX_PEM) ||
+	    (req->client_key_pem && req->client_key_pem_len > SK_TRANSFER_MAX_PEM)) {
+		snprintf(err, errlen, "PEM text over %zu bytes", SK_TRANSFER_MAX_PEM);
+		return -1;
+	}
+	return 0;
+}
+
+/* Hands libcurl the PEM texts; it copies each blob (CURL_BLOB_COPY) before this returns. */
+static void set_tls_blobs(CURL *e, const struct sk_request *req)
+{
+	if (req->ca_pem) {
+		struct curl_blob b = { (void *)req->ca_pem, req->ca_pem_len, CURL_BLOB_COPY };
+		curl_easy_setopt(e, CURLOPT_CAINFO_BLOB, &b);
+		/* The given CA alone is trusted, as a kubeconfig means it: no system store. */
+		curl_easy_setopt(e, CURLOPT_CAINFO, NULL);
+		curl_easy_setopt(e, CURLOPT_CAPATH, NULL);
+	}
+	if (req->client_cert_pem) {
+		struct curl_blob c = { (void *)req->client_cert_pem, req->client_cert_pem_len,
+				       CURL_BLOB_COPY };
+		struct curl_blob k = { (void *)req->client_key_pem, req->client_key_pem_len,
+				       CURL_BLOB_COPY };
+		curl_easy_setopt(e, CURLOPT_SSLCERTTYPE, "PEM");
+		curl_easy_setopt(e, CURLOPT_SSLCERT_BLOB, &c);
+		curl_easy_setopt(e, CURLOPT_SSLKEYTYPE, "PEM");
+		curl_easy_setopt(e, CURLOPT_SSLKEY_BLOB, &k);
+	}
+}
+
 /* Methods libcurl knows by option rather than by CUSTOMREQUEST. */
 static void set_method(CURL *e, const struct sk_request *req)
 {
@@ -423,6 +539,8 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 		snprintf(err, errlen, "more than %d request headers", SK_TRANSFER_MAX_REQUEST_HEADERS);
 		return NULL;
 	}
+	if (check_tls(req, err, errlen) < 0)
+		return NULL;
 	sk_transfer *t = calloc(1, sizeof *t);
 	if (t == NULL) {
 		snprintf(err, errlen, "out of memory");
@@ -454,7 +572,16 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 
 	CURL *e = t->easy;
 	curl_easy_setopt(e, CURLOPT_PRIVATE, (char *)t);
-	curl_easy_setopt(e, CURLOPT_URL, req->url);
+	if (req->tls_server_name) {
+		char *url = redirect_name(t, req, err, errlen);
+		if (url == NULL)
+			goto fail;
+		curl_easy_setopt(e, CURLOPT_URL, url); /* libcurl keeps its own copy */
+		curl_free(url);
+		curl_easy_setopt(e, CURLOPT_CONNECT_TO, t->connect_to);
+	} else {
+		curl_easy_setopt(e, CURLOPT_URL, req->url);
+	}
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
 	/* A redirect could carry a request (and its credentials) somewhere it was never meant to
@@ -468,6 +595,7 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	/* libcurl copies both strings, and matches them before it reuses a pooled connection. */
 	if (req->ca_file)
 		curl_easy_setopt(e, CURLOPT_CAINFO, req->ca_file);
+	set_tls_blobs(e, req);
 	/* An empty string disables the proxy environment variables too: proxies only when asked. */
 	curl_easy_setopt(e, CURLOPT_PROXY, req->proxy ? req->proxy : "");
 	if (c->user_agent)
@@ -496,10 +624,7 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	CURLMcode mc = curl_multi_add_handle(c->multi, e);
 	if (mc != CURLM_OK) {
 		snprintf(err, errlen, "curl_multi_add_handle: %s", curl_multi_strerror(mc));
-		curl_slist_free_all(t->request_headers);
-		curl_easy_cleanup(e);
-		free(t);
-		return NULL;
+		goto fail;
 	}
 	t->in_multi = 1;
 	t->client = c;
@@ -511,7 +636,9 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	return t;
 nomem:
 	snprintf(err, errlen, "out of memory");
+fail:
 	curl_slist_free_all(t->request_headers);
+	curl_slist_free_all(t->connect_to);
 	curl_easy_cleanup(t->easy);
 	free(t);
 	return NULL;
@@ -524,6 +651,7 @@ void sk_transfer_free(sk_transfer *t)
 	detach(t);
 	curl_easy_cleanup(t->easy);
 	curl_slist_free_all(t->request_headers);
+	curl_slist_free_all(t->connect_to);
 	free(t->buf);
 	free(t->send_buf);
 	free(t);

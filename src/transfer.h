@@ -37,6 +37,12 @@
  * libcurl's 64 KiB upload buffers, so one feed from Lua keeps the socket busy for several
  * sends, and a file of any size goes up in this much memory. */
 #define SK_TRANSFER_SEND_BUFFER ((size_t)256 * 1024)
+/* PEM text handed in memory (a CA bundle, a client certificate or key): a kubeconfig's CA is a
+ * few kilobytes and Debian's whole system bundle about 220 KB, so a megabyte is never a real
+ * one cut short. */
+#define SK_TRANSFER_MAX_PEM ((size_t)1024 * 1024)
+/* A DNS name is at most 253 characters (RFC 1035 §2.3.4). */
+#define SK_TRANSFER_MAX_SERVER_NAME 253
 
 typedef struct sk_client sk_client;
 typedef struct sk_transfer sk_transfer;
@@ -57,6 +63,19 @@ struct sk_request {
 	 * resend could run it twice. A fresh connection has no such retry. */
 	int fresh_connect;
 	const char *ca_file;     /* NULL: the system's trust store */
+	/* TLS material in memory, PEM text (not copied: libcurl copies it at start). ca_pem is the
+	 * only trust for the request — the system store is not consulted — and excludes ca_file;
+	 * a client certificate and its key (mTLS) come together or not at all. */
+	const char *ca_pem;
+	size_t ca_pem_len;
+	const char *client_cert_pem;
+	size_t client_cert_pem_len;
+	const char *client_key_pem;
+	size_t client_key_pem_len;
+	/* The name the server's certificate is verified against and sent as SNI, when it is not
+	 * the URL's host (a kubeconfig's tls-server-name): the connection still goes to the URL's
+	 * host and port, and the Host header still names them. NULL: the URL's host. */
+	const char *tls_server_name;
 	const char *proxy;       /* NULL: no proxy at all, whatever the environment says */
 	long connect_timeout_ms; /* 0: libcurl's default */
 	size_t max_body;         /* bytes a 2xx body may have; 0: unbounded (streamed) */

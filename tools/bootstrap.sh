@@ -6,7 +6,7 @@ set -eu
 
 packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-check lua-socket lua-cqueues
 libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit2 libluajit2-5.1-dev nginx
-bubblewrap curl openssl procps"
+bubblewrap curl openssl procps lua-yaml python3-kubernetes python3-cryptography"
 if [ "${1:-}" = "bench" ]; then
 	packages="$packages python3 nodejs valgrind"
 fi

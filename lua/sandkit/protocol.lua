@@ -1,8 +1,10 @@
 --- The sandbox agent protocol (docs/protocol.md §3–4), written once over a transport.
 --
 -- A connection `conn` says where requests go and how long to wait:
---   conn.transport:prepare(method, path, operation) -> { url =, headers = {…}, ca_file = } | nil, err
---     (the only thing providers disagree on: how a request to a session's agent is authorized)
+--   conn.transport:prepare(method, path, operation) -> { url =, headers = {…}, ca_file =,
+--       ca_pem =, client_cert_pem =, client_key_pem =, tls_server_name = } | nil, err
+--     (the only thing providers disagree on: how a request to a session's agent is authorized;
+--     the TLS fields are http.send's, for agents reached through a server that wants them)
 --   conn.transport:settle(operation, err, target, replayed) -> "replay" | nil [, err] (optional)
 --     called with every failed attempt before it is returned, the one replay included
 --     (`replayed` true; its answer is not asked for again); a transport that caches routes
@@ -110,6 +112,10 @@ local function attempt(conn, target, operation, method, body, max_body)
     headers = headers,
     fresh_connect = not errors.is_idempotent(operation),
     ca_file = target.ca_file,
+    ca_pem = target.ca_pem,
+    client_cert_pem = target.client_cert_pem,
+    client_key_pem = target.client_key_pem,
+    tls_server_name = target.tls_server_name,
     connect_timeout = math.min(conn.connect_timeout, conn.header_timeout),
     max_body = max_body,
     max_error_body = protocol.MAX_ERROR_BODY,

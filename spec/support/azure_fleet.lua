@@ -29,12 +29,7 @@ local function agent_path()
   return path
 end
 
-local function temp_dir()
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(core.mkdir(dir, 448))
-  return dir
-end
+local temp_dir = require("support.files").temp_dir
 
 --- Starts the agent of sandbox `box` with a fresh credential, on `port` (0: any free one).
 local function boot(box, port)

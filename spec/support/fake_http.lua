@@ -53,8 +53,7 @@ function fake_http.start(scenario_source)
   local log_path = temp_path(".log")
   local err_path = temp_path(".err")
   local pid, reader = core.spawn({ LUA, "spec/support/fake_http_server.lua", scenario_path, log_path },
-    { ready_fd = 3, stderr = err_path, env = {
-      LUA_PATH = package.path, LUA_CPATH = package.cpath, PATH = os.getenv("PATH") } })
+    { ready_fd = 3, stderr = err_path, env = require("support.files").child_env() })
   assert(pid, reader)
   local line, err = read_line(reader, START_TIMEOUT)
   reader:close()

@@ -7,12 +7,7 @@ local local_state = {}
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 
-function local_state.new()
-  local root = os.tmpname()
-  os.remove(root)
-  assert(core.mkdir(root, 448))
-  return root
-end
+local_state.new = files.temp_dir
 
 --- Terminates every session under root and removes it.
 function local_state.clean(root)

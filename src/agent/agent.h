@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 struct event_base;
+struct capability;
 
 /* docs/protocol.md §5. */
 #define AGENT_PROTOCOL_VERSION 1
@@ -38,6 +39,7 @@ struct agent_config {
 	unsigned listen_port;
 	int no_auth;
 	char token[AGENT_TOKEN_CHARS + 1];
+	struct capability *capability; /* non-NULL in capability mode (capability.h) */
 	uint64_t output_cap;
 	int require_activation;
 	int ready_fd;               /* -1 when not asked */

@@ -8,6 +8,7 @@
 #include "agent.h"
 
 #include "../base64.h"
+#include "capability.h"
 #include "exec.h"
 #include "http.h"
 #include "isolate.h"
@@ -46,7 +47,8 @@
 struct agent agent;
 
 static const char usage_text[] =
-	"usage: sandkit-agent --root DIR (--token-file FILE | --no-auth) [options]\n"
+	"usage: sandkit-agent --root DIR (--token-file FILE | --no-auth |\n"
+	"                     --auth capability --session-id ID --public-keys KEYS) [options]\n"
 	"\n"
 	"Serves the sandbox agent protocol v1 (commands, jobs, files) for one sandbox root.\n"
 	"Every option can also be set by the environment variable shown; a flag wins.\n"
@@ -60,6 +62,14 @@ static const char usage_text[] =
 	"                                                 accepted on the command line\n"
 	"  --no-auth              SANDKIT_AGENT_NO_AUTH=1 provider mode: a proxy in front\n"
 	"                                                 authorizes; the agent checks nothing\n"
+	"  --auth MODE            SANDKIT_AGENT_AUTH      bearer (with --token-file), none (as\n"
+	"                                                 --no-auth) or capability: Ed25519-signed\n"
+	"                                                 tokens for one session (docs/protocol.md)\n"
+	"  --session-id ID        SANDKIT_AGENT_SESSION_ID  capability mode: the session tokens\n"
+	"                                                 must name (on Kubernetes the pod's UID)\n"
+	"  --public-keys KEYS     SANDKIT_AGENT_PUBLIC_KEYS  capability mode: the trusted keys,\n"
+	"                                                 kid:BASE64[,kid:BASE64...], each the raw\n"
+	"                                                 32-byte Ed25519 key in standard base64\n"
 	"  --output-cap BYTES     SANDKIT_AGENT_OUTPUT_CAP  output kept per stream per command\n"
 	"                                                 (default 4194304, at most 1073741824)\n"
 	"  --max-connections N    SANDKIT_AGENT_MAX_CONNECTIONS  connections served at once\n"
@@ -80,8 +90,8 @@ static const char usage_text[] =
 	"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
 	"  --help                                         this text\n"
 	"\n"
-	"One of --token-file and --no-auth is required. SIGTERM and SIGINT kill every running\n"
-	"command's process group, then the agent exits 0.\n";
+	"One way to authorize is required: --token-file, --no-auth or --auth capability. SIGTERM\n"
+	"and SIGINT kill every running command's process group, then the agent exits 0.\n";
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
@@ -98,6 +108,7 @@ static void die(const char *fmt, ...)
 struct raw_options {
 	const char *root, *listen, *token_file, *no_auth, *output_cap, *require_activation;
 	const char *ready_fd, *ready_file, *isolate, *log, *max_connections, *header_timeout;
+	const char *auth, *session_id, *public_keys;
 };
 
 static int env_flag(const char *name, const char *v)
@@ -172,6 +183,39 @@ static void read_token(const char *file)
 	explicit_bzero(raw, sizeof raw);
 }
 
+/* Exactly one way to authorize: an agent that silently picked one would be a surprise. */
+static void configure_auth(const struct raw_options *o, int no_auth)
+{
+	int capability = 0;
+	if (o->auth) {
+		if (strcmp(o->auth, "capability") == 0)
+			capability = 1;
+		else if (strcmp(o->auth, "none") == 0)
+			no_auth = 1;
+		else if (strcmp(o->auth, "bearer") != 0)
+			die("--auth must be bearer, none or capability, not '%s'", o->auth);
+		else if (o->token_file == NULL)
+			die("--auth bearer needs --token-file");
+	}
+	int ways = capability + no_auth + (o->token_file != NULL);
+	if (ways == 0)
+		die("one of --token-file and --no-auth is required (or --auth capability)");
+	if (ways > 1)
+		die("--token-file, --no-auth and --auth capability exclude each other");
+	/* Capability settings without capability mode would be silently ignored. */
+	if (!capability && (o->session_id || o->public_keys))
+		die("--session-id and --public-keys belong to --auth capability");
+	agent.cfg.no_auth = no_auth;
+	if (o->token_file)
+		read_token(o->token_file);
+	if (capability) {
+		char err[256];
+		agent.cfg.capability = capability_new(o->session_id, o->public_keys, err, sizeof err);
+		if (agent.cfg.capability == NULL)
+			die("%s", err);
+	}
+}
+
 static void configure(int argc, char **argv)
 {
 	struct raw_options o = {
@@ -181,6 +225,8 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_READY_FD"), getenv("SANDKIT_AGENT_READY_FILE"),
 		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"),
 		getenv("SANDKIT_AGENT_MAX_CONNECTIONS"), getenv("SANDKIT_AGENT_HEADER_TIMEOUT"),
+		getenv("SANDKIT_AGENT_AUTH"), getenv("SANDKIT_AGENT_SESSION_ID"),
+		getenv("SANDKIT_AGENT_PUBLIC_KEYS"),
 	};
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
@@ -198,6 +244,9 @@ static void configure(int argc, char **argv)
 		{ "log", required_argument, NULL, 'L' },
 		{ "max-connections", required_argument, NULL, 'm' },
 		{ "header-timeout", required_argument, NULL, 'H' },
+		{ "auth", required_argument, NULL, 'A' },
+		{ "session-id", required_argument, NULL, 's' },
+		{ "public-keys", required_argument, NULL, 'k' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -216,6 +265,9 @@ static void configure(int argc, char **argv)
 		case 'L': o.log = optarg; break;
 		case 'm': o.max_connections = optarg; break;
 		case 'H': o.header_timeout = optarg; break;
+		case 'A': o.auth = optarg; break;
+		case 's': o.session_id = optarg; break;
+		case 'k': o.public_keys = optarg; break;
 		case 'h': fputs(usage_text, stdout); exit(0);
 		default: fputs(usage_text, stderr); exit(2);
 		}
@@ -244,14 +296,7 @@ static void configure(int argc, char **argv)
 	if (c->root_path == NULL)
 		die("the root %s cannot be resolved: %s", o.root, strerror(errno));
 	parse_listen(o.listen ? o.listen : "127.0.0.1:0");
-	/* Exactly one way to authorize: an agent that silently picked one would be a surprise. */
-	if (no_auth && o.token_file)
-		die("--no-auth and --token-file exclude each other");
-	if (!no_auth && o.token_file == NULL)
-		die("one of --token-file and --no-auth is required");
-	c->no_auth = no_auth;
-	if (o.token_file)
-		read_token(o.token_file);
+	configure_auth(&o, no_auth);
 	c->output_cap = o.output_cap ? parse_u64("--output-cap", o.output_cap, OUTPUT_CAP_MAX)
 				     : AGENT_DEFAULT_OUTPUT_CAP;
 	c->max_connections = o.max_connections
@@ -387,7 +432,7 @@ int main(int argc, char **argv)
 	/* Logged before the ready line, so whoever reads that line finds this one. */
 	log_info("serving %s on port %u, at most %u connections (%s%s%s)", agent.cfg.root_path,
 		 port, http_max_connections(),
-		 agent.cfg.no_auth ? "no auth" : "bearer token",
+		 agent.cfg.no_auth ? "no auth" : agent.cfg.capability ? "capability" : "bearer token",
 		 agent.cfg.require_activation ? ", activation required" : "",
 		 agent.cfg.isolate_bwrap ? ", bwrap" : "");
 	announce(port);
@@ -405,5 +450,6 @@ int main(int argc, char **argv)
 	free(agent.cfg.root_path);
 	free(agent.cfg.listen_host);
 	explicit_bzero(agent.cfg.token, sizeof agent.cfg.token);
+	capability_free(agent.cfg.capability);
 	return 0;
 }

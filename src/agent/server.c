@@ -2,6 +2,7 @@
 #include "server.h"
 
 #include "agent.h"
+#include "capability.h"
 #include "files.h"
 #include "http.h"
 #include "jobs.h"
@@ -163,9 +164,10 @@ static void health(struct http_request *req)
 	if (b == NULL ||
 	    evbuffer_add_printf(b,
 				"{\"protocolVersion\":%d,\"bootId\":\"%s\",\"status\":\"%s\","
-				"\"features\":[\"jobIdempotency\",\"outputCap\",\"rawFiles\"]}",
+				"\"features\":[\"jobIdempotency\",\"outputCap\",\"rawFiles\"%s]}",
 				AGENT_PROTOCOL_VERSION, agent.boot_id,
-				agent.activated ? "ready" : "awaiting-network-verification") < 0) {
+				agent.activated ? "ready" : "awaiting-network-verification",
+				agent.cfg.capability ? ",\"capability\"" : "") < 0) {
 		if (b)
 			evbuffer_free(b);
 		reply_out_of_memory(req, "answer health");
@@ -183,7 +185,8 @@ static void activate(struct http_request *req)
 }
 
 /*
- * The one authorization decision (docs/protocol.md §2), made from the request's headers alone,
+ * The one authorization decision (docs/protocol.md §2: bearer, capability, or none behind a
+ * provider's proxy), made from the request's headers alone,
  * before any of its body is read. 1 when the request may proceed; otherwise it has answered
  * 401 (no credential) or 403 (a credential that is not accepted).
  */
@@ -191,8 +194,22 @@ static int authorized(struct http_request *req)
 {
 	if (agent.cfg.no_auth)
 		return 1; /* provider mode: the proxy in front authorized the caller */
-	int count;
-	const struct http_field *f = http_field(http_request_head(req), "Authorization", &count);
+	int count, token_count;
+	const struct http_head *head = http_request_head(req);
+	const struct http_field *f = http_field(head, "Authorization", &count);
+	if (agent.cfg.capability) {
+		const struct http_field *t = http_field(head, CAPABILITY_HEADER, &token_count);
+		char why[CAPABILITY_WHY_MAX];
+		int status = capability_authorize(agent.cfg.capability, f ? f->value : NULL,
+						  f ? f->value_len : 0, count, t ? t->value : NULL,
+						  t ? t->value_len : 0, token_count, why, sizeof why);
+		if (status == 401)
+			reply_error(req, 401, NULL, "a capability is required");
+		else if (status != 0)
+			reply_error(req, 403, "SANDBOX_CAPABILITY_REFUSED",
+				    "Sandbox capability refused: %s", why);
+		return status == 0;
+	}
 	if (count == 0) {
 		reply_error(req, 401, NULL, "a capability is required");
 		return 0;
