@@ -625,7 +625,7 @@ end
 
 --- Reads the command line: { command =, opts = { [name] = value }, provider_opts =, args =,
 -- argv = } or nil, a message and the command it was about (for its help).
-local function parse(args, pflags)
+local function parse(args, pflags, provider)
   local p = { opts = {}, provider_opts = {}, args = {} }
   local command, pending_job
   local i = 1
@@ -652,6 +652,12 @@ local function parse(args, pflags)
         for k in pairs(GLOBAL) do known[k] = true end
         for k in pairs(pflags) do known[k] = true end
         for _, k in ipairs(command and command.options or {}) do known[k] = true end
+        for _, other in ipairs(sandkit.PROVIDERS) do
+          if other ~= provider and provider_flags(other)[name] then
+            return nil, "--" .. name .. " is not an option of the " .. provider .. " provider (it is the "
+              .. other .. " provider's)", command
+          end
+        end
         local near = options_check.nearest(name, known)
         local where = command and (" for " .. command.name) or (OPTIONS[name] and " before the command" or "")
         return nil, "unknown option --" .. name .. where .. (near and ("; did you mean --" .. near .. "?") or ""),
@@ -730,7 +736,7 @@ end
 function cli.main(args)
   local provider = provider_of(args)
   local pflags, module = provider_flags(provider)
-  local p, err, about = parse(args, pflags)
+  local p, err, about = parse(args, pflags, provider)
   if not p then
     return fail(EXIT_USAGE, err .. " (see `sandkit " .. (about and (about.name .. " ") or "") .. "--help`)")
   end

@@ -36,6 +36,11 @@ local PROVIDERS = {
   kubernetes = "sandkit.providers.kubernetes",
 }
 
+--- The names sandkit.sandbox{ provider = … } knows, sorted.
+sandkit.PROVIDERS = {}
+for name in pairs(PROVIDERS) do sandkit.PROVIDERS[#sandkit.PROVIDERS + 1] = name end
+table.sort(sandkit.PROVIDERS)
+
 --- Options every provider takes: the provider's name, the protocol's timeouts and the default
 -- command timeout. A provider module adds its own as `OPTIONS`, a set of names.
 local COMMON_OPTIONS = options_check.set{ "provider", "command_timeout" }

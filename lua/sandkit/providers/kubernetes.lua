@@ -711,7 +711,8 @@ function provider_mt:get(id)
   local claim, err = self:read_claim(id, op)
   if err then return nil, err end
   if not claim or not self:owns(claim) then return nil end
-  local record = { id = id, state = claim_state(claim), generation = 1, claim_uid = meta(claim).uid }
+  local record = { id = id, state = claim_state(claim), generation = 1, claim_uid = meta(claim).uid,
+    created_at = rfc3339.parse(meta(claim).creationTimestamp) }
   if record.state == "running" then
     local pod, why = self:chain(claim, op)
     if pod == nil then
@@ -764,7 +765,8 @@ function provider_mt:list()
     for _, claim in ipairs(page.items) do
       if type(claim) == "table" and self:owns(claim) and dns_label(meta(claim).name) then
         records[#records + 1] = { id = meta(claim).name, state = claim_state(claim),
-          generation = 1, claim_uid = meta(claim).uid }
+          generation = 1, claim_uid = meta(claim).uid,
+          created_at = rfc3339.parse(meta(claim).creationTimestamp) }
       end
     end
     -- A page may hold fewer items than the limit and still not be the last.
