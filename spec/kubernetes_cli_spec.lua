@@ -35,7 +35,8 @@ describe("the sandkit command with --provider kubernetes", function()
     assert.equal(0, status, err)
     assert.equal("cli-1\n", out)
     out = sandkit("ls")
-    assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED\ncli%-1%s+running%s+1%s+%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%dZ\n$", out)
+    assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED\n"
+      .. "cli%-1%s+running%s+1%s+%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%dZ\n$", out)
     local local_file = cluster.dir .. "/up.txt"
     local f = assert(io.open(local_file, "w"))
     f:write("up")
