@@ -364,6 +364,12 @@ local function stop_agent(pid, dir)
   core.reap(pid, true)
 end
 
+--- Why a removal can fail and succeed when asked again: something was still writing into the
+-- tree, or the machine was short of memory or descriptors for a moment. Anything else (a mount
+-- point, permissions, a read-only or failing disk) fails the same way every time.
+local REMOVAL_MAY_SUCCEED = { ENOTEMPTY = true, ENOMEM = true, EMFILE = true, ENFILE = true,
+  EINTR = true }
+
 --- Kills the session's agent and removes its directory. An absent id succeeds.
 function provider_mt:terminate(id)
   local bad = check_id(id, "sandbox.terminate")
@@ -371,9 +377,10 @@ function provider_mt:terminate(id)
   local dir = self:dir(id)
   local record = load_record(dir)
   if record then stop_agent(record.pid, dir) end
-  local ok, err = core.remove_tree(dir)
+  local ok, err, errno = core.remove_tree(dir)
   if not ok then
     return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.terminate",
+      retryable = REMOVAL_MAY_SUCCEED[errno] == true,
       message = "sandbox.terminate: the session's files could not be removed: " .. tostring(err) })
   end
   return true
