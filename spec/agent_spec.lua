@@ -8,262 +8,27 @@
 -- Not here because sandkit-agent does not have them: a `POST /` envelope for proxies that
 -- cannot choose path or method, peer-based transport authorization, cloud lifecycle hooks, and
 -- signed capability tokens — sandkit-agent checks a per-boot bearer token instead.
---
--- Every agent is started with --ready-fd on a pipe, so the spec learns its port from the line
--- the agent writes after binding; nothing waits by sleeping. Waits for a process to die are
--- bounded polls of /proc: the bound is the property under test.
+-- How agents are started and watched: spec/support/agent_process.lua.
 --
 -- SANDKIT_AGENT names the binary. Run: SANDKIT_AGENT=$PWD/build/agent/sandkit-agent
 --   busted --lua=lua5.4 spec/agent_spec.lua
 
+local agent_process = require "support.agent_process"
 local files = require "support.files"
 local raw = require "support.raw_http"
 local cjson = require "cjson"
-local core = require "sandkit.core"
 local socket = require "socket"
-
-local AGENT = os.getenv("SANDKIT_AGENT")
 
 local DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
----------------------------------------------------------------------------------------------
--- helpers
-
 local shell_quote, read_file, write_file = files.shell_quote, files.read, files.write
-
-local function run(cmd)
-  local p = assert(io.popen(cmd, "r"))
-  local out = p:read("a")
-  p:close()
-  return out
-end
-
-local function tmpdir()
-  return (run("mktemp -d"):gsub("%s+$", ""))
-end
-
-local function exists(path)
-  return os.execute("test -e " .. shell_quote(path) .. " || test -L " .. shell_quote(path)) == true
-end
-
-local function is_dir(path)
-  return os.execute("test -d " .. shell_quote(path)) == true
-end
-
-local b64 = core.b64encode
-local function unb64(s) return core.b64decode(s) or "" end
-
--- A process is gone once it is absent or a zombie (dead, waiting for whoever reaps orphans).
-local function pid_alive(pid)
-  local stat = read_file("/proc/" .. pid .. "/stat")
-  if not stat then return false end
-  local state = stat:match("^%d+ %b() (%a)")
-  return state ~= "Z" and state ~= "X"
-end
-
--- Polls pred until it holds or the bound passes; true when it held.
-local function within(seconds, pred)
-  local deadline = socket.gettime() + seconds
-  repeat
-    if pred() then return true end
-    socket.sleep(0.02)
-  until socket.gettime() > deadline
-  return pred()
-end
-
-local function new_token()
-  local f = assert(io.open("/dev/urandom", "rb"))
-  local bytes = f:read(32)
-  f:close()
-  return b64(bytes)
-end
-
-local function decode_lines(body)
-  local frames = {}
-  for line in body:gmatch("([^\n]*)\n") do
-    if line ~= "" then frames[#frames + 1] = cjson.decode(line) end
-  end
-  return frames
-end
-
-local function is_terminal(f) return f.t == "exit" or f.t == "error" end
-
--- Asserts the stream discipline (every line JSON, exactly one terminal frame, last) and
--- returns the frames with stdout/stderr decoded and the terminal frame.
-local function check_stream(frames)
-  assert.is_true(#frames >= 1, "the stream has no frames")
-  for i, f in ipairs(frames) do
-    if i < #frames then
-      assert.is_false(is_terminal(f), "a terminal frame is not last")
-    end
-  end
-  local last = frames[#frames]
-  assert.is_true(is_terminal(last), "the stream does not end with a terminal frame")
-  local out, err = {}, {}
-  for _, f in ipairs(frames) do
-    if f.t == "stdout" then out[#out + 1] = unb64(f.data)
-    elseif f.t == "stderr" then err[#err + 1] = unb64(f.data) end
-  end
-  return last, table.concat(out), table.concat(err)
-end
-
-local function sanitizer_report(log)
-  return log and (log:find("AddressSanitizer", 1, true) or log:find("runtime error:", 1, true)
-    or log:find("LeakSanitizer", 1, true) or log:find("UndefinedBehaviorSanitizer", 1, true))
-end
-
----------------------------------------------------------------------------------------------
--- the agent under test
-
-local Agent = {}
-Agent.__index = Agent
-
--- Starts an agent. opts.args: extra arguments; opts.env: extra environment; opts.no_token: do
--- not pass --token-file. Returns the agent, or nil and the agent's stderr when it refused.
-local function start_agent(opts)
-  opts = opts or {}
-  assert(AGENT, "set SANDKIT_AGENT to the sandkit-agent binary")
-  local dir = tmpdir()
-  local root = dir .. "/root"
-  assert(os.execute("mkdir " .. shell_quote(root)))
-  local token = new_token()
-  local token_file = dir .. "/token"
-  write_file(token_file, token .. "\n")
-  local log = dir .. "/agent.log"
-  local args = { "--root", root, "--ready-fd", "3", "--log", "debug" }
-  if not opts.no_token then
-    args[#args + 1] = "--token-file"
-    args[#args + 1] = token_file
-  end
-  for _, a in ipairs(opts.args or {}) do args[#args + 1] = a end
-  local env = {}
-  for k, v in pairs(opts.env or {}) do env[#env + 1] = k .. "=" .. shell_quote(v) end
-  local quoted = {}
-  for i, a in ipairs(args) do quoted[i] = shell_quote(a) end
-  -- fd 3 is the pipe this process reads; the agent's stdout is not, so the pipe ends when
-  -- the agent closes fd 3 after writing its one ready line.
-  local cmd = string.format("exec env %s %s %s 3>&1 1>/dev/null 2>%s", table.concat(env, " "),
-    shell_quote(AGENT), table.concat(quoted, " "), shell_quote(log))
-  local pipe = assert(io.popen(cmd, "r"))
-  local line = pipe:read("l")
-  if not line then
-    local _, _, code = pipe:close()
-    return nil, read_file(log) or "", code
-  end
-  local ready = cjson.decode(line)
-  return setmetatable({
-    dir = dir, root = root, token = token, token_file = token_file, log = log, pipe = pipe,
-    port = math.tointeger(ready.port), pid = math.tointeger(ready.pid), boot_id = ready.bootId,
-  }, Agent)
-end
-
--- SIGTERM, then the agent's exit status; asserts its log holds no sanitizer report.
-function Agent:stop()
-  if not self.pipe then return self.exit_code end
-  os.execute("kill -TERM " .. self.pid)
-  -- an agent that ignores SIGTERM fails the spec instead of hanging it
-  local stopped = within(10, function() return not pid_alive(self.pid) end)
-  if not stopped then os.execute("kill -KILL " .. self.pid) end
-  local _, how, code = self.pipe:close()
-  self.pipe = nil
-  local log = read_file(self.log)
-  assert.is_falsy(sanitizer_report(log), "sanitizer report in the agent's log:\n" .. tostring(log))
-  self.exit_code = how == "exit" and code or (128 + code)
-  os.execute("rm -rf " .. shell_quote(self.dir))
-  return self.exit_code
-end
-
-function Agent:auth()
-  return { Authorization = "Bearer " .. self.token }
-end
-
--- One request; body is a table (JSON-encoded) or a string. headers default to the bearer
--- token; pass false for none.
-function Agent:req(method, path, body, headers)
-  if headers == nil then headers = self:auth() end
-  local h = {}
-  for k, v in pairs(headers or {}) do h[k] = v end
-  if type(body) == "table" then
-    body = cjson.encode(body)
-    h["Content-Type"] = "application/json"
-  end
-  local res = assert(raw.request(self.port, method, path, { headers = h, body = body }))
-  return res
-end
-
-function Agent:json(method, path, body, headers)
-  local res = self:req(method, path, body, headers)
-  local ok, decoded = pcall(cjson.decode, res.body)
-  return res, ok and decoded or nil
-end
-
--- Runs a command to its end over /v1/exec; returns the response and its frames.
-function Agent:exec(body, headers)
-  local res = self:req("POST", "/v1/exec", body, headers)
-  local frames = res.status == 200 and decode_lines(res.body) or {}
-  return res, frames
-end
-
--- Opens an exec stream and reads its head; returns the connection, positioned at the body.
-function Agent:stream(body)
-  local c = assert(raw.connect(self.port))
-  local h = self:auth()
-  h["Content-Type"] = "application/json"
-  assert(c:request("POST", "/v1/exec", h, cjson.encode(body)))
-  local status = assert(c:read_head())
-  assert.are.equal(200, status)
-  return c
-end
-
-function Agent:start_job(body)
-  return self:json("POST", "/v1/jobs/start", body)
-end
-
-function Agent:poll(id, since)
-  local body = since and string.format('{"jobId":%s,"sinceSeq":%d}', cjson.encode(id), since)
-    or string.format('{"jobId":%s,"sinceSeq":null}', cjson.encode(id))
-  return self:json("POST", "/v1/jobs/poll", body)
-end
-
--- Polls with an advancing cursor until the job reports its ending (bounded); returns the last
--- page and every frame seen, in order.
-function Agent:poll_until_done(id, seconds)
-  local frames, since, page = {}, nil, nil
-  local done = within(seconds or 20, function()
-    local res
-    res, page = self:poll(id, since)
-    assert.are.equal(200, res.status, res.body)
-    for _, f in ipairs(page.frames) do
-      frames[#frames + 1] = f
-      since = f.seq
-    end
-    return page.running == false
-  end)
-  assert.is_true(done, "the job did not end in time")
-  return page, frames
-end
-
-local function vm_rss_kb(pid)
-  local status = read_file("/proc/" .. pid .. "/status")
-  return tonumber(status:match("VmRSS:%s*(%d+)"))
-end
-
-local function wchar(pid)
-  local io_ = read_file("/proc/" .. pid .. "/io")
-  return io_ and tonumber(io_:match("wchar:%s*(%d+)"))
-end
-
-local function frames_data(frames, stream)
-  local parts = {}
-  for _, f in ipairs(frames) do
-    if f.t == stream then parts[#parts + 1] = unb64(f.data) end
-  end
-  return table.concat(parts)
-end
-
-local function first_line_pid(s)
-  return tonumber(s:match("^(%d+)\n"))
-end
+local run, tmpdir, exists, is_dir = agent_process.run, agent_process.tmpdir, agent_process.exists,
+  agent_process.is_dir
+local b64, unb64, new_token = agent_process.b64, agent_process.unb64, agent_process.new_token
+local pid_alive, within = agent_process.pid_alive, agent_process.within
+local is_terminal, check_stream = agent_process.is_terminal, agent_process.check_stream
+local start_agent = agent_process.start
+local vm_rss_kb, wchar, frames_data = agent_process.vm_rss_kb, agent_process.wchar, agent_process.frames_data
 
 ---------------------------------------------------------------------------------------------
 
@@ -509,7 +274,7 @@ describe("sandkit-agent (bearer mode)", function()
       local last, out = check_stream(frames)
       assert.are.equal(0, last.code)
       assert.is_true(socket.gettime() - t0 < 5)
-      local pid = first_line_pid(out)
+      local pid = A:printed_pid(out)
       assert.is_true(within(5, function() return not pid_alive(pid) end))
     end)
 
@@ -525,14 +290,14 @@ describe("sandkit-agent (bearer mode)", function()
       c:close()
       local last, out = check_stream(frames)
       assert.are.equal("timeoutExceeded", last.code)
-      local pid = first_line_pid(out)
+      local pid = A:printed_pid(out)
       assert.is_true(within(5, function() return not pid_alive(pid) end), "grandchild survived")
     end)
 
     it("kills a silent command when its caller closes the connection", function()
       local c = A:stream({ command = { "sh", "-c", "echo $$; exec sleep 1000" }, timeoutMs = 600000 })
       local f = cjson.decode((assert(c:next_line())))
-      local pid = first_line_pid(unb64(f.data))
+      local pid = A:printed_pid(unb64(f.data))
       assert.is_true(pid_alive(pid))
       c:close()
       assert.is_true(within(5, function() return not pid_alive(pid) end))
@@ -541,7 +306,8 @@ describe("sandkit-agent (bearer mode)", function()
     it("kills a command and its descendants when its caller resets the connection", function()
       local c = A:stream({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" }, timeoutMs = 600000 })
       local f = cjson.decode((assert(c:next_line())))
-      local pid = first_line_pid(unb64(f.data))
+      local pid = A:printed_pid(unb64(f.data))
+      assert.is_true(pid_alive(pid))
       c:close(true)
       assert.is_true(within(5, function() return not pid_alive(pid) end))
     end)
@@ -551,7 +317,7 @@ describe("sandkit-agent (bearer mode)", function()
       local c = A:stream({ command = { "sh", "-c", "echo $$; exec yes 0123456789abcdef" },
         timeoutMs = 600000 })
       local first = cjson.decode((assert(c:next_line())))
-      local pid = first_line_pid(unb64(first.data))
+      local pid = A:printed_pid(unb64(first.data))
       assert.truthy(pid)
       -- Stop reading. The writer must come to a halt: its write count stops growing.
       local last, stable = wchar(pid), 0
@@ -823,7 +589,7 @@ describe("sandkit-agent (bearer mode)", function()
       local pid
       assert.is_true(within(10, function()
         local _, page = A:poll(started.jobId)
-        pid = page.frames[1] and first_line_pid(unb64(page.frames[1].data))
+        pid = page.frames[1] and A:printed_pid(unb64(page.frames[1].data))
         return pid ~= nil
       end))
       assert.is_true(pid_alive(pid))
@@ -1071,12 +837,13 @@ describe("sandkit-agent start-up and shutdown", function()
     finally(function() S:stop() end)
     local c = S:stream({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" }, timeoutMs = 600000 })
     local f = cjson.decode((assert(c:next_line())))
-    local streamed = first_line_pid(unb64(f.data))
+    local streamed = S:printed_pid(unb64(f.data))
+    assert.is_true(pid_alive(streamed))
     local _, started = S:start_job({ command = { "sh", "-c", "sleep 1000 & echo $!; wait" }, timeoutMs = 600000 })
     local job_pid
     assert.is_true(within(10, function()
       local _, page = S:poll(started.jobId)
-      job_pid = page.frames[1] and first_line_pid(unb64(page.frames[1].data))
+      job_pid = page.frames[1] and S:printed_pid(unb64(page.frames[1].data))
       return job_pid ~= nil
     end))
     assert.are.equal(0, S:stop())
@@ -1162,14 +929,7 @@ describe("sandkit-agent --isolate bwrap", function()
     local _, frames = W:exec({ command = { "sh", "-c", "setsid sleep 987654 & echo $!; wait" }, timeoutMs = 500 })
     local last = check_stream(frames)
     assert.are.equal("timeoutExceeded", last.code)
-    -- The pid namespace died with its init: no `sleep 987654` is left on the host. (/proc is
-    -- read directly: procps' ps deadlocks when a sanitizer runtime is preloaded into it.)
-    assert.is_true(within(5, function()
-      for _, pid in ipairs(core.listdir("/proc")) do
-        local cmdline = pid:match("^%d+$") and read_file("/proc/" .. pid .. "/cmdline")
-        if cmdline and cmdline:find("sleep\0987654", 1, true) then return false end
-      end
-      return true
-    end))
+    -- The pid namespace died with its init: no `sleep 987654` is left on the host.
+    assert.is_true(within(5, function() return #agent_process.processes{ "sleep", "987654" } == 0 end))
   end)
 end)

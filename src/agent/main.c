@@ -8,6 +8,7 @@
 #include "agent.h"
 
 #include "../base64.h"
+#include "contain.h"
 #include "exec.h"
 #include "isolate.h"
 #include "jobs.h"
@@ -68,7 +69,7 @@ static const char usage_text[] =
 	"  --help                                         this text\n"
 	"\n"
 	"One of --token-file and --no-auth is required. SIGTERM and SIGINT kill every running\n"
-	"command's process group, then the agent exits 0.\n";
+	"command's process group and what commands left behind, then the agent exits 0.\n";
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
@@ -315,6 +316,13 @@ int main(int argc, char **argv)
 	agent.activated = !agent.cfg.require_activation;
 	if (util_uuid(agent.boot_id) < 0)
 		die("cannot make a boot id: %s", strerror(errno));
+	/* Before anything else is started: the first child of the namespace must be its keeper. */
+	char uncontained[512];
+	if (contain_start(uncontained, sizeof uncontained) < 0)
+		log_info("%s: commands NOT contained, what they leave behind may outlive an agent "
+			 "killed with SIGKILL", uncontained);
+	else
+		log_info("%s", contain_description());
 	if (agent.cfg.isolate_bwrap) {
 		char why[512];
 		if (isolate_probe(why, sizeof why) < 0)
@@ -346,6 +354,8 @@ int main(int argc, char **argv)
 	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
 	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
 		die("cannot watch SIGTERM and SIGINT");
+	if (contain_watch() < 0)
+		die("cannot watch the keeper of the commands' PID namespace");
 	announce(port);
 	log_info("serving %s on port %u (%s%s%s)", agent.cfg.root_path, port,
 		 agent.cfg.no_auth ? "no auth" : "bearer token",
@@ -355,6 +365,8 @@ int main(int argc, char **argv)
 	event_base_dispatch(agent.base);
 
 	command_shutdown();
+	/* Then what the commands left behind, in their own sessions included. */
+	contain_stop();
 	server_stop();
 	jobs_free_all();
 	command_free_all();
@@ -365,5 +377,5 @@ int main(int argc, char **argv)
 	free(agent.cfg.root_path);
 	free(agent.cfg.listen_host);
 	explicit_bzero(agent.cfg.token, sizeof agent.cfg.token);
-	return 0;
+	return contain_lost() ? 1 : 0;
 }
