@@ -4,6 +4,7 @@
 #include "../base64.h"
 #include "../json.h"
 #include "agent.h"
+#include "fserror.h"
 #include "paths.h"
 #include "server.h"
 #include "util.h"
@@ -18,30 +19,20 @@
 #include <event2/buffer.h>
 #include <event2/http.h>
 
-/* Answers a path_result that is not PATH_OK for the caller's path p. */
-static void reply_path(struct evhttp_request *req, enum path_result r, const char *p, size_t len,
-		       const char *operation, int missing_is_404)
+/* Answers a file operation on the caller's path p that met err (fserror.h), while reading or
+ * while creating and writing. */
+static void reply_errno(struct evhttp_request *req, int err, const char *p, size_t len,
+			const char *operation, int writing)
 {
-	if (r == PATH_REFUSED) {
-		reply_path_refused(req, p, len, paths_refusal_reason());
+	const struct fs_error *e = fs_error(err, writing);
+	if (e->status == 500) {
+		reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s",
+			    operation, strerror(err));
 		return;
 	}
 	char shown[REPLY_SHOWN_PATH_MAX];
 	util_printable(p, len, shown, sizeof shown);
-	switch (r) {
-	case PATH_MISSING:
-	case PATH_NOT_DIR:
-		if (missing_is_404)
-			reply_error(req, 404, "PATH_NOT_FOUND", "No such file in the sandbox: %s", shown);
-		else
-			reply_error(req, 400, "REQUEST_INVALID",
-				    "Request invalid: a parent of '%s' is not a directory", shown);
-		break;
-	default:
-		reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s",
-			    operation, strerror(errno));
-		break;
-	}
+	reply_error(req, e->status, e->code, "%s%s%s%s", e->before, shown, e->after, e->why);
 }
 
 static void reply_not_regular(struct evhttp_request *req, const char *p, size_t len)
@@ -153,11 +144,11 @@ void files_get(struct evhttp_request *req)
 	/* Look before opening for reading: opening a device or FIFO can itself act or block. */
 	enum path_result r = paths_open(rel, O_PATH, 0, &probe);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		goto out;
 	}
 	if (fstat(probe, &before) < 0) {
-		reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		goto out;
 	}
 	if (!S_ISREG(before.st_mode)) {
@@ -168,11 +159,11 @@ void files_get(struct evhttp_request *req)
 	 * below refuses it. */
 	r = paths_open(rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, &fd);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		goto out;
 	}
 	if (fstat(fd, &after) < 0) {
-		reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		goto out;
 	}
 	if (!S_ISREG(after.st_mode) || after.st_ino != before.st_ino || after.st_dev != before.st_dev) {
@@ -184,7 +175,7 @@ void files_get(struct evhttp_request *req)
 		if (errno == ENOMEM)
 			reply_out_of_memory(req, "read a file");
 		else
-			reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
+			reply_errno(req, errno, p, plen, "read a file", 0);
 		goto out;
 	}
 	if (n > AGENT_FILE_MAX) {
@@ -348,7 +339,7 @@ void files_put(struct evhttp_request *req)
 		goto out;
 	enum path_result r = paths_walk(rel, 1, 1, &dirfd, &last);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	/* Look first: only a regular file (or nothing) may be opened for writing and truncated. */
@@ -363,12 +354,12 @@ void files_put(struct evhttp_request *req)
 			goto out;
 		}
 	} else if (r != PATH_MISSING) {
-		reply_path(req, r, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	r = paths_open_at(dirfd, last, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0666, &fd);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -376,7 +367,7 @@ void files_put(struct evhttp_request *req)
 		goto out;
 	}
 	if (ftruncate(fd, 0) < 0) {
-		reply_path(req, PATH_FAILED, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	for (size_t off = 0; off < n;) {
@@ -384,14 +375,14 @@ void files_put(struct evhttp_request *req)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			reply_path(req, PATH_FAILED, p, plen, "write a file", 0);
+			reply_errno(req, w == 0 ? EIO : errno, p, plen, "write a file", 1);
 			goto out;
 		}
 		off += (size_t)w;
 	}
 	if (close(fd) < 0) {
 		fd = -1;
-		reply_path(req, PATH_FAILED, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	fd = -1;
@@ -425,7 +416,7 @@ void files_mkdir(struct evhttp_request *req)
 			reply_error(req, 400, "REQUEST_INVALID",
 				    "Request invalid: '%s' or one of its parents is not a directory", shown);
 		} else if (r != PATH_OK) {
-			reply_path(req, r, p, plen, "make a directory", 0);
+			reply_errno(req, errno, p, plen, "make a directory", 1);
 		} else {
 			reply_empty(req, 204);
 		}

@@ -328,8 +328,10 @@ int main(int argc, char **argv)
 		if (isolate_probe(why, sizeof why) < 0)
 			die("%s", why);
 	}
-	/* A caller that vanishes must not kill the agent with SIGPIPE mid-write. */
+	/* A caller that vanishes must not kill the agent with SIGPIPE mid-write, nor a file over a
+	 * size limit with SIGXFSZ: the write fails with EFBIG instead, which is the caller's 413. */
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGXFSZ, SIG_IGN);
 	/* Each output frame is a fresh 128 KiB buffer (libevent rounds the ~87 KB line up to a
 	 * power of two), freed once the socket took it. At glibc's defaults each one is its own
 	 * mmap, unmapped again on free, so every frame faulted all its pages in anew: most of a
