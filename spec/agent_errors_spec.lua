@@ -74,7 +74,7 @@ describe("sandkit-agent answers for what the filesystem refuses", function()
       res.body)
   end)
 
-  it("answers a directory where a file must be with 400 and a file where a directory must be with 404 or 400", function()
+  it("answers a directory where a file must be with 400, a file on the way with 404 or 400", function()
     assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/adir" }).status)
     assert.are.equal(204, put(A, "/afile", "x").status)
     local res = A:req("GET", "/v1/files?path=/afile/below")

@@ -245,6 +245,24 @@ describe("the local provider with bubblewrap", function()
   before_each(function() root = local_state.new() end)
   after_each(function() local_state.clean(root) end)
 
+  it("hides the state folder from a session: no other session's token, record or files", function()
+    -- Under /var/tmp, not /tmp: bubblewrap's private /tmp would hide a state folder there anyway.
+    local out, _, made = local_state.sh("mktemp -d /var/tmp/sandkit-spec.XXXXXX")
+    assert.equal(0, made)
+    local state = out:gsub("%s+$", "")
+    finally(function() local_state.clean(state) end)
+    local sandbox = assert(sandkit.sandbox{ provider = "local", root = state, isolate = "bwrap" })
+    local mine = assert(sandbox:create{ id = "mine" })
+    local other = assert(sandbox:create{ id = "other" })
+    assert(other:write_files{ ["/secret.txt"] = "other's secret" })
+    local theirs = state .. "/sessions/other"
+    local result = assert(mine:exec({ "sh", "-c", "cat " .. theirs .. "/token " .. theirs
+      .. "/record.json " .. theirs .. "/files/secret.txt " .. state .. "/sessions/mine/token; "
+      .. "ls -A " .. state .. "/sessions; echo own > own.txt && cat own.txt" }, { timeout = 10 }))
+    assert.equal("mine\nown\n", result.stdout, result.stderr)
+    assert.is_nil(result.stdout:find(other.record.token, 1, true))
+  end)
+
   it("runs commands with only the session's files writable, no network and a private /tmp", function()
     local sandbox = assert(sandkit.sandbox{ provider = "local", root = root, isolate = "bwrap" })
     assert.equal("bwrap", sandbox:capabilities().isolation)

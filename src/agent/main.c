@@ -65,6 +65,9 @@ static const char usage_text[] =
 	"  --isolate bwrap        SANDKIT_AGENT_ISOLATE   run every command under bubblewrap\n"
 	"                                                 (read-only host, writable root, private\n"
 	"                                                 /tmp, no network, own pid namespace)\n"
+	"  --hide DIR             SANDKIT_AGENT_HIDE      with bwrap: DIR looks empty to commands\n"
+	"                                                 (a state folder); repeatable, the\n"
+	"                                                 variable takes DIR:DIR:...\n"
 	"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
 	"  --help                                         this text\n"
 	"\n"
@@ -86,7 +89,17 @@ static void die(const char *fmt, ...)
 struct raw_options {
 	const char *root, *listen, *token_file, *no_auth, *output_cap, *require_activation;
 	const char *ready_fd, *ready_file, *isolate, *log;
+	const char *hide[ISOLATE_HIDE_MAX];
+	size_t nhide;
 };
+
+/* Adds one --hide; the directories are checked once the root is known. */
+static void add_hide(struct raw_options *o, const char *dir)
+{
+	if (o->nhide == ISOLATE_HIDE_MAX)
+		die("--hide is accepted at most %d times", ISOLATE_HIDE_MAX);
+	o->hide[o->nhide++] = dir;
+}
 
 static int env_flag(const char *name, const char *v)
 {
@@ -167,8 +180,12 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_TOKEN_FILE"), getenv("SANDKIT_AGENT_NO_AUTH"),
 		getenv("SANDKIT_AGENT_OUTPUT_CAP"), getenv("SANDKIT_AGENT_REQUIRE_ACTIVATION"),
 		getenv("SANDKIT_AGENT_READY_FD"), getenv("SANDKIT_AGENT_READY_FILE"),
-		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"),
+		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"), { NULL }, 0,
 	};
+	/* The variable's list is cut in place: environ's strings are ours to keep. */
+	char *hide_env = getenv("SANDKIT_AGENT_HIDE");
+	for (char *dir = hide_env ? strtok(hide_env, ":") : NULL; dir; dir = strtok(NULL, ":"))
+		add_hide(&o, dir);
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
 		? env_flag("SANDKIT_AGENT_REQUIRE_ACTIVATION", o.require_activation) : 0;
@@ -183,6 +200,7 @@ static void configure(int argc, char **argv)
 		{ "ready-file", required_argument, NULL, 'F' },
 		{ "isolate", required_argument, NULL, 'i' },
 		{ "log", required_argument, NULL, 'L' },
+		{ "hide", required_argument, NULL, 'H' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -199,6 +217,7 @@ static void configure(int argc, char **argv)
 		case 'F': o.ready_file = optarg; break;
 		case 'i': o.isolate = optarg; break;
 		case 'L': o.log = optarg; break;
+		case 'H': add_hide(&o, optarg); break;
 		case 'h': fputs(usage_text, stdout); exit(0);
 		default: fputs(usage_text, stderr); exit(2);
 		}
@@ -251,6 +270,15 @@ static void configure(int argc, char **argv)
 		if (strcmp(o.isolate, "bwrap") != 0)
 			die("--isolate knows only bwrap, not '%s'", o.isolate);
 		c->isolate_bwrap = 1;
+	}
+	/* Without bubblewrap nothing can hide a directory from a command: accepting --hide then
+	 * would promise what is not done. */
+	if (o.nhide > 0 && !c->isolate_bwrap)
+		die("--hide needs --isolate bwrap");
+	for (size_t i = 0; i < o.nhide; i++) {
+		char why[PATH_MAX + 128];
+		if (isolate_hide(o.hide[i], why, sizeof why) < 0)
+			die("%s", why);
 	}
 }
 
@@ -376,6 +404,7 @@ int main(int argc, char **argv)
 	event_free(intr);
 	event_base_free(agent.base);
 	close(agent.cfg.root_fd);
+	isolate_free();
 	free(agent.cfg.root_path);
 	free(agent.cfg.listen_host);
 	explicit_bzero(agent.cfg.token, sizeof agent.cfg.token);

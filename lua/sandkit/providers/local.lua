@@ -7,7 +7,8 @@
 --
 -- root      the state folder; default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit
 -- isolate   nil, or "bwrap": commands run under bubblewrap with only the session's files
---           writable, no network and a private /tmp
+--           writable, no network, a private /tmp, and the state folder out of sight (no other
+--           session's token, record or files, nor this one's token)
 --
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
 --   record.json  { id, pid, port, boot_id, generation, isolate, env, created_at }
@@ -174,8 +175,9 @@ function provider_mt:start_agent(id, dir, generation, env)
   local argv = { agent, "--root", dir .. "/files", "--token-file", token_path,
     "--listen", "127.0.0.1:0", "--ready-fd", "3", "--log", "info" }
   if self.options.isolate == "bwrap" then
-    argv[#argv + 1] = "--isolate"
-    argv[#argv + 1] = "bwrap"
+    -- The state folder holds every session's token, record and files: inside the sandbox it is
+    -- empty but for this session's own files.
+    for _, word in ipairs{ "--isolate", "bwrap", "--hide", self.root } do argv[#argv + 1] = word end
   end
   if self.options.output_cap then
     argv[#argv + 1] = "--output-cap"
