@@ -90,6 +90,20 @@ describe("the exec stream", function()
     assert.equal("UNEXPECTED_RESPONSE_FORMAT", err.cause.code)
   end)
 
+  it("leaves the outcome unknown when a frame gives a member twice", function()
+    for _, line in ipairs{ '{"t":"error","t":"exit","code":0}\n', '{"t":"exit","code":1,"code":0}\n' } do
+      session, server = agent_session.open("function(req, conn) respond.frames(conn, { "
+        .. string.format("%q", line) .. " }) end")
+      local items = collect(session)
+      assert.equal(1, #items, line)
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code, line)
+      assert.is_false(items[1].retryable)
+      assert.matches("appears twice", tostring(items[1]), 1, true)
+      server:stop()
+      server = nil
+    end
+  end)
+
   it("ends the stream mid-chunk at an unestablished outcome, delivering no later exit", function()
     session, server = agent_session.open([[function(req, conn)
       respond.frames(conn, { '{not json at all}\n{"t":"exit","code":0,"truncated":false}\n' })

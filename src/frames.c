@@ -92,13 +92,28 @@ struct fields {
 		has_code_num : 1, has_signal : 1, has_truncated : 1;
 };
 
+/* The members a frame may carry, each allowed once. */
+static const char *const members[] = { "t", "data", "seq", "code", "message", "truncated", "signal" };
+
 static int scan_fields(sk_json *j, struct fields *f)
 {
 	sk_json_str key;
+	unsigned seen = 0;
 	int r;
 	if (sk_json_object_begin(j) < 0)
 		return -1;
 	while ((r = sk_json_object_key(j, &key)) == 1) {
+		/* A member given twice is what the last copy says to one reader and the first to
+		 * another (the agent refuses the same in requests): not a frame. */
+		for (unsigned i = 0; i < sizeof members / sizeof members[0]; i++) {
+			if (!sk_json_str_is(&key, members[i]))
+				continue;
+			if (seen & (1u << i)) {
+				j->err = "a member appears twice";
+				return -1;
+			}
+			seen |= 1u << i;
+		}
 		if (sk_json_str_is(&key, "t")) {
 			f->has_t = sk_json_string(j, &f->t) == 0;
 		} else if (sk_json_str_is(&key, "data")) {
