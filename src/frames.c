@@ -66,10 +66,11 @@ static int fail(sk_frames *d, enum sk_frames_failure why, const char *fmt, const
 	return SK_FRAMES_FAILED;
 }
 
-/* Grows a buffer to at least need bytes, geometrically; the callers bound need by max_line. */
+/* Grows a buffer to at least need bytes, geometrically; the callers bound need by max_line.
+ * The buffer exists afterwards even for need 0: an empty string is still copied into it. */
 static int reserve(void **buf, size_t *cap, size_t need)
 {
-	if (need <= *cap)
+	if (*buf != NULL && need <= *cap)
 		return 0;
 	size_t n = *cap ? *cap : 4096;
 	while (n < need)
