@@ -3,10 +3,12 @@
 std = "lua54"
 self = false
 max_line_length = 120
-include_files = { "lua/**/*.lua", "spec/**/*.lua", "bin/sandkit", "examples/*.lua", "bench/**/*.lua" }
+include_files = { "lua/**/*.lua", "spec/**/*.lua", "bin/sandkit", "examples/*.lua", "bench/**/*.lua",
+  "tools/**/*.lua" }
 files["spec"] = { std = "+busted" }
 -- Scenario files of the fake server run in their own process with cqueues loaded.
 files["spec/support/fake_http_server.lua"] = { globals = { "arg" } }
 files["bin/sandkit"] = { globals = { "arg" } }
 files["examples"] = { globals = { "arg" } }
 files["bench"] = { globals = { "arg" } }
+files["tools"] = { globals = { "arg" } }
