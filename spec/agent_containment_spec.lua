@@ -8,7 +8,7 @@ local files = require "support.files"
 
 local within, pid_alive, processes = agent_process.within, agent_process.pid_alive,
   agent_process.processes
-local start_agent = agent_process.start
+local start_agent = agent_process.start_agent
 
 --- A sleep length unique to this run, so concurrent specs never see each other's processes.
 local function unique_seconds()
@@ -77,7 +77,7 @@ describe("sandkit-agent containment", function()
       return
     end
     local U = assert(start_agent{ shared = true,
-      prefix = { "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups" } })
+      prefix = "setpriv --reuid=65534 --regid=65534 --clear-groups" })
     finally(function() U:stop() end)
     assert.truthy(files.read(U.log):find("contained in a PID namespace of a user namespace", 1, true))
     -- Commands keep the agent's identity inside its user namespace.
@@ -128,9 +128,9 @@ describe("sandkit-agent containment", function()
   it("says at start that it cannot contain commands where the machine forbids it", function()
     -- A user namespace that may create no further ones, and no capabilities in it: neither
     -- arrangement the agent tries can work.
-    local A, log = start_agent{ prefix = { "unshare", "--user", "--map-root-user", "sh", "-c",
-      "echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv --bounding-set=-all "
-        .. "--inh-caps=-all --securebits=+noroot,+noroot_locked \"$@\"", "wrapper" } }
+    local A, log = start_agent{ prefix = "unshare --user --map-root-user sh -c "
+      .. files.shell_quote("echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv "
+        .. "--bounding-set=-all --inh-caps=-all --securebits=+noroot,+noroot_locked \"$@\"") .. " wrapper" }
     if not A then
       pending("this machine cannot make the user namespace the test needs: " .. tostring(log))
       return

@@ -7,7 +7,7 @@
 local agent_process = require "support.agent_process"
 local files = require "support.files"
 
-local start_agent, check_stream = agent_process.start, agent_process.check_stream
+local start_agent, check_stream = agent_process.start_agent, agent_process.check_stream
 local shell_quote = files.shell_quote
 
 local function sh(cmd)
@@ -123,7 +123,7 @@ describe("sandkit-agent answers for mounts and permissions", function()
     end
     -- An agent running as nobody, and files in its root that belong to root alone.
     A = assert(start_agent{ shared = true,
-      prefix = { "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups" } })
+      prefix = "setpriv --reuid=65534 --regid=65534 --clear-groups" })
     files.write(A.root .. "/secret", "root's")
     assert(sh("chmod 600 " .. shell_quote(A.root .. "/secret") .. " && mkdir -m 755 "
       .. shell_quote(A.root .. "/locked")))

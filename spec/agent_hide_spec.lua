@@ -5,7 +5,7 @@
 local agent_process = require "support.agent_process"
 local files = require "support.files"
 
-local start_agent, check_stream = agent_process.start, agent_process.check_stream
+local start_agent, check_stream = agent_process.start_agent, agent_process.check_stream
 
 local function bwrap_works()
   return os.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null") == true

@@ -27,7 +27,7 @@ local run, tmpdir, exists, is_dir = agent_process.run, agent_process.tmpdir, age
 local b64, unb64, new_token = agent_process.b64, agent_process.unb64, agent_process.new_token
 local pid_alive, within = agent_process.pid_alive, agent_process.within
 local is_terminal, check_stream = agent_process.is_terminal, agent_process.check_stream
-local start_agent = agent_process.start
+local start_agent = agent_process.start_agent
 local vm_rss_kb, wchar, frames_data = agent_process.vm_rss_kb, agent_process.wchar, agent_process.frames_data
 
 ---------------------------------------------------------------------------------------------

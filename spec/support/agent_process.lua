@@ -133,7 +133,7 @@ local Agent = {}
 Agent.__index = Agent
 
 -- Starts an agent. opts.args: extra arguments; opts.env: extra environment; opts.no_token: do
--- not pass --token-file; opts.prefix: argv run in front of the agent (a wrapper that changes
+-- not pass --token-file; opts.prefix: shell words that exec the agent (a wrapper that changes
 -- its user or its rights); opts.shared: its root, token and log usable by any user, for an
 -- agent run as another one. Returns the agent, or nil and the agent's stderr when it refused.
 local function start_agent(opts)
@@ -163,10 +163,8 @@ local function start_agent(opts)
   for i, a in ipairs(args) do quoted[i] = shell_quote(a) end
   -- fd 3 is the pipe this process reads; the agent's stdout is not, so the pipe ends when
   -- the agent closes fd 3 after writing its one ready line.
-  local prefix = {}
-  for i, a in ipairs(opts.prefix or {}) do prefix[i] = shell_quote(a) end
   local cmd = string.format("exec env %s %s %s %s 3>&1 1>/dev/null 2>>%s", table.concat(env, " "),
-    table.concat(prefix, " "), shell_quote(AGENT), table.concat(quoted, " "), shell_quote(log))
+    opts.prefix or "", shell_quote(AGENT), table.concat(quoted, " "), shell_quote(log))
   local pipe = assert(io.popen(cmd, "r"))
   local line = pipe:read("l")
   if not line then
@@ -310,7 +308,7 @@ end
 return {
   run = run, tmpdir = tmpdir, exists = exists, is_dir = is_dir, b64 = b64, unb64 = unb64,
   pid_alive = pid_alive, within = within, new_token = new_token, decode_lines = decode_lines,
-  is_terminal = is_terminal, check_stream = check_stream, start = start_agent,
+  is_terminal = is_terminal, check_stream = check_stream, start_agent = start_agent,
   processes = processes, children = children,
   vm_rss_kb = vm_rss_kb, wchar = wchar, frames_data = frames_data,
 }
