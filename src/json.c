@@ -218,7 +218,8 @@ static size_t unescape_one(const char **p, char *dst)
 size_t sk_json_unescape(const sk_json_str *s, char *dst)
 {
 	if (!s->escaped) {
-		memcpy(dst, s->p, s->len);
+		if (s->len > 0) /* an empty span may have no pointer at all */
+			memcpy(dst, s->p, s->len);
 		return s->len;
 	}
 	const char *p = s->p, *end = s->p + s->len;
@@ -232,7 +233,7 @@ int sk_json_str_is(const sk_json_str *s, const char *lit)
 {
 	size_t n = strlen(lit);
 	if (!s->escaped)
-		return s->len == n && memcmp(s->p, lit, n) == 0;
+		return s->len == n && (n == 0 || memcmp(s->p, lit, n) == 0);
 	/* An escaped name means what it spells: {"\u0074": …} is "t" to every other reader, so
 	 * it must be "t" here too, or a duplicate could hide behind the escape. */
 	const char *p = s->p, *end = s->p + s->len;
