@@ -121,8 +121,8 @@ describe("the local provider", function()
     local mount = root .. "/sessions/pinned/files/mnt"
     assert(session:mkdir("/mnt"))
     -- A mount point cannot be removed by anyone but whoever unmounts it: it fails every time.
-    local _, _, mounted = local_state.sh("mount -t tmpfs sandkit-spec " .. local_state.shell_quote(mount))
-    if mounted ~= 0 then
+    local mounted = os.execute("mount -t tmpfs sandkit-spec " .. local_state.shell_quote(mount) .. " 2>/dev/null")
+    if mounted ~= true and mounted ~= 0 then
       pending("mounting a tmpfs needs root")
       return
     end
@@ -247,9 +247,8 @@ describe("the local provider with bubblewrap", function()
 
   it("hides the state folder from a session: no other session's token, record or files", function()
     -- Under /var/tmp, not /tmp: bubblewrap's private /tmp would hide a state folder there anyway.
-    local out, _, made = local_state.sh("mktemp -d /var/tmp/sandkit-spec.XXXXXX")
-    assert.equal(0, made)
-    local state = out:gsub("%s+$", "")
+    local state = local_state.sh("mktemp -d /var/tmp/sandkit-spec.XXXXXX"):gsub("%s+$", "")
+    assert.truthy(core.listdir(state), "no private state folder under /var/tmp")
     finally(function() local_state.clean(state) end)
     local sandbox = assert(sandkit.sandbox{ provider = "local", root = state, isolate = "bwrap" })
     local mine = assert(sandbox:create{ id = "mine" })
