@@ -121,7 +121,7 @@ fuzz:
 # writes tools/soak/RESULTS.md. Not part of check: it takes a minute and two cores.
 soak:
 	$(MAKE) all
-	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./spec/?.lua;./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) tools/soak/soak.lua --results tools/soak/RESULTS.md
 
 lint:

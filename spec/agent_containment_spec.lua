@@ -45,12 +45,7 @@ local function survivors(lengths)
   return left
 end
 
-local function am_root()
-  local p = assert(io.popen("id -u"))
-  local uid = p:read("l")
-  p:close()
-  return uid == "0"
-end
+local am_root = agent_process.am_root
 
 --- Kills the agent outright and asserts that nothing it started is left within the bound.
 local function assert_nothing_survives_sigkill(agent)

@@ -16,12 +16,7 @@ local function sh(cmd)
   return r == true or r == 0
 end
 
-local function am_root()
-  local p = assert(io.popen("id -u"))
-  local uid = p:read("l")
-  p:close()
-  return uid == "0"
-end
+local am_root = agent_process.am_root
 
 --- Mounts a tmpfs with `options` at dir (created); false where mounting is not allowed.
 local function mount_tmpfs(dir, options)

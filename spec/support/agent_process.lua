@@ -75,6 +75,12 @@ local function children(pid, comm)
   return found
 end
 
+-- Whether this process runs as root: what only root can do (start the agent as another user,
+-- mount) is skipped otherwise.
+local function am_root()
+  return (run("id -u"):gsub("%s+$", "")) == "0"
+end
+
 -- Polls pred until it holds or the bound passes; true when it held.
 local function within(seconds, pred)
   local deadline = socket.gettime() + seconds
@@ -309,6 +315,6 @@ return {
   run = run, tmpdir = tmpdir, exists = exists, is_dir = is_dir, b64 = b64, unb64 = unb64,
   pid_alive = pid_alive, within = within, new_token = new_token, decode_lines = decode_lines,
   is_terminal = is_terminal, check_stream = check_stream, start_agent = start_agent,
-  processes = processes, children = children,
+  processes = processes, children = children, am_root = am_root,
   vm_rss_kb = vm_rss_kb, wchar = wchar, frames_data = frames_data,
 }

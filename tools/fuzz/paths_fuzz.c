@@ -3,9 +3,9 @@
  * lexical half of confining a caller's path to the root: every file route and every cwd goes
  * through it before the kernel's openat2 does the rest.
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -o paths_fuzz \
- *     tools/fuzz/paths_fuzz.c src/agent/paths.c src/agent/fserror.c
- *   ./paths_fuzz -max_len=8192 tools/fuzz/corpus/paths
+ *   make fuzz FUZZ_TARGETS=paths
+ * sources: src/agent/paths.c src/agent/fserror.c
+ * options: -max_len=8192
  *
  * The whole input is one caller path (NUL bytes included, as a JSON string can carry them).
  * Checked on top of the sanitizers, for every input:

@@ -23,6 +23,9 @@
 local sandkit = require "sandkit"
 local core = require "sandkit.core"
 local wait = require "sandkit.wait"
+local files = require "support.files"
+
+local read_file = files.read
 
 local LUA = arg[-1] or "lua5.4"
 local SCRIPT = arg[0]
@@ -119,14 +122,6 @@ end
 
 -- Driver --------------------------------------------------------------------------------------
 
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
 local function proc_status(pid)
   local s = read_file("/proc/" .. pid .. "/status")
   if not s then return nil end
@@ -166,6 +161,13 @@ local function processes(needle)
     if cmdline and cmdline:find(needle, 1, true) and st and st.state ~= "Z" then found = found + 1 end
   end
   return found
+end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys)
+  return keys
 end
 
 local function options(argv)
@@ -304,7 +306,7 @@ local function driver(o)
   say("")
   say("`make soak` (`%s tools/soak/soak.lua --commands %d --sessions %d --workers %d --seed %d`), "
     .. "%s, on %s.", LUA, o.commands, o.sessions, o.workers, o.seed, os.date("!%Y-%m-%d %H:%M UTC"),
-    (read_file("/proc/sys/kernel/osrelease") or "?"):gsub("%s+$", ""))
+    ((read_file("/proc/sys/kernel/osrelease") or "?"):gsub("%s+$", "")))
   say("")
   say("%d commands over %d sessions from %d client processes at a time, %d client processes "
     .. "killed with SIGKILL mid-stream, in %.1f s.", ended + killed_in_flight, o.sessions, o.workers,
@@ -312,20 +314,13 @@ local function driver(o)
   say("")
   say("| outcome | count |")
   say("|---|---|")
-  local names = {}
-  for class in pairs(counts) do names[#names + 1] = class end
-  table.sort(names)
-  for _, class in ipairs(names) do say("| %s | %d |", class, counts[class]) end
+  for _, class in ipairs(sorted_keys(counts)) do say("| %s | %d |", class, counts[class]) end
   say("")
   say("| command | outcomes |")
   say("|---|---|")
-  local kind_names = {}
-  for kind in pairs(kinds) do kind_names[#kind_names + 1] = kind end
-  table.sort(kind_names)
-  for _, kind in ipairs(kind_names) do
+  for _, kind in ipairs(sorted_keys(kinds)) do
     local parts = {}
-    for class, n in pairs(kinds[kind]) do parts[#parts + 1] = class .. " " .. n end
-    table.sort(parts)
+    for _, class in ipairs(sorted_keys(kinds[kind])) do parts[#parts + 1] = class .. " " .. kinds[kind][class] end
     say("| %s | %s |", kind, table.concat(parts, ", "))
   end
   say("")
