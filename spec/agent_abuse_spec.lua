@@ -16,7 +16,7 @@ local read_file, write_file = files.read, files.write
 local start_agent, within, pid_alive = agent_process.start_agent, agent_process.within,
   agent_process.pid_alive
 local vm_rss_kb, check_stream, b64 = agent_process.vm_rss_kb, agent_process.check_stream, agent_process.b64
-local first_line_pid, unb64, exists = agent_process.first_line_pid, agent_process.unb64, agent_process.exists
+local unb64, exists = agent_process.unb64, agent_process.exists
 
 -- CPU seconds the process has used (user + system), from /proc/<pid>/stat.
 local function cpu_seconds(pid)
@@ -254,7 +254,7 @@ describe("sandkit-agent under abuse", function()
       local before = vm_rss_kb(A.pid)
       local c = A:stream({ command = { "sh", "-c", "echo $$; exec sleep 1000" }, timeoutMs = 600000 })
       local f = cjson.decode((assert(c:next_line())))
-      local pid = first_line_pid(unb64(f.data))
+      local pid = A:printed_pid(unb64(f.data))
       local sent = push(c, 16 * 1024 * 1024)
       local grown = vm_rss_kb(A.pid) - before
       assert.is_true(grown < 4 * 1024, "agent RSS grew by " .. grown .. " kB after " .. sent .. " bytes")

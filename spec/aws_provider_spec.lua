@@ -28,9 +28,9 @@ local function owned(state, endpoint)
 end
 
 --- A fake agent whose health answers a bodyless 502 (what AWS's proxy sends while a snapshot
--- restores) for the first `restoring` probes, or for ever when `restoring` is nil; exec
--- answers one stdout frame and exit 0.
-local function fake_agent(restoring)
+-- restores), or `status` (a status line) with `body`, for the first `restoring` probes, or for
+-- ever when `restoring` is nil; exec answers one stdout frame and exit 0.
+local function fake_agent(restoring, status, body)
   return fake_http.start(string.format([[
     local respond = require "support.respond"
     local restoring = %s
@@ -38,13 +38,13 @@ local function fake_agent(restoring)
       if req.path == "/v1/health" then
         conn.state.probes = (conn.state.probes or 0) + 1
         if restoring == nil or conn.state.probes <= restoring then
-          return respond.status(conn, "502 Bad Gateway", "")
+          return respond.status(conn, %q, %q)
         end
         return respond.health(conn)
       end
       respond.frames(conn, { '{"t":"stdout","seq":0,"data":"aGk="}\n', '{"t":"exit","code":0}\n' })
     end }
-  ]], tostring(restoring)))
+  ]], tostring(restoring), status or "502 Bad Gateway", body or ""))
 end
 
 local function endpoint_of(server)
@@ -223,6 +223,29 @@ describe("the aws provider", function()
     assert.matches("502", err.message, 1, true)
     assert.is_true(#agent:requests_to("/v1/health") >= 2, "it probed more than once")
     assert.same({ "mvm-dead" }, ids(cp:calls_to("TerminateMicrovm")))
+  end)
+
+  -- An endpoint token may take a moment to be honoured: the proxy's 403 meanwhile is one more
+  -- answer that is not ready, not a refusal to give up on.
+  it("waits through the 403s of an endpoint token still propagating, and keeps the MicroVM", function()
+    agent = fake_agent(2, "403 Forbidden", '{"message":"Forbidden"}')
+    cp = aws_control_plane.start{ run = { microvmId = "mvm-token", endpoint = endpoint_of(agent) } }
+    local session = assert(sandbox_for(cp, { ready_timeout = 5 }):create{})
+    assert.equal("mvm-token", session.id)
+    assert.equal(3, #agent:requests_to("/v1/health"))
+    assert.same({}, cp:calls_to("TerminateMicrovm"), "a servable MicroVM is kept")
+  end)
+
+  it("gives up on a token never honoured at the deadline, naming the 403, and terminates", function()
+    agent = fake_agent(nil, "403 Forbidden", '{"message":"Forbidden"}')
+    cp = aws_control_plane.start{ run = { microvmId = "mvm-refused", endpoint = endpoint_of(agent) } }
+    local session, err = sandbox_for(cp, { ready_timeout = 0.5, ready_interval = 0.2 }):create{}
+    assert.is_nil(session)
+    assert.equal("SANDBOX_UNREACHABLE", err.code)
+    assert.matches("did not become ready within", err.message, 1, true)
+    assert.matches("returned 403", err.message, 1, true)
+    assert.is_true(#agent:requests_to("/v1/health") >= 2, "it probed more than once")
+    assert.same({ "mvm-refused" }, ids(cp:calls_to("TerminateMicrovm")))
   end)
 
   -- A bare URL would be useless: the endpoint refuses anything without the token headers and

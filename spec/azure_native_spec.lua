@@ -133,7 +133,7 @@ describe("a command on a session without an agent", function()
       :expect("execute_shell_command", 0)
     local result, err = native_session(dp):exec({ "true" }, { timeout = 5 })
     assert.is_nil(result)
-    assert.equal("sessionGone", err.failure)
+    assert.equal("sandboxGone", err.failure)
     dp:verify()
   end)
 

@@ -560,7 +560,7 @@ describe("a session record", function()
       :expect("delete_sandbox", 1):on("delete_sandbox", function() return true end)
     local session, err = agents.sandbox(dp):create{}
     assert.is_nil(session)
-    assert.equal("sessionGone", err.failure)
+    assert.equal("sandboxGone", err.failure)
     dp:verify()
   end)
 end)

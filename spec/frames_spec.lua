@@ -73,6 +73,11 @@ describe("the frame decoder", function()
     assert.same({ type = "exit", code = 137, truncated = false, signal = 9 }, out[1])
   end)
 
+  it("reads a member name written with escapes as the name it spells", function()
+    local out = decode{ '{"\\u0074":"exit","c\\u006fde":3}\n' }
+    assert.same({ type = "exit", code = 3, truncated = false }, out[1])
+  end)
+
   it("takes members in any order", function()
     local out = decode{ '{"data":"YQ==","seq":5,"t":"stdout"}\n' }
     assert.same({ type = "stdout", seq = 5, data = "a" }, out[1])
@@ -97,6 +102,12 @@ describe("the frame decoder", function()
     { "a lone surrogate", '{"t":"error","code":"x","message":"\\ud800"}' },
     { "a raw control character", '{"t":"error","code":"x","message":"a\tb"}' },
     { "an array", '[1,2]' },
+    -- A member given twice means what the last copy says to one parser and the first to
+    -- another: which frame arrived would depend on who reads it.
+    { "a type given twice", '{"t":"error","t":"exit","code":0}' },
+    { "an exit code given twice", '{"t":"exit","code":1,"code":0}' },
+    { "data given twice", '{"t":"stdout","seq":0,"data":"YQ==","data":"Yg=="}' },
+    { "a member given twice, once under an escaped name", '{"t":"exit","code":1,"\\u0063ode":0}' },
     { "nesting past the reader's depth",
       '{"t":"exit","code":0,"x":' .. string.rep("[", 40) .. string.rep("]", 40) .. '}' },
   }) do

@@ -103,6 +103,37 @@ describe("the local provider", function()
     assert.is_nil((sandbox:get("doomed")))
   end)
 
+  it("terminates a session whatever tree its files became, at any depth", function()
+    local session = assert(sandbox:create{ id = "deep" })
+    -- As deep as the agent's own paths go, then far deeper than any path can name, built by a
+    -- command one directory at a time; a directory left unreadable and one left read-only.
+    assert(session:write_files{ [("d/"):rep(300) .. "f"] = "x" })
+    local built = assert(session:exec({ "sh", "-c", "mkdir -p locked/in open && touch locked/in/f "
+      .. "&& chmod 0 locked/in && chmod 500 locked && exec perl -e 'for (1..3000) { mkdir \"n\" "
+      .. "or die; chdir \"n\" or die } open(F, \">f\") or die'" }, { timeout = 60 }))
+    assert.equal(0, built.code, built.stderr)
+    assert(sandbox:terminate("deep"))
+    assert.is_nil(core.listdir(root .. "/sessions/deep"), "the session's directory is gone")
+  end)
+
+  it("reports a removal that will fail again as not retryable", function()
+    local session = assert(sandbox:create{ id = "pinned" })
+    local mount = root .. "/sessions/pinned/files/mnt"
+    assert(session:mkdir("/mnt"))
+    -- A mount point cannot be removed by anyone but whoever unmounts it: it fails every time.
+    local mounted = os.execute("mount -t tmpfs sandkit-spec " .. local_state.shell_quote(mount) .. " 2>/dev/null")
+    if mounted ~= true and mounted ~= 0 then
+      pending("mounting a tmpfs needs root")
+      return
+    end
+    finally(function() local_state.sh("umount " .. local_state.shell_quote(mount)) end)
+    local ok, err = sandbox:terminate("pinned")
+    assert.is_nil(ok)
+    assert.equal("SANDBOX_UNREACHABLE", err.code)
+    assert.is_false(err.retryable, tostring(err))
+    assert.truthy(err.message:find("busy", 1, true), err.message)
+  end)
+
   it("reads a session whose agent died as terminated, promptly", function()
     local session = assert(sandbox:create{ id = "crashed" })
     core.kill(session.record.pid, core.SIGKILL)
@@ -269,6 +300,28 @@ describe("the local provider with bubblewrap", function()
   local root
   before_each(function() root = local_state.new() end)
   after_each(function() local_state.clean(root) end)
+
+  it("hides the state folder from a session: no other session's token, record or files", function()
+    local works = os.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null")
+    if works ~= true and works ~= 0 then
+      pending("bubblewrap cannot create namespaces on this machine")
+      return
+    end
+    -- Under /var/tmp, not /tmp: bubblewrap's private /tmp would hide a state folder there anyway.
+    local state = local_state.sh("mktemp -d /var/tmp/sandkit-spec.XXXXXX"):gsub("%s+$", "")
+    assert.truthy(core.listdir(state), "no private state folder under /var/tmp")
+    finally(function() local_state.clean(state) end)
+    local sandbox = assert(sandkit.sandbox{ provider = "local", root = state, isolate = "bwrap" })
+    local mine = assert(sandbox:create{ id = "mine" })
+    local other = assert(sandbox:create{ id = "other" })
+    assert(other:write_files{ ["/secret.txt"] = "other's secret" })
+    local theirs = state .. "/sessions/other"
+    local result = assert(mine:exec({ "sh", "-c", "cat " .. theirs .. "/token " .. theirs
+      .. "/record.json " .. theirs .. "/files/secret.txt " .. state .. "/sessions/mine/token; "
+      .. "ls -A " .. state .. "/sessions; echo own > own.txt && cat own.txt" }, { timeout = 10 }))
+    assert.equal("mine\nown\n", result.stdout, result.stderr)
+    assert.is_nil(result.stdout:find(other.record.token, 1, true))
+  end)
 
   it("runs commands with only the session's files writable, no network and a private /tmp", function()
     local sandbox = assert(sandkit.sandbox{ provider = "local", root = root, isolate = "bwrap" })

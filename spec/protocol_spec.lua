@@ -90,6 +90,20 @@ describe("the exec stream", function()
     assert.equal("UNEXPECTED_RESPONSE_FORMAT", err.cause.code)
   end)
 
+  it("leaves the outcome unknown when a frame gives a member twice", function()
+    for _, line in ipairs{ '{"t":"error","t":"exit","code":0}\n', '{"t":"exit","code":1,"code":0}\n' } do
+      session, server = agent_session.open("function(req, conn) respond.frames(conn, { "
+        .. string.format("%q", line) .. " }) end")
+      local items = collect(session)
+      assert.equal(1, #items, line)
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code, line)
+      assert.is_false(items[1].retryable)
+      assert.matches("appears twice", tostring(items[1]), 1, true)
+      server:stop()
+      server = nil
+    end
+  end)
+
   it("ends the stream mid-chunk at an unestablished outcome, delivering no later exit", function()
     session, server = agent_session.open([[function(req, conn)
       respond.frames(conn, { '{not json at all}\n{"t":"exit","code":0,"truncated":false}\n' })
@@ -227,6 +241,27 @@ describe("an exec answer", function()
         "text/html") end]])
     assert.equal("SANDBOX_OUTCOME_UNKNOWN", err.code)
     assert.is_false(err.retryable, "the command may still be running behind the gateway")
+  end)
+
+  it("that is a 3xx is the agent answering, never a sandbox out of reach", function()
+    for _, status in ipairs{ "302 Found", "301 Moved Permanently", "307 Temporary Redirect" } do
+      session, server = agent_session.open(string.format([[function(req, conn)
+        respond.raw(conn, "HTTP/1.1 %s\r\nLocation: http://127.0.0.1:1/\r\nContent-Length: 5\r\n\r\nmoved")
+      end]], status))
+      for _, call in ipairs{
+        function() return session:mkdir("/d") end,
+        function() return session:exec({ "true" }, { timeout = 10 }) end,
+      } do
+        local ok, err = call()
+        assert.is_nil(ok)
+        assert.equal("SANDBOX_COMMAND_FAILED", err.code, status)
+        assert.equal("agentRefused", err.failure)
+        assert.is_false(err.retryable, "asking again gets the same redirect")
+        assert.equal(tonumber(status:match("^%d+")), err.status)
+      end
+      server:stop()
+      server = nil
+    end
   end)
 
   it("that is a 400 is the agent answering", function()
@@ -443,6 +478,49 @@ describe("jobs", function()
       { type = "stdout", seq = 3, data = "four" }, { type = "exit", code = 0, truncated = true } }, seen)
   end)
 
+  it("whose poll carries a frame that cannot be read leave the outcome unknown", function()
+    -- Polling the same cursor again returns the same frame: a retry would loop for ever.
+    for _, frame in ipairs{
+      '{"t":"stdout","seq":0,"data":"!!not base64!!"}',
+      '{"t":"stdin","seq":0,"data":"aGk="}',
+      '{"t":"stdout","data":"aGk="}',
+    } do
+      session, server = agent_session.open(string.format([[function(req, conn)
+        respond.status(conn, "200 OK", '{"running":true,"frames":[%s]}', "application/json")
+      end]], frame))
+      local page, err = session:job("j1"):poll()
+      assert.is_nil(page, frame)
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", err.code, frame)
+      assert.is_false(err.retryable, frame)
+      assert.equal("sandbox.jobPoll", err.operation)
+      server:stop()
+      server = nil
+    end
+  end)
+
+  it("whose poll carries an exit frame take it, and an error frame is the job's failure", function()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "200 OK", '{"running":false,"frames":[{"t":"stdout","seq":0,"data":"aGk="},'
+        .. '{"t":"exit","code":3,"truncated":true}]}', "application/json")
+    end]])
+    local page = assert(session:job("j1"):poll())
+    assert.same({ { type = "stdout", seq = 0, data = "hi" } }, page.frames)
+    assert.same({ code = 3, truncated = true }, page.exit)
+    local seen = {}
+    for frame in session:job("j1"):frames() do seen[#seen + 1] = frame end
+    assert.same({ { type = "stdout", seq = 0, data = "hi" }, { type = "exit", code = 3, truncated = true } },
+      seen)
+    server:stop()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "200 OK", '{"running":false,"frames":[{"t":"error","code":"timeoutExceeded",'
+        .. '"message":"over its 100ms"}]}', "application/json")
+    end]])
+    local _, err = session:job("j1"):poll()
+    assert.equal("SANDBOX_COMMAND_FAILED", err.code)
+    assert.equal("timeoutExceeded", err.failure)
+    assert.matches("over its 100ms", tostring(err), 1, true)
+  end)
+
   it("that end in an error raise it after delivering their output", function()
     session, server = agent_session.open([[function(req, conn)
       respond.json(conn, "200 OK", { running = false, frames = { { t = "stdout", seq = 0, data = "aGk=" } },
@@ -556,6 +634,34 @@ describe("an error body", function()
       respond.raw(conn, "HTTP/1.1 %s\r\nContent-Length: 100\r\n\r\nPATH_NOT_FOUND:")
       conn:close()
     end]], "404 Not Found", "could not be read")
+  end)
+end)
+
+describe("the bound on an error body", function()
+  local server
+  after_each(function() if server then server:stop() end end)
+
+  it("is the sandbox's header timeout when that is shorter than the default", function()
+    server = require("support.fake_http").start([[local respond = require 'support.respond'
+      return respond.agent(function(req, conn)
+        respond.raw(conn, "HTTP/1.1 403 Forbidden\r\nContent-Length: 100\r\n\r\npartial")
+        conn:sleep(60)
+      end)]])
+    local sb = assert(sandkit.sandbox{ provider = "agent", url = server.url, token = "t",
+      header_timeout = 0.5 })
+    local session = assert(sb:create{ id = "s1" })
+    local started = core.now()
+    local ok, err = session:mkdir("/d")
+    local elapsed = core.now() - started
+    assert.is_nil(ok)
+    assert.matches("stalled: not complete within 0.5s", tostring(err), 1, true)
+    assert.is_true(elapsed < 3, "a stalled 403 body held the caller " .. elapsed .. "s")
+    -- Set explicitly, it is what it says.
+    sb = assert(sandkit.sandbox{ provider = "agent", url = server.url, token = "t",
+      header_timeout = 0.5, error_body_timeout = 0.2 })
+    ok, err = assert(sb:create{ id = "s2" }):mkdir("/d")
+    assert.is_nil(ok)
+    assert.matches("within 0.2s", tostring(err), 1, true)
   end)
 end)
 

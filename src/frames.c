@@ -66,11 +66,11 @@ static int fail(sk_frames *d, enum sk_frames_failure why, const char *fmt, const
 	return SK_FRAMES_FAILED;
 }
 
-/* Grows a buffer to at least need bytes, geometrically; the callers bound need by max_line. */
+/* Grows a buffer to at least need bytes, geometrically; the callers bound need by max_line.
+ * The buffer exists afterwards even for need 0: an empty string is still copied into it. */
 static int reserve(void **buf, size_t *cap, size_t need)
 {
-	/* "<=" alone would leave an empty buffer NULL, and NULL + 0 is undefined behaviour. */
-	if (need <= *cap && *buf != NULL)
+	if (*buf != NULL && need <= *cap)
 		return 0;
 	size_t n = *cap ? *cap : 4096;
 	while (n < need)
@@ -93,13 +93,28 @@ struct fields {
 		has_code_num : 1, has_signal : 1, has_truncated : 1;
 };
 
+/* The members a frame may carry, each allowed once. */
+static const char *const members[] = { "t", "data", "seq", "code", "message", "truncated", "signal" };
+
 static int scan_fields(sk_json *j, struct fields *f)
 {
 	sk_json_str key;
+	unsigned seen = 0;
 	int r;
 	if (sk_json_object_begin(j) < 0)
 		return -1;
 	while ((r = sk_json_object_key(j, &key)) == 1) {
+		/* A member given twice is what the last copy says to one reader and the first to
+		 * another (the agent refuses the same in requests): not a frame. */
+		for (unsigned i = 0; i < sizeof members / sizeof members[0]; i++) {
+			if (!sk_json_str_is(&key, members[i]))
+				continue;
+			if (seen & (1u << i)) {
+				j->err = "a member appears twice";
+				return -1;
+			}
+			seen |= 1u << i;
+		}
 		if (sk_json_str_is(&key, "t")) {
 			f->has_t = sk_json_string(j, &f->t) == 0;
 		} else if (sk_json_str_is(&key, "data")) {

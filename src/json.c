@@ -183,6 +183,38 @@ static size_t put_utf8(char *dst, unsigned long cp)
 	return 4;
 }
 
+/* Decodes the one character of an escaped span at *p (validated when it was read) into dst
+ * (at most 4 bytes), advancing *p; returns its length. */
+static size_t unescape_one(const char **p, char *dst)
+{
+	const char *q = *p;
+	if (*q != '\\') {
+		*dst = *q;
+		*p = q + 1;
+		return 1;
+	}
+	char c = q[1];
+	*p = q + 2;
+	switch (c) {
+	case 'b': *dst = '\b'; return 1;
+	case 'f': *dst = '\f'; return 1;
+	case 'n': *dst = '\n'; return 1;
+	case 'r': *dst = '\r'; return 1;
+	case 't': *dst = '\t'; return 1;
+	case 'u': {
+		unsigned long cp = (unsigned long)read_hex4(q + 2);
+		*p = q + 6;
+		if (cp >= 0xD800 && cp <= 0xDBFF) {
+			unsigned long lo = (unsigned long)read_hex4(q + 8);
+			*p = q + 12;
+			cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+		}
+		return put_utf8(dst, cp);
+	}
+	default: *dst = c; return 1; /* '"', '\\', '/' */
+	}
+}
+
 size_t sk_json_unescape(const sk_json_str *s, char *dst)
 {
 	if (!s->escaped) {
@@ -192,40 +224,28 @@ size_t sk_json_unescape(const sk_json_str *s, char *dst)
 	}
 	const char *p = s->p, *end = s->p + s->len;
 	size_t o = 0;
-	while (p < end) {
-		if (*p != '\\') {
-			dst[o++] = *p++;
-			continue;
-		}
-		char c = p[1];
-		p += 2;
-		switch (c) {
-		case 'b': dst[o++] = '\b'; break;
-		case 'f': dst[o++] = '\f'; break;
-		case 'n': dst[o++] = '\n'; break;
-		case 'r': dst[o++] = '\r'; break;
-		case 't': dst[o++] = '\t'; break;
-		case 'u': {
-			unsigned long cp = (unsigned long)read_hex4(p);
-			p += 4;
-			if (cp >= 0xD800 && cp <= 0xDBFF) {
-				unsigned long lo = (unsigned long)read_hex4(p + 2);
-				p += 6;
-				cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-			}
-			o += put_utf8(dst + o, cp);
-			break;
-		}
-		default: dst[o++] = c; break; /* '"', '\\', '/' */
-		}
-	}
+	while (p < end)
+		o += unescape_one(&p, dst + o);
 	return o;
 }
 
 int sk_json_str_is(const sk_json_str *s, const char *lit)
 {
 	size_t n = strlen(lit);
-	return !s->escaped && s->len == n && memcmp(s->p, lit, n) == 0;
+	if (!s->escaped)
+		return s->len == n && (n == 0 || memcmp(s->p, lit, n) == 0);
+	/* An escaped name means what it spells: {"\u0074": …} is "t" to every other reader, so
+	 * it must be "t" here too, or a duplicate could hide behind the escape. */
+	const char *p = s->p, *end = s->p + s->len;
+	size_t o = 0;
+	while (p < end) {
+		char c[4];
+		size_t k = unescape_one(&p, c);
+		if (o + k > n || memcmp(lit + o, c, k) != 0)
+			return 0;
+		o += k;
+	}
+	return o == n;
 }
 
 int sk_json_bool(sk_json *j, int *out)

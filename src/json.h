@@ -74,8 +74,8 @@ int sk_json_finish(sk_json *j);
  * than its escaped form). Returns the value's length; the span was validated when it was read. */
 size_t sk_json_unescape(const sk_json_str *s, char *dst);
 
-/* 1 when the string's value equals the NUL-terminated lit (escaped keys compare unequal:
- * protocol keys are plain ASCII and no writer escapes them). */
+/* 1 when the string's value equals the NUL-terminated lit; an escaped string compares by the
+ * value it spells, as every other JSON reader would read it. */
 int sk_json_str_is(const sk_json_str *s, const char *lit);
 
 #endif

@@ -18,12 +18,14 @@
  *   core.write_private(path, s) -- creates path (must not exist) with mode 0600 and writes s
  *   core.listdir(path)          -- array of names | nil, err
  *   core.remove_tree(path)      -- removes path and everything under it, following no
- *                                  symlink; true | nil, err (an absent path succeeds)
+ *                                  symlink, at any depth; true | nil, err, errno_name (an
+ *                                  absent path succeeds; the name says whether it may recur)
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +41,6 @@ extern char **environ;
 #define READER_MT "sandkit.fdreader"
 /* argv and env entries a spawn accepts: far more than an agent's command line needs. */
 #define MAX_SPAWN_ARGS 256
-/* Nesting remove_tree follows before it gives up rather than exhaust the stack. */
-#define MAX_TREE_DEPTH 256
 /* Bytes one reader:read() returns at most; a ready line is well under 200. */
 #define READ_CHUNK 4096
 
@@ -342,55 +342,162 @@ static int core_listdir(lua_State *L)
 	return 1;
 }
 
-static int remove_at(int dirfd, const char *name, int depth, int *err)
+/*
+ * Tree removal holds a constant number of descriptors and no stack at any depth: a tenant's
+ * commands can build a tree deeper than any path can name, and a removal that recursed (or kept
+ * one descriptor per level) would fail on it every time. Instead the tree is flattened as it is
+ * removed: the top directory is drained entry by entry, and every directory found one level
+ * below it is emptied by deleting its files and moving its subdirectories up into the top
+ * directory under fresh names (rename within one filesystem never copies), then removed. Each
+ * directory is opened once and moved at most once, so the work is linear in the tree's size.
+ */
+
+/* Name prefix of the directories moved up into the top one; a counter makes each fresh. */
+#define MOVED_PREFIX ".sandkit-removing-"
+
+/* Opens a directory of the tree; one a command left unreadable is still ours to clear. */
+static int open_dir_at(int dirfd, const char *name)
 {
-	if (unlinkat(dirfd, name, 0) == 0 || errno == ENOENT)
-		return 0;
-	if (errno != EISDIR) {
-		*err = errno;
-		return -1;
-	}
-	if (depth >= MAX_TREE_DEPTH) {
-		*err = ELOOP;
-		return -1;
-	}
 	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 && errno == EACCES) {
-		/* A command may have left a directory it made unreadable; it is still ours to clear. */
-		fchmodat(dirfd, name, 0700, 0);
+	if (fd < 0 && errno == EACCES && fchmodat(dirfd, name, 0700, 0) == 0)
 		fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	return fd;
+}
+
+/* Unlinks name in dir; a directory left read-only by a command is made writable first. */
+static int unlink_in(int dirfd, const char *name, int flags)
+{
+	if (unlinkat(dirfd, name, flags) == 0 || errno == ENOENT)
+		return 0;
+	if (errno == EACCES && fchmod(dirfd, 0700) == 0 && unlinkat(dirfd, name, flags) == 0)
+		return 0;
+	return errno == ENOENT ? 0 : -1;
+}
+
+/* Moves the directory name in dirfd up into top under a name of the MOVED_PREFIX series. */
+static int move_up(int dirfd, const char *name, int top, unsigned long long *moved)
+{
+	char fresh[sizeof MOVED_PREFIX + 24];
+	for (;;) {
+		snprintf(fresh, sizeof fresh, MOVED_PREFIX "%llu", (*moved)++);
+		if (renameat2(dirfd, name, top, fresh, RENAME_NOREPLACE) == 0)
+			return 0;
+		if (errno == EEXIST)
+			continue;
+		/* Moving a directory rewrites its "..", which needs write permission on it. */
+		if (errno == EACCES && fchmodat(dirfd, name, 0700, 0) == 0 &&
+		    fchmod(dirfd, 0700) == 0 && renameat2(dirfd, name, top, fresh, RENAME_NOREPLACE) == 0)
+			return 0;
+		return errno == ENOENT ? 0 : -1;
 	}
-	if (fd < 0) {
-		*err = errno;
-		return -1;
-	}
+}
+
+/* Empties the directory name in top (files deleted, subdirectories moved into top), then
+ * removes it. */
+static int clear_child(int top, const char *name, unsigned long long *moved)
+{
+	int fd = open_dir_at(top, name);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -1;
 	DIR *d = fdopendir(fd);
 	if (d == NULL) {
-		*err = errno;
 		close(fd);
 		return -1;
 	}
-	struct dirent *e;
 	int rc = 0;
-	while (rc == 0 && (e = readdir(d)) != NULL) {
+	struct dirent *e;
+	while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
 			continue;
-		rc = remove_at(fd, e->d_name, depth + 1, err);
+		if (unlink_in(fd, e->d_name, 0) == 0)
+			continue;
+		rc = errno == EISDIR ? move_up(fd, e->d_name, top, moved) : -1;
 	}
-	closedir(d);
-	if (rc == 0 && unlinkat(dirfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT) {
-		*err = errno;
+	if (rc == 0 && errno != 0)
 		rc = -1;
-	}
+	int saved = errno;
+	closedir(d);
+	errno = saved;
+	if (rc == 0)
+		rc = unlink_in(top, name, AT_REMOVEDIR);
 	return rc;
+}
+
+/* Removes path and everything under it; -1 with errno set. */
+static int remove_tree(const char *path)
+{
+	if (unlinkat(AT_FDCWD, path, 0) == 0 || errno == ENOENT)
+		return 0;
+	if (errno != EISDIR)
+		return -1;
+	int top = open_dir_at(AT_FDCWD, path);
+	if (top < 0)
+		return errno == ENOENT ? 0 : -1;
+	int dupfd = fcntl(top, F_DUPFD_CLOEXEC, 0);
+	DIR *d = dupfd < 0 ? NULL : fdopendir(dupfd);
+	if (d == NULL) {
+		int saved = errno;
+		if (dupfd >= 0)
+			close(dupfd);
+		close(top);
+		errno = saved;
+		return -1;
+	}
+	unsigned long long moved = 0;
+	int rc = 0, seen;
+	/* Directories moved up during a pass may or may not be listed by it: passes repeat
+	 * until one finds the directory empty. */
+	do {
+		seen = 0;
+		rewinddir(d);
+		struct dirent *e;
+		while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
+			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+				continue;
+			seen = 1;
+			if (unlink_in(top, e->d_name, 0) < 0)
+				rc = errno == EISDIR ? clear_child(top, e->d_name, &moved) : -1;
+		}
+		if (rc == 0 && errno != 0)
+			rc = -1;
+	} while (rc == 0 && seen);
+	int saved = errno;
+	closedir(d);
+	close(top);
+	errno = saved;
+	if (rc == 0 && unlinkat(AT_FDCWD, path, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		rc = -1;
+	return rc;
+}
+
+/* The few errno names a caller of remove_tree decides on; the message carries the rest. */
+static const char *errno_name(int err)
+{
+	switch (err) {
+	case EACCES: return "EACCES";
+	case EPERM: return "EPERM";
+	case EBUSY: return "EBUSY";
+	case EROFS: return "EROFS";
+	case EXDEV: return "EXDEV";
+	case ENOTEMPTY: return "ENOTEMPTY";
+	case ENOMEM: return "ENOMEM";
+	case EMFILE: return "EMFILE";
+	case ENFILE: return "ENFILE";
+	case EINTR: return "EINTR";
+	case EIO: return "EIO";
+	default: return "other";
+	}
 }
 
 static int core_remove_tree(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
-	int err = 0;
-	if (remove_at(AT_FDCWD, path, 0, &err) < 0)
-		return push_errno(L, path, err);
+	if (remove_tree(path) < 0) {
+		int err = errno;
+		push_errno(L, path, err);
+		lua_pushstring(L, errno_name(err));
+		return 3;
+	}
 	lua_pushboolean(L, 1);
 	return 1;
 }

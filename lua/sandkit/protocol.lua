@@ -16,7 +16,8 @@
 --
 -- Classification (§4): no headers, a 5xx, an unreadable non-2xx body or a failed 2xx body is
 -- *unanswered* — SANDBOX_OUTCOME_UNKNOWN for the two operations that may start a command,
--- SANDBOX_UNREACHABLE (retryable) for the rest; a 4xx is the agent refusing.
+-- SANDBOX_UNREACHABLE (retryable) for the rest; any other non-2xx (a 4xx, a 3xx) is the agent
+-- refusing.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
@@ -58,7 +59,8 @@ local MAX_TIMEOUT_MS = 99999999999999
 protocol.DEFAULTS = {
   header_timeout = 60,      -- seconds for response headers (never cuts a body)
   grace = 60,               -- seconds an exec body may outlive its command's timeout
-  error_body_timeout = 10,  -- seconds to read a non-2xx body (at most 4096 bytes)
+  error_body_timeout = 10,  -- seconds to read a non-2xx body (at most 4096 bytes); never more
+                            -- than header_timeout unless set
   body_timeout = 120,       -- seconds to read a 2xx body that is not a stream
   connect_timeout = 30,
 }
@@ -166,9 +168,10 @@ local function attempt(conn, target, operation, method, body, max_body)
     end
     return nil, errors.unanswered(operation, reason, { status = status, sent = true })
   end
-  -- A 4xx is the agent refusing before it did anything. Anything else — a 5xx above all —
-  -- proves nothing: proxies write 5xx pages too, and a 504 means the request reached the guest.
-  if status >= 400 and status < 500 then
+  -- A 5xx proves nothing: proxies write 5xx pages too, and a 504 means the request reached the
+  -- guest. Every other status is the agent answering before it did anything: a 4xx refusal,
+  -- and a 3xx too (nothing follows redirects, and the same request gets the same one again).
+  if status < 500 then
     return nil, errors.command_failed("agentRefused",
       string.format("%s returned %d: %s", operation, status, text),
       { operation = operation, status = status, body = text, reason = agent_reason(text) })
@@ -382,15 +385,27 @@ function protocol.job_start(conn, argv, opts)
   return nil, err
 end
 
+--- One frame of a poll, as the exec stream would read it: output, an exit, or an error, which
+-- is the job's failure. nil and why when it cannot be read.
 local function poll_frame(raw)
-  if type(raw) ~= "table" or (raw.t ~= "stdout" and raw.t ~= "stderr") then
-    return nil, "a frame that is not stdout or stderr"
+  local t = type(raw) == "table" and raw.t
+  if t == "exit" then
+    local code = to_integer(raw.code)
+    if not code then return nil, "an exit frame without an integer code" end
+    return { type = "exit", code = code, truncated = raw.truncated == true, signal = to_integer(raw.signal) }
+  elseif t == "error" then
+    if type(raw.code) ~= "string" or type(raw.message) ~= "string" then
+      return nil, "an error frame without a code and a message"
+    end
+    return nil, nil, protocol.command_error(raw.code, raw.message, { operation = JOB_POLL })
+  elseif t ~= "stdout" and t ~= "stderr" then
+    return nil, "a frame of unknown type " .. tostring(t)
   end
   local seq = to_integer(raw.seq)
   if not seq or seq < 0 or type(raw.data) ~= "string" then return nil, "a frame without seq or data" end
   local data, at = core.b64decode(raw.data)
   if not data then return nil, "data was not valid base64 (at symbol " .. at .. ")" end
-  return { type = raw.t, seq = seq, data = data }
+  return { type = t, seq = seq, data = data }
 end
 
 function protocol.job_poll(conn, job_id, since)
@@ -417,20 +432,29 @@ function protocol.job_poll(conn, job_id, since)
   end
   -- `next` is the cursor for the following poll: the highest seq seen, or `since` again.
   local page = { running = value.running, frames = {}, next = since }
-  if type(value.frames) == "table" then
-    for i, raw in ipairs(value.frames) do
-      local frame, why = poll_frame(raw)
-      if not frame then
-        return nil, errors.unanswered(JOB_POLL, "a frame in the poll could not be read",
-          { cause = errors.unexpected(JOB_POLL, "frames", why) })
-      end
-      page.frames[i] = frame
-      if page.next == nil or frame.seq > page.next then page.next = frame.seq end
-    end
-  end
   local code = to_integer(value.exitCode)
   if code then
     page.exit = { code = code, truncated = value.truncated == true, signal = to_integer(value.signal) }
+  end
+  if type(value.frames) == "table" then
+    for _, raw in ipairs(value.frames) do
+      local frame, why, failure = poll_frame(raw)
+      if failure then return nil, failure end
+      if not frame then
+        -- A frame arrived, so the command ran, and asking again returns the same frame: its
+        -- outcome is unknown, never worth a retry (the exec stream's rule, §4).
+        return nil, errors.new("SANDBOX_OUTCOME_UNKNOWN", { operation = JOB_POLL,
+          message = JOB_POLL .. ": a frame in the poll could not be read, so the job's outcome is "
+            .. "unknown", cause = errors.unexpected(JOB_POLL, "frames", why) })
+      end
+      if frame.type == "exit" then
+        -- The ending of an agent that reports it as a frame; the envelope's, when both, wins.
+        page.exit = page.exit or { code = frame.code, truncated = frame.truncated, signal = frame.signal }
+      else
+        page.frames[#page.frames + 1] = frame
+        if page.next == nil or frame.seq > page.next then page.next = frame.seq end
+      end
+    end
   end
   if type(value.error) == "table" then
     page.error = { code = tostring(value.error.code), message = tostring(value.error.message) }
@@ -591,10 +615,15 @@ function protocol.health(conn)
   if not resp then return nil, err end
   local value
   value, err = read_json(conn, resp, HEALTH, "the health body could not be read")
-  if not value then return nil, err end
+  -- Whatever the body, something answered at the agent's address: its status says so.
+  if not value then
+    err.status = resp.status
+    return nil, err
+  end
   if to_integer(value.protocolVersion) ~= protocol.PROTOCOL_VERSION then
     return nil, errors.unexpected(HEALTH, "protocolVersion",
-      "the agent speaks protocol version " .. tostring(value.protocolVersion) .. ", not 1")
+      "the agent speaks protocol version " .. tostring(value.protocolVersion) .. ", not 1",
+      { status = resp.status })
   end
   local features = {}
   if type(value.features) == "table" then
@@ -624,6 +653,11 @@ function protocol.connection(transport, options)
       error("sandkit: " .. name .. " must be a positive number of seconds", 3)
     end
     conn[name] = v or default
+  end
+  -- An error body is part of the answer the header timeout bounds: a sandbox told to give up
+  -- on headers after half a second must not wait ten for a stalled 403's body.
+  if options.error_body_timeout == nil then
+    conn.error_body_timeout = math.min(conn.error_body_timeout, conn.header_timeout)
   end
   return conn
 end

@@ -47,12 +47,45 @@ end
 local b64 = core.b64encode
 local function unb64(s) return core.b64decode(s) or "" end
 
--- A process is gone once it is absent or a zombie (dead, waiting for whoever reaps orphans).
+-- A process is gone once it is absent or a zombie (dead, waiting for whoever reaps orphans);
+-- nil stands for one that was gone before its host pid could be looked up.
 local function pid_alive(pid)
-  local stat = read_file("/proc/" .. pid .. "/stat")
+  local stat = pid and read_file("/proc/" .. pid .. "/stat")
   if not stat then return false end
   local state = stat:match("^%d+ %b() (%a)")
   return state ~= "Z" and state ~= "X"
+end
+
+-- Host pids of the live processes whose argv holds every string of `words` in a row (argv
+-- entries are NUL-separated in /proc/<pid>/cmdline). Read straight from /proc: procps' ps
+-- deadlocks when a sanitizer runtime is preloaded into it.
+local function processes(words)
+  local needle = table.concat(words, "\0")
+  local found = {}
+  for _, name in ipairs(core.listdir("/proc")) do
+    local cmdline = name:match("^%d+$") and read_file("/proc/" .. name .. "/cmdline")
+    if cmdline and cmdline:find(needle, 1, true) and pid_alive(name) then
+      found[#found + 1] = tonumber(name)
+    end
+  end
+  return found
+end
+
+-- Host pids of the live children of pid whose name (comm) is `comm`.
+local function children(pid, comm)
+  local found = {}
+  for _, name in ipairs(core.listdir("/proc")) do
+    local stat = name:match("^%d+$") and read_file("/proc/" .. name .. "/stat")
+    local c, state, ppid = (stat or ""):match("^%d+ %((.-)%) (%a) (%d+)")
+    if c == comm and tonumber(ppid) == pid and state ~= "Z" then found[#found + 1] = tonumber(name) end
+  end
+  return found
+end
+
+-- Whether this process runs as root: what only root can do (start the agent as another user,
+-- mount) is skipped otherwise.
+local function am_root()
+  return (run("id -u"):gsub("%s+$", "")) == "0"
 end
 
 -- Polls pred until it holds or the bound passes; true when it held.
@@ -113,8 +146,10 @@ local Agent = {}
 Agent.__index = Agent
 
 -- Starts an agent. opts.args: extra arguments; opts.env: extra environment; opts.no_token: do
--- not pass --token-file; opts.prefix: shell words that exec the agent (e.g. a prlimit).
--- Returns the agent, or nil and the agent's stderr when it refused.
+-- not pass --token-file; opts.prefix: shell words that exec the agent (e.g. a prlimit, or a
+-- wrapper that changes its user or its rights); opts.shared: its root, token and log usable by
+-- any user, for an agent run as another one. Returns the agent, or nil and the agent's stderr
+-- when it refused.
 local function start_agent(opts)
   opts = opts or {}
   assert(AGENT, "set SANDKIT_AGENT to the sandkit-agent binary")
@@ -125,6 +160,11 @@ local function start_agent(opts)
   local token_file = dir .. "/token"
   write_file(token_file, token .. "\n")
   local log = dir .. "/agent.log"
+  if opts.shared then
+    write_file(log, "")
+    assert(os.execute("chmod 755 " .. shell_quote(dir) .. " && chmod 777 " .. shell_quote(root)
+      .. " && chmod 644 " .. shell_quote(token_file) .. " && chmod 666 " .. shell_quote(log)))
+  end
   local args = { "--root", root, "--ready-fd", "3", "--log", "debug" }
   if not opts.no_token then
     args[#args + 1] = "--token-file"
@@ -137,7 +177,7 @@ local function start_agent(opts)
   for i, a in ipairs(args) do quoted[i] = shell_quote(a) end
   -- fd 3 is the pipe this process reads; the agent's stdout is not, so the pipe ends when
   -- the agent closes fd 3 after writing its one ready line.
-  local cmd = string.format("exec env %s %s %s %s 3>&1 1>/dev/null 2>%s", table.concat(env, " "),
+  local cmd = string.format("exec env %s %s %s %s 3>&1 1>/dev/null 2>>%s", table.concat(env, " "),
     opts.prefix or "", shell_quote(AGENT), table.concat(quoted, " "), shell_quote(log))
   local pipe = assert(io.popen(cmd, "r"))
   local line = pipe:read("l")
@@ -256,8 +296,27 @@ local function frames_data(frames, stream)
   return table.concat(parts)
 end
 
-local function first_line_pid(s)
-  return tonumber(s:match("^(%d+)\n"))
+local function ns_link(pid, which)
+  local p = assert(io.popen("readlink /proc/" .. pid .. "/ns/" .. which .. " 2>/dev/null"))
+  local link = p:read("l")
+  p:close()
+  return link
+end
+
+--- The host pid of the process whose pid a command printed on the first line of s ($$, $!).
+-- Commands see the pids of the agent's namespace for them (src/agent/contain.h), so the number
+-- is looked up there; nil once no process of that namespace has it any more.
+function Agent:printed_pid(s)
+  local pid = tonumber(s:match("^(%d+)\n"))
+  assert(pid, "the command printed no pid")
+  self.command_ns = self.command_ns or ns_link(self.pid, "pid_for_children")
+  for _, name in ipairs(core.listdir("/proc")) do
+    local status = name:match("^%d+$") and read_file("/proc/" .. name .. "/status")
+    local nspid = status and status:match("\nNSpid:[^\n]-(%d+)%s*\n")
+    if tonumber(nspid) == pid and ns_link(name, "pid") == self.command_ns then
+      return tonumber(name)
+    end
+  end
 end
 
 return {
@@ -265,5 +324,5 @@ return {
   is_dir = is_dir, b64 = b64, unb64 = unb64, pid_alive = pid_alive, within = within,
   new_token = new_token, decode_lines = decode_lines, is_terminal = is_terminal,
   check_stream = check_stream, start_agent = start_agent, vm_rss_kb = vm_rss_kb, wchar = wchar,
-  frames_data = frames_data, first_line_pid = first_line_pid,
+  frames_data = frames_data, processes = processes, children = children, am_root = am_root,
 }

@@ -3,6 +3,7 @@
 
 #include "../base64.h"
 #include "agent.h"
+#include "contain.h"
 #include "isolate.h"
 #include "log.h"
 #include "util.h"
@@ -331,7 +332,7 @@ struct child_args {
 	const struct command_spec *spec;
 	char **bwrap_argv;
 	int out, err, report;
-	pid_t parent;
+	pid_t parent;       /* the agent's pid as the child sees it */
 };
 
 /*
@@ -355,8 +356,9 @@ static int child(void *arg)
 	/* Leads its own group so the agent can kill everything it starts at once. */
 	if (setpgid(0, 0) < 0)
 		child_fail(report, STAGE_SETUP);
-	/* Dies with the agent rather than run on unsupervised; the check closes the race with an
-	 * agent that died before the request took effect. */
+	/* Dies with the agent rather than run on unsupervised (what it forks is covered by the
+	 * namespace, contain.h); the check closes the race with an agent that died before the
+	 * request took effect. */
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != a->parent)
 		child_fail(report, STAGE_SETUP);
 	/* The agent ignores SIGPIPE; a command must get the defaults it would get from a shell.
@@ -378,6 +380,10 @@ static int child(void *arg)
 		child_fail(report, STAGE_SETUP);
 	if (fchdir(spec->cwd_fd >= 0 ? spec->cwd_fd : agent.cfg.root_fd) < 0)
 		child_fail(report, STAGE_CWD);
+	/* After the fchdir: a new mount namespace carries the working directory over into its own
+	 * copy of the mounts, where a descriptor from the agent's would be unreachable. */
+	if (contain_active() && contain_enter_mounts() < 0)
+		child_fail(report, STAGE_SETUP);
 	/* Whatever the agent inherited or holds (sockets, the root, other commands' pipes) must
 	 * not reach the command; the report pipe still closes only at exec. */
 	close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
@@ -480,7 +486,8 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		outcome_error(failure, "spawnFailed", "the agent is out of memory");
 		goto fail;
 	}
-	struct child_args args = { spec, bwrap_argv, out[1], err[1], report[1], getpid() };
+	struct child_args args = { spec, bwrap_argv, out[1], err[1], report[1],
+				   contain_parent_pid() };
 	char **own_environ = environ;
 	sigset_t all, mask;
 	sigfillset(&all);

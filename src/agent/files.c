@@ -4,6 +4,7 @@
 #include "../base64.h"
 #include "../json.h"
 #include "agent.h"
+#include "fserror.h"
 #include "http.h"
 #include "paths.h"
 #include "server.h"
@@ -19,30 +20,20 @@
 
 #include <event2/buffer.h>
 
-/* Answers a path_result that is not PATH_OK for the caller's path p. */
-static void reply_path(struct http_request *req, enum path_result r, const char *p, size_t len,
-		       const char *operation, int missing_is_404)
+/* Answers a file operation on the caller's path p that met err (fserror.h), while reading or
+ * while creating and writing. */
+static void reply_errno(struct http_request *req, int err, const char *p, size_t len,
+			const char *operation, int writing)
 {
-	if (r == PATH_REFUSED) {
-		reply_path_refused(req, p, len, paths_refusal_reason());
+	const struct fs_error *e = fs_error(err, writing);
+	if (e->status == 500) {
+		reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s",
+			    operation, strerror(err));
 		return;
 	}
 	char shown[REPLY_SHOWN_PATH_MAX];
 	util_printable(p, len, shown, sizeof shown);
-	switch (r) {
-	case PATH_MISSING:
-	case PATH_NOT_DIR:
-		if (missing_is_404)
-			reply_error(req, 404, "PATH_NOT_FOUND", "No such file in the sandbox: %s", shown);
-		else
-			reply_error(req, 400, "REQUEST_INVALID",
-				    "Request invalid: a parent of '%s' is not a directory", shown);
-		break;
-	default:
-		reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s",
-			    operation, strerror(errno));
-		break;
-	}
+	reply_error(req, e->status, e->code, "%s%s%s%s", e->before, shown, e->after, e->why);
 }
 
 static void reply_not_regular(struct http_request *req, const char *p, size_t len)
@@ -115,11 +106,11 @@ static int open_for_read(struct http_request *req, const char *p, size_t plen, o
 		return -1;
 	enum path_result r = paths_open(rel, O_PATH, 0, &probe);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		return -1;
 	}
 	if (fstat(probe, &before) < 0) {
-		reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		goto fail;
 	}
 	if (!S_ISREG(before.st_mode)) {
@@ -128,11 +119,11 @@ static int open_for_read(struct http_request *req, const char *p, size_t plen, o
 	}
 	r = paths_open(rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, &fd);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		goto fail;
 	}
 	if (fstat(fd, &after) < 0) {
-		reply_path(req, PATH_FAILED, p, plen, "read a file", 1);
+		reply_errno(req, errno, p, plen, "read a file", 0);
 		goto fail;
 	}
 	if (!S_ISREG(after.st_mode) || after.st_ino != before.st_ino || after.st_dev != before.st_dev) {
@@ -321,7 +312,7 @@ static int recv_data(void *ctx, const char *data, size_t n)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			reply_path(fr->req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+			reply_errno(fr->req, w == 0 ? EIO : errno, fr->p, fr->plen, "write a file", 1);
 			recv_free(fr);
 			return -1;
 		}
@@ -345,7 +336,7 @@ static void recv_end(void *ctx, int complete)
 		if (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST)
 			reply_not_regular(fr->req, fr->p, fr->plen);
 		else
-			reply_path(fr->req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+			reply_errno(fr->req, errno, fr->p, fr->plen, "write a file", 1);
 		recv_free(fr);
 		return;
 	}
@@ -371,7 +362,7 @@ void files_raw_put(struct http_request *req)
 		goto fail;
 	enum path_result r = paths_walk(rel, 1, 1, &fr->dirfd, &last);
 	if (r != PATH_OK) {
-		reply_path(req, r, fr->p, fr->plen, "write a file", 0);
+		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	snprintf(fr->last, sizeof fr->last, "%s", last);
@@ -389,12 +380,12 @@ void files_raw_put(struct http_request *req)
 		}
 		keep_mode = 1;
 	} else if (r != PATH_MISSING) {
-		reply_path(req, r, fr->p, fr->plen, "write a file", 0);
+		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	unsigned char rnd[8];
 	if (util_random(rnd, sizeof rnd) < 0) {
-		reply_path(req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	snprintf(fr->tmp, sizeof fr->tmp, ".sandkit-upload-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0],
@@ -403,11 +394,11 @@ void files_raw_put(struct http_request *req)
 	r = paths_open_at(fr->dirfd, fr->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOCTTY, 0666, &fr->fd);
 	if (r != PATH_OK) {
 		fr->tmp[0] = '\0';
-		reply_path(req, r, fr->p, fr->plen, "write a file", 0);
+		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	if (keep_mode && fchmod(fr->fd, st.st_mode & 07777) < 0) {
-		reply_path(req, PATH_FAILED, fr->p, fr->plen, "write a file", 0);
+		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	http_body_stream(req, recv_data, recv_end, fr);
@@ -541,7 +532,7 @@ void files_put(struct http_request *req)
 		goto out;
 	enum path_result r = paths_walk(rel, 1, 1, &dirfd, &last);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	/* Look first: only a regular file (or nothing) may be opened for writing and truncated. */
@@ -556,12 +547,12 @@ void files_put(struct http_request *req)
 			goto out;
 		}
 	} else if (r != PATH_MISSING) {
-		reply_path(req, r, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	r = paths_open_at(dirfd, last, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0666, &fd);
 	if (r != PATH_OK) {
-		reply_path(req, r, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -569,7 +560,7 @@ void files_put(struct http_request *req)
 		goto out;
 	}
 	if (ftruncate(fd, 0) < 0) {
-		reply_path(req, PATH_FAILED, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	for (size_t off = 0; off < n;) {
@@ -577,14 +568,14 @@ void files_put(struct http_request *req)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			reply_path(req, PATH_FAILED, p, plen, "write a file", 0);
+			reply_errno(req, w == 0 ? EIO : errno, p, plen, "write a file", 1);
 			goto out;
 		}
 		off += (size_t)w;
 	}
 	if (close(fd) < 0) {
 		fd = -1;
-		reply_path(req, PATH_FAILED, p, plen, "write a file", 0);
+		reply_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	fd = -1;
@@ -618,7 +609,7 @@ void files_mkdir(struct http_request *req)
 			reply_error(req, 400, "REQUEST_INVALID",
 				    "Request invalid: '%s' or one of its parents is not a directory", shown);
 		} else if (r != PATH_OK) {
-			reply_path(req, r, p, plen, "make a directory", 0);
+			reply_errno(req, errno, p, plen, "make a directory", 1);
 		} else {
 			reply_empty(req, 204);
 		}

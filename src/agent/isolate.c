@@ -9,26 +9,76 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* The options in front of the command; the root is bound writable after the private /tmp so a
- * root under /tmp stays reachable. --cap-drop ALL: a root agent must not hand the command the
- * capabilities to remount what is read-only. */
-#define FIXED_ARGS 19
-static int fixed_args(const char **v, const char *cwd_path)
+/* The directories --hide named (canonical paths, heap copies kept for the agent's life). */
+static struct {
+	char *path[ISOLATE_HIDE_MAX];
+	size_t n;
+} hidden;
+
+int isolate_hide(const char *dir, char *why, size_t whysz)
+{
+	if (hidden.n == ISOLATE_HIDE_MAX) {
+		snprintf(why, whysz, "--hide is accepted at most %d times", ISOLATE_HIDE_MAX);
+		return -1;
+	}
+	char *real = realpath(dir, NULL);
+	struct stat st;
+	if (real == NULL || stat(real, &st) < 0 || !S_ISDIR(st.st_mode)) {
+		snprintf(why, whysz, "--hide %s is not a directory: %s", dir,
+			 real ? "it is something else" : strerror(errno));
+		free(real);
+		return -1;
+	}
+	const char *root = agent.cfg.root_path;
+	size_t rn = strlen(root);
+	/* Hiding / leaves nothing to run; hiding part of the root would make commands and the
+	 * file routes disagree about what it holds. */
+	if (strcmp(real, "/") == 0 || (strncmp(real, root, rn) == 0 && (real[rn] == '\0' ||
+									 real[rn] == '/'))) {
+		snprintf(why, whysz, "--hide %s must be a directory other than / and outside the root",
+			 dir);
+		free(real);
+		return -1;
+	}
+	hidden.path[hidden.n++] = real;
+	return 0;
+}
+
+void isolate_free(void)
+{
+	while (hidden.n > 0)
+		free(hidden.path[--hidden.n]);
+}
+
+/* The options in front of the command. The hidden directories become empty tmpfs mounts, then
+ * the root is bound writable on top, so a root under /tmp or under a hidden directory stays
+ * reachable (bwrap makes the mount point inside the tmpfs). --cap-drop ALL: a root agent must not
+ * hand the command the capabilities to remount what is read-only. */
+#define HEAD_ARGS 14
+#define TAIL_ARGS 8
+static size_t options(const char **v, const char *cwd_path)
 {
 	const char *root = agent.cfg.root_path;
-	const char *args[FIXED_ARGS] = {
+	const char *head[HEAD_ARGS] = {
 		ISOLATE_BWRAP, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc",
 		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-		"--bind", root, root, "--cap-drop", "ALL",
 	};
-	memcpy(v, args, sizeof args);
-	v[FIXED_ARGS] = "--chdir";
-	v[FIXED_ARGS + 1] = cwd_path;
-	v[FIXED_ARGS + 2] = "--";
-	return FIXED_ARGS + 3;
+	const char *tail[TAIL_ARGS] = {
+		"--bind", root, root, "--cap-drop", "ALL", "--chdir", cwd_path, "--",
+	};
+	size_t k = 0;
+	memcpy(v, head, sizeof head);
+	k += HEAD_ARGS;
+	for (size_t i = 0; i < hidden.n; i++) {
+		v[k++] = "--tmpfs";
+		v[k++] = hidden.path[i];
+	}
+	memcpy(v + k, tail, sizeof tail);
+	return k + TAIL_ARGS;
 }
 
 char **isolate_argv(char *const *argv, const char *cwd_path)
@@ -36,10 +86,10 @@ char **isolate_argv(char *const *argv, const char *cwd_path)
 	size_t n = 0;
 	while (argv[n])
 		n++;
-	const char **v = malloc((FIXED_ARGS + 3 + n + 1) * sizeof *v);
+	const char **v = malloc((HEAD_ARGS + 2 * hidden.n + TAIL_ARGS + n + 1) * sizeof *v);
 	if (v == NULL)
 		return NULL;
-	int k = fixed_args(v, cwd_path);
+	size_t k = options(v, cwd_path);
 	for (size_t i = 0; i <= n; i++)
 		v[k + i] = argv[i];
 	return (char **)v;

@@ -9,6 +9,7 @@
 
 #include "../base64.h"
 #include "capability.h"
+#include "contain.h"
 #include "exec.h"
 #include "http.h"
 #include "isolate.h"
@@ -87,11 +88,15 @@ static const char usage_text[] =
 	"  --isolate bwrap        SANDKIT_AGENT_ISOLATE   run every command under bubblewrap\n"
 	"                                                 (read-only host, writable root, private\n"
 	"                                                 /tmp, no network, own pid namespace)\n"
+	"  --hide DIR             SANDKIT_AGENT_HIDE      with bwrap: DIR looks empty to commands\n"
+	"                                                 (a state folder); repeatable, the\n"
+	"                                                 variable takes DIR:DIR:...\n"
 	"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
 	"  --help                                         this text\n"
 	"\n"
 	"One way to authorize is required: --token-file, --no-auth or --auth capability. SIGTERM\n"
-	"and SIGINT kill every running command's process group, then the agent exits 0.\n";
+	"and SIGINT kill every running command's process group and what commands left behind,\n"
+	"then the agent exits 0.\n";
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
@@ -109,7 +114,17 @@ struct raw_options {
 	const char *root, *listen, *token_file, *no_auth, *output_cap, *require_activation;
 	const char *ready_fd, *ready_file, *isolate, *log, *max_connections, *header_timeout;
 	const char *auth, *session_id, *public_keys;
+	const char *hide[ISOLATE_HIDE_MAX];
+	size_t nhide;
 };
+
+/* Adds one --hide; the directories are checked once the root is known. */
+static void add_hide(struct raw_options *o, const char *dir)
+{
+	if (o->nhide == ISOLATE_HIDE_MAX)
+		die("--hide is accepted at most %d times", ISOLATE_HIDE_MAX);
+	o->hide[o->nhide++] = dir;
+}
 
 static int env_flag(const char *name, const char *v)
 {
@@ -226,8 +241,12 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"),
 		getenv("SANDKIT_AGENT_MAX_CONNECTIONS"), getenv("SANDKIT_AGENT_HEADER_TIMEOUT"),
 		getenv("SANDKIT_AGENT_AUTH"), getenv("SANDKIT_AGENT_SESSION_ID"),
-		getenv("SANDKIT_AGENT_PUBLIC_KEYS"),
+		getenv("SANDKIT_AGENT_PUBLIC_KEYS"), { NULL }, 0,
 	};
+	/* The variable's list is cut in place: environ's strings are ours to keep. */
+	char *hide_env = getenv("SANDKIT_AGENT_HIDE");
+	for (char *dir = hide_env ? strtok(hide_env, ":") : NULL; dir; dir = strtok(NULL, ":"))
+		add_hide(&o, dir);
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
 		? env_flag("SANDKIT_AGENT_REQUIRE_ACTIVATION", o.require_activation) : 0;
@@ -247,6 +266,7 @@ static void configure(int argc, char **argv)
 		{ "auth", required_argument, NULL, 'A' },
 		{ "session-id", required_argument, NULL, 's' },
 		{ "public-keys", required_argument, NULL, 'k' },
+		{ "hide", required_argument, NULL, 'D' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -268,6 +288,7 @@ static void configure(int argc, char **argv)
 		case 'A': o.auth = optarg; break;
 		case 's': o.session_id = optarg; break;
 		case 'k': o.public_keys = optarg; break;
+		case 'D': add_hide(&o, optarg); break;
 		case 'h': fputs(usage_text, stdout); exit(0);
 		default: fputs(usage_text, stderr); exit(2);
 		}
@@ -323,6 +344,15 @@ static void configure(int argc, char **argv)
 		if (strcmp(o.isolate, "bwrap") != 0)
 			die("--isolate knows only bwrap, not '%s'", o.isolate);
 		c->isolate_bwrap = 1;
+	}
+	/* Without bubblewrap nothing can hide a directory from a command: accepting --hide then
+	 * would promise what is not done. */
+	if (o.nhide > 0 && !c->isolate_bwrap)
+		die("--hide needs --isolate bwrap");
+	for (size_t i = 0; i < o.nhide; i++) {
+		char why[PATH_MAX + 128];
+		if (isolate_hide(o.hide[i], why, sizeof why) < 0)
+			die("%s", why);
 	}
 }
 
@@ -388,6 +418,13 @@ int main(int argc, char **argv)
 	agent.activated = !agent.cfg.require_activation;
 	if (util_uuid(agent.boot_id) < 0)
 		die("cannot make a boot id: %s", strerror(errno));
+	/* Before anything else is started: the first child of the namespace must be its keeper. */
+	char uncontained[512];
+	if (contain_start(uncontained, sizeof uncontained) < 0)
+		log_info("%s: commands NOT contained, what they leave behind may outlive an agent "
+			 "killed with SIGKILL", uncontained);
+	else
+		log_info("%s", contain_description());
 	if (agent.cfg.isolate_bwrap) {
 		char why[512];
 		if (isolate_probe(why, sizeof why) < 0)
@@ -403,8 +440,10 @@ int main(int argc, char **argv)
 		if (setrlimit(RLIMIT_NOFILE, &nofile) < 0)
 			log_info("cannot raise the descriptor limit: %s", strerror(errno));
 	}
-	/* A caller that vanishes must not kill the agent with SIGPIPE mid-write. */
+	/* A caller that vanishes must not kill the agent with SIGPIPE mid-write, nor a file over a
+	 * size limit with SIGXFSZ: the write fails with EFBIG instead, which is the caller's 413. */
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGXFSZ, SIG_IGN);
 	/* Each output frame is a fresh 128 KiB buffer (libevent rounds the ~87 KB line up to a
 	 * power of two), freed once the socket took it. At glibc's defaults each one is its own
 	 * mmap, unmapped again on free, so every frame faulted all its pages in anew: most of a
@@ -429,6 +468,8 @@ int main(int argc, char **argv)
 	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
 	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
 		die("cannot watch SIGTERM and SIGINT");
+	if (contain_watch() < 0)
+		die("cannot watch the keeper of the commands' PID namespace");
 	/* Logged before the ready line, so whoever reads that line finds this one. */
 	log_info("serving %s on port %u, at most %u connections (%s%s%s)", agent.cfg.root_path,
 		 port, http_max_connections(),
@@ -440,6 +481,8 @@ int main(int argc, char **argv)
 	event_base_dispatch(agent.base);
 
 	command_shutdown();
+	/* Then what the commands left behind, in their own sessions included. */
+	contain_stop();
 	server_stop();
 	jobs_free_all();
 	command_free_all();
@@ -447,9 +490,10 @@ int main(int argc, char **argv)
 	event_free(intr);
 	event_base_free(agent.base);
 	close(agent.cfg.root_fd);
+	isolate_free();
 	free(agent.cfg.root_path);
 	free(agent.cfg.listen_host);
 	explicit_bzero(agent.cfg.token, sizeof agent.cfg.token);
 	capability_free(agent.cfg.capability);
-	return 0;
+	return contain_lost() ? 1 : 0;
 }

@@ -2,6 +2,7 @@
 #include "paths.h"
 
 #include "agent.h"
+#include "fserror.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,24 +47,9 @@ const char *paths_normalize(const char *p, size_t len, char *out)
 	return NULL;
 }
 
-const char *paths_refusal_reason(void)
-{
-	return "path leaves the sandbox root or goes through a symbolic link";
-}
-
 static enum path_result classify(int err)
 {
-	switch (err) {
-	case EXDEV:  /* RESOLVE_BENEATH: the walk would have left the root */
-	case ELOOP:  /* RESOLVE_NO_SYMLINKS / NO_MAGICLINKS: a link on the way */
-		return PATH_REFUSED;
-	case ENOENT:
-		return PATH_MISSING;
-	case ENOTDIR:
-		return PATH_NOT_DIR;
-	default:
-		return PATH_FAILED;
-	}
+	return fs_error(err, 1)->result;
 }
 
 enum path_result paths_open_at(int dirfd, const char *rel, int flags, mode_t mode, int *fd)
@@ -153,7 +139,7 @@ enum path_result paths_open_cwd(const char *cwd, size_t len, int *fd, const char
 	enum path_result r = paths_open(rel, O_PATH | O_DIRECTORY, 0, fd);
 	switch (r) {
 	case PATH_OK: break;
-	case PATH_REFUSED: *why = paths_refusal_reason(); break;
+	case PATH_REFUSED: *why = fs_error(errno, 0)->why; break;
 	case PATH_MISSING: *why = "it does not exist"; break;
 	case PATH_NOT_DIR: *why = "it is not a directory"; break;
 	default: *why = strerror(errno); break;

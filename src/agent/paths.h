@@ -18,10 +18,10 @@
 
 enum path_result {
 	PATH_OK = 0,
-	PATH_REFUSED,     /* leaves the root or goes through a symlink: 400 PATH_REFUSED */
+	PATH_REFUSED,     /* leaves the root, goes through a symlink, or names what cannot exist */
 	PATH_MISSING,     /* a component does not exist */
 	PATH_NOT_DIR,     /* a component that must be a directory is something else */
-	PATH_FAILED       /* any other failure of the agent's own filesystem calls; errno kept */
+	PATH_FAILED       /* any other failure; errno kept, and fserror.h says what it means */
 };
 
 /*
@@ -29,9 +29,6 @@ enum path_result {
  * out (PATHS_MAX bytes) and returns NULL; otherwise returns the reason for PATH_REFUSED.
  */
 const char *paths_normalize(const char *p, size_t len, char *out);
-
-/* Reason text for a refusal the kernel reported. */
-const char *paths_refusal_reason(void);
 
 /* Opens rel (normalized) beneath the root with openat2; flags may include O_CREAT. */
 enum path_result paths_open(const char *rel, int flags, mode_t mode, int *fd);

@@ -148,7 +148,7 @@ local function transport_of(raw)
 end
 
 local function gone(operation, id)
-  return errors.command_failed("sessionGone", operation .. ": session " .. id .. " does not exist",
+  return errors.command_failed("sandboxGone", operation .. ": session " .. id .. " does not exist",
     { operation = operation })
 end
 
@@ -310,7 +310,7 @@ function provider_mt:await_running(id, operation, timeout)
     if not raw then return false, gone(operation, id) end
     if raw.state == "Running" then return raw end
     if STATES[raw.state] == "terminated" then
-      return false, errors.command_failed("sessionGone", operation .. ": session " .. id .. " is "
+      return false, errors.command_failed("sandboxGone", operation .. ": session " .. id .. " is "
         .. raw.state, { operation = operation })
     end
   end)

@@ -8,7 +8,8 @@
 --
 -- root      the state folder; default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit
 -- isolate   nil, or "bwrap": commands run under bubblewrap with only the session's files
---           writable, no network and a private /tmp
+--           writable, no network, a private /tmp, and the state folder out of sight (no other
+--           session's token, record or files, nor this one's token)
 -- lifetime  seconds after which the session's agent exits (its commands with it) and the
 --           session reads as absent; the next get, list or prune removes its files
 --
@@ -213,8 +214,9 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
     table.insert(argv, 3, tostring(math.floor(left)))
   end
   if self.options.isolate == "bwrap" then
-    argv[#argv + 1] = "--isolate"
-    argv[#argv + 1] = "bwrap"
+    -- The state folder holds every session's token, record and files: inside the sandbox it is
+    -- empty but for this session's own files.
+    for _, word in ipairs{ "--isolate", "bwrap", "--hide", self.root } do argv[#argv + 1] = word end
   end
   if self.options.output_cap then
     argv[#argv + 1] = "--output-cap"
@@ -420,6 +422,12 @@ local function stop_agent(pid, dir)
   core.reap(pid, true)
 end
 
+--- Why a removal can fail and succeed when asked again: something was still writing into the
+-- tree, or the machine was short of memory or descriptors for a moment. Anything else (a mount
+-- point, permissions, a read-only or failing disk) fails the same way every time.
+local REMOVAL_MAY_SUCCEED = { ENOTEMPTY = true, ENOMEM = true, EMFILE = true, ENFILE = true,
+  EINTR = true }
+
 --- Kills the session's agent and removes its directory. An absent id succeeds.
 function provider_mt:terminate(id)
   local bad = check_id(id, "sandbox.terminate")
@@ -427,9 +435,10 @@ function provider_mt:terminate(id)
   local dir = self:dir(id)
   local record = load_record(dir)
   if record then stop_agent(record.pid, dir) end
-  local ok, err = core.remove_tree(dir)
+  local ok, err, errno = core.remove_tree(dir)
   if not ok then
     return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.terminate",
+      retryable = REMOVAL_MAY_SUCCEED[errno] == true,
       message = "sandbox.terminate: the session's files could not be removed: " .. tostring(err) })
   end
   return true
