@@ -6,6 +6,7 @@ local core = require "sandkit.core"
 local wait = require "sandkit.wait"
 local files = require "support.files"
 local local_state = require "support.local_state"
+local agent_process = require "support.agent_process"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 local q = local_state.shell_quote
@@ -17,6 +18,11 @@ local function agent_features(root)
   local features = session.conn.features
   assert(session:terminate())
   return features
+end
+
+--- A `sleep` argument no other process on the machine has: ten seconds and a random fraction.
+local function remote_nap()
+  return string.format("10.%08d", math.random(0, 99999999))
 end
 
 --- Waits, at most `timeout` seconds, until predicate() holds.
@@ -306,9 +312,12 @@ describe("the sandkit command", function()
   end)
 
   it("on SIGINT stops the command at once, removes its throwaway session and exits 130", function()
-    local pid, output = start("run -- sh -c 'echo started $$; exec sleep 10'")
-    wait_until(function() return output():find("started %d+\n") end, 10, "the command to start")
-    local remote = tonumber(output():match("started (%d+)"))
+    -- The agent runs commands in a PID namespace of their own, so a command's `$$` is not a
+    -- host pid: the remote command is found by its argv, made unique here.
+    local nap = remote_nap()
+    local pid, output = start("run -- sh -c 'echo started; exec sleep " .. nap .. "'")
+    wait_until(function() return output():find("started\n") end, 10, "the command to start")
+    assert.equal(1, #agent_process.processes{ "sleep", nap }, "the remote command is found by its argv")
     local signalled = core.now()
     core.kill(pid, core.SIGINT)
     local _, status = core.reap(pid, true)
@@ -318,19 +327,22 @@ describe("the sandkit command", function()
     local _, err = output()
     assert.equal("sandkit: stopped by SIGINT\n", err)
     assert.is_nil(err:find("traceback", 1, true))
-    wait_until(function() return not core.alive(remote) end, 5, "the remote command to stop")
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 0 end, 5,
+      "the remote command to stop")
     assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "the throwaway session is gone")
   end)
 
   it("on SIGTERM stops the command in a named session, keeps the session and exits 143", function()
     sandkit_cmd("create kept")
-    local pid, output = start("run --session kept -- sh -c 'echo started $$; exec sleep 10'")
-    wait_until(function() return output():find("started %d+\n") end, 10, "the command to start")
-    local remote = tonumber(output():match("started (%d+)"))
+    local nap = remote_nap()
+    local pid, output = start("run --session kept -- sh -c 'echo started; exec sleep " .. nap .. "'")
+    wait_until(function() return output():find("started\n") end, 10, "the command to start")
+    assert.equal(1, #agent_process.processes{ "sleep", nap }, "the remote command is found by its argv")
     core.kill(pid, core.SIGTERM)
     local _, status = core.reap(pid, true)
     assert.equal(143, status)
-    wait_until(function() return not core.alive(remote) end, 5, "the remote command to stop")
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 0 end, 5,
+      "the remote command to stop")
     assert.equal("running", cjson.decode((sandkit_cmd("ls --json"))).sessions[1].state)
   end)
 
