@@ -379,11 +379,11 @@ function job_mt:frames(opts)
   local job = self
   return function()
     while true do
+      -- Delivered frames stay in the page until the next one replaces it: a hole at its head
+      -- would leave #queue to the interpreter's choice of border.
       if head <= #queue then
-        local frame = queue[head]
-        queue[head] = nil
         head = head + 1
-        return frame
+        return queue[head - 1]
       end
       -- Raised only once every frame before it was delivered: output that arrived is never lost.
       if failure then error(failure, 0) end

@@ -16,6 +16,13 @@ function files.write(path, data)
   f:close()
 end
 
+--- Runs a shell command; true when it exited 0. os.execute answers true under Lua 5.4 and 0
+-- under LuaJIT (5.1's exit status), which this hides.
+function files.execute(command)
+  local r = os.execute(command)
+  return r == true or r == 0
+end
+
 --- A word the shell passes on unchanged, whatever it holds.
 function files.shell_quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
