@@ -3,23 +3,28 @@
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
 #   make                     builds build/<lua>/sandkit/core.so and build/sandkit-agent
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
+#                            under Lua 5.4 and under LuaJIT (test and test-luajit)
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                runs examples/quickstart.lua against a local session
 #   make bench               runs the benchmarks in bench/
 #   make install             PREFIX=/usr/local, DESTDIR honoured
-#   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers
+#   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers (install: the 5.1 tree,
+#                            which is where OpenResty and LuaJIT look)
 
 LUA_VERSION ?= 5.4
 LUA_PC      ?= lua$(LUA_VERSION)
-LUA         ?= lua$(LUA_VERSION)
+# LuaJIT speaks Lua 5.1's C API and reads modules from the 5.1 trees.
+IS_LUAJIT   := $(filter luajit,$(LUA_PC))
+LUA         ?= $(if $(IS_LUAJIT),luajit,lua$(LUA_VERSION))
+LUA_ABI     := $(if $(IS_LUAJIT),5.1,$(LUA_VERSION))
 PKG_CONFIG  ?= pkg-config
 BUSTED      ?= busted
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
 BINDIR  ?= $(PREFIX)/bin
-LUA_CMOD ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
-LUA_LMOD ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+LUA_CMOD ?= $(PREFIX)/lib/lua/$(LUA_ABI)
+LUA_LMOD ?= $(PREFIX)/share/lua/$(LUA_ABI)
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
@@ -41,7 +46,12 @@ EVENT_CFLAGS   ?= $(shell $(PKG_CONFIG) --cflags libevent)
 EVENT_LIBS     ?= $(shell $(PKG_CONFIG) --libs libevent)
 
 BUILD ?= build
-MODDIR := $(BUILD)/$(LUA_PC)
+# A LuaRocks build names its headers: objects built for one Lua are never reused for another.
+MODDIR := $(BUILD)/$(if $(LUA_INCDIR),$(notdir $(LUA_INCDIR)),$(LUA_PC))
+# nginx's Lua module runs LuaJIT, so the nginx specs and gateways need the C module built for it
+# too, whatever this build is for (a LuaRocks build makes only the one it was asked for).
+JIT_MODDIR := $(BUILD)/luajit
+JIT_CORE := $(if $(LUA_INCDIR)$(IS_LUAJIT),,jit-core)
 
 CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
             src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c
@@ -54,9 +64,12 @@ AGENT_BIN := $(BUILD)/sandkit-agent
 
 LUA_FILES := $(shell find lua -name '*.lua' | sort)
 
-.PHONY: all deps test check check-asan demo bench fuzz install clean lint
+.PHONY: all deps test test-luajit check check-asan demo bench fuzz install clean lint jit-core
 
-all: $(CORE_SO) $(AGENT_BIN)
+all: $(CORE_SO) $(AGENT_BIN) $(JIT_CORE)
+
+jit-core:
+	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so
 
 $(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) | $(MODDIR)/obj
 	$(CC) $(CFLAGS) $(STRICT) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
@@ -76,17 +89,24 @@ $(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent:
 deps:
 	@sh tools/bootstrap.sh
 
-# The suite runs against the build tree: the C module from $(MODDIR), the agent from $(BUILD).
-# TEST_PRELOAD and TEST_ENV_EXTRA are set by check-asan.
+# The suite runs against the build tree: the C module from $(MODDIR), the agent from $(BUILD),
+# and inside nginx the LuaJIT build of the C module. TEST_PRELOAD and TEST_ENV_EXTRA are set by
+# check-asan.
 test:
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_TEST_LUA=$(LUA) SANDKIT_TEST_CPATH='$(abspath $(MODDIR))/?.so' \
+	  SANDKIT_NGINX_CPATH='$(abspath $(JIT_MODDIR))/?.so' \
 	  $(if $(TEST_PRELOAD),LD_PRELOAD="$(TEST_PRELOAD)") $(TEST_ENV_EXTRA) \
 	  $(BUSTED) --lua=$(LUA) --cpath='$(MODDIR)/?.so' $(BUSTED_ARGS)
+
+# The same suite under LuaJIT (Debian's luajit2, the LuaJIT nginx's Lua module runs).
+test-luajit:
+	$(MAKE) test LUA_PC=luajit $(if $(TEST_LUAJIT_ARGS),BUSTED_ARGS='$(TEST_LUAJIT_ARGS)')
 
 check: deps
 	$(MAKE) lint
 	$(MAKE) all
 	$(MAKE) test
+	$(MAKE) test-luajit
 
 # Lua itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking is off
 # because the interpreter keeps its own allocations alive until exit.
