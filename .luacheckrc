@@ -10,3 +10,9 @@ files["spec/support/fake_http_server.lua"] = { globals = { "arg" } }
 files["bin/sandkit"] = { globals = { "arg" } }
 files["examples"] = { globals = { "arg" } }
 files["bench"] = { globals = { "arg" } }
+-- nginx's Lua module provides `ngx` as a global to code running inside a worker: the cosocket
+-- transport, the nginx mappings of the runner, sandkit.ngx, and what runs in the specs' nginx.
+files["lua/sandkit/cosocket.lua"] = { read_globals = { "ngx" } }
+files["lua/sandkit/runner.lua"] = { read_globals = { "ngx" } }
+files["lua/sandkit/ngx.lua"] = { globals = { "ngx" } }
+files["spec/support/nginx_app.lua"] = { globals = { "ngx" } }

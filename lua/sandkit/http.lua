@@ -3,8 +3,12 @@
 -- within which bounds — and never decides what they mean: the agent protocol and each cloud
 -- client classify them.
 --
--- Every transfer in a Lua state shares one core client: one pool of connections and one
--- pollable, so a scheduler can wait on all of them at once.
+-- Two transports sit under the same interface. Outside nginx every transfer in a Lua state
+-- shares one libcurl client of the C core: one pool of connections and one pollable, so a
+-- scheduler can wait on all of them at once. Inside an nginx worker requests go over cosockets
+-- (sandkit.cosocket), which park the request's light thread instead of blocking the worker;
+-- in an nginx phase without cosockets a request is refused, naming the phase. Callers see the
+-- same responses and transfers from both.
 
 local json_codec = require "sandkit.json"
 local core = require "sandkit.core"
@@ -32,8 +36,13 @@ response_mt.__index = response_mt
 --       max_body, max_error_body, buffer_size, header_deadline (absolute, core.now clock)
 -- Returns a response, or nil and a failure: { kind = "refused" (nothing was sent) |
 -- "timeout" (no headers in time) | "failed" (the connection failed after sending),
--- sent = bool, detail = libcurl's sentence }.
+-- sent = bool, detail = the transport's sentence }.
 function http.send(spec)
+  if wait.check_nginx() then
+    local t, status = require("sandkit.cosocket").send(spec)
+    if not t then return nil, status end
+    return setmetatable({ transfer = t, status = status }, response_mt)
+  end
   local client = http.client()
   local t = client:request(spec)
   local deadline = spec.header_deadline

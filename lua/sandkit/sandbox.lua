@@ -203,17 +203,36 @@ local function next_frame(stream)
   return nil
 end
 
+--- The iterator session:run returns: called by the `for` loop, closed by :close() — or, on
+-- Lua 5.4, by the loop itself, as its to-be-closed value.
+local frames_mt = {}
+frames_mt.__index = frames_mt
+
+function frames_mt:__call()
+  if self.failed then error(self.failed, 0) end
+  return next_frame(self.stream)
+end
+
+--- Closes the stream (idempotent): the connection drops, which cancels a command still running.
+function frames_mt:close()
+  if self.stream then self.stream:close() end
+end
+frames_mt.__close = frames_mt.close
+
 --- for frame in session:run(argv, opts) do … end
 -- Frames are tables ({ type = "stdout"|"stderr", seq =, data = } then { type = "exit", code =,
 -- truncated =, signal = }). Any failure raises a sandkit error from the loop, so a stream that
--- stops short can never look like success. On Lua 5.4 the stream is the loop's closing
--- value: `break` or an error closes the connection at once, which cancels the command.
+-- stops short can never look like success. The iterator has :close(), which drops the
+-- connection and so cancels the command. On Lua 5.4 it is the loop's to-be-closed value:
+-- `break` or an error closes it at once. LuaJIT has no to-be-closed variables, so a loop
+-- there that may end early keeps the iterator and closes it (README, "Leaving a loop early"):
+--   local frames = session:run(argv, opts)
+--   for frame in frames do … end
+--   frames:close()
 function session_mt:run(argv, opts)
   local stream, err = self:stream(argv, opts)
-  if not stream then
-    return function() error(err, 0) end
-  end
-  return next_frame, stream, nil, stream
+  local frames = setmetatable({ stream = stream, failed = not stream and err or nil }, frames_mt)
+  return frames, nil, nil, frames
 end
 
 --- Default bytes exec keeps per stream; the head is kept, the rest counted as truncated.

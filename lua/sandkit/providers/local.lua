@@ -161,6 +161,8 @@ end
 
 --- Starts an agent for the session directory and waits until it serves.
 function provider_mt:start_agent(id, dir, generation, env)
+  -- Refused before the agent exists: in an nginx phase that cannot wait, nothing could.
+  wait.check_nginx()
   local agent = find_agent(self.options)
   if not agent then
     return nil, errors.not_supported("sandbox.create",
@@ -368,6 +370,7 @@ end
 function provider_mt:terminate(id)
   local bad = check_id(id, "sandbox.terminate")
   if bad then return nil, bad end
+  wait.check_nginx()
   local dir = self:dir(id)
   local record = load_record(dir)
   if record then stop_agent(record.pid, dir) end
