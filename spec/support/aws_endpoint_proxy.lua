@@ -16,14 +16,12 @@
 -- Anything missing — nginx, openssl, the agent binary — fails the spec with what to install.
 
 local core = require "sandkit.core"
-local socket = require "socket"
-local wait = require "sandkit.wait"
 local fake_http = require "support.fake_http"
 local files = require "support.files"
+local nginx = require "support.nginx"
 
 local aws_endpoint_proxy = {}
 
-local NGINX = "/usr/sbin/nginx"
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 --- Seconds nginx and the agent get to start listening before the spec gives up on them.
 local START_TIMEOUT = 10
@@ -34,15 +32,11 @@ proxy_mt.__index = proxy_mt
 local read_file, write_file = files.read, files.write
 
 local function executable(path)
-  return os.execute("test -x '" .. path .. "'") == true
+  return files.execute("test -x " .. files.shell_quote(path))
 end
 
 local function require_tools()
-  if not executable(NGINX) then
-    error("the end-to-end spec needs nginx at " .. NGINX .. " (Debian package nginx or "
-      .. "nginx-light; tools/bootstrap.sh installs it)", 0)
-  end
-  if os.execute("command -v openssl >/dev/null 2>&1") ~= true then
+  if not files.execute("command -v openssl >/dev/null 2>&1") then
     error("the end-to-end spec needs the openssl command line tool (Debian package openssl)", 0)
   end
   local agent = os.getenv("SANDKIT_AGENT")
@@ -56,8 +50,8 @@ end
 --- Runs a shell command in dir, failing the spec with its output when it fails.
 local function run(dir, command)
   local log = dir .. "/command.log"
-  local ok = os.execute("cd '" .. dir .. "' && " .. command .. " >'" .. log .. "' 2>&1")
-  if ok ~= true then error("`" .. command .. "` failed:\n" .. (read_file(log) or ""), 0) end
+  local ok = files.execute("cd '" .. dir .. "' && " .. command .. " >'" .. log .. "' 2>&1")
+  if not ok then error("`" .. command .. "` failed:\n" .. (read_file(log) or ""), 0) end
 end
 
 --- A CA, and a server certificate it signed for 127.0.0.1 and localhost.
@@ -72,28 +66,6 @@ local function make_certificates(dir)
   run(dir, "openssl req " .. ec .. " -keyout server.key -out server.csr -subj '/CN=localhost'")
   run(dir, "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -set_serial 1"
     .. " -days 1 -extfile server.ext -out server.crt")
-end
-
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
-
---- Waits until something accepts on port, or the process pid ended, or the bound passed.
-local function wait_listening(port, pid)
-  local deadline = core.now() + START_TIMEOUT
-  while core.now() < deadline do
-    local c = socket.tcp()
-    c:settimeout(1)
-    local ok = c:connect("127.0.0.1", port)
-    c:close()
-    if ok then return true end
-    if core.reap(pid) then return false end
-    wait.sleep(0.02)
-  end
-  return false
 end
 
 local function start_agent(agent, root, log)
@@ -111,7 +83,7 @@ local function start_agent(agent, root, log)
   return pid, assert(tonumber(line:match('"port"%s*:%s*(%d+)')), line)
 end
 
-local function nginx_conf(p)
+local function nginx_conf(p, port)
   local checks = {}
   for name, value in pairs(p.token) do
     assert(value:match("^[%w%-]+$"), "test tokens are plain words")
@@ -126,13 +98,9 @@ local function nginx_conf(p)
     "events { worker_connections 64; }",
     "http {",
     "  log_format gate '$status $request_uri';",
-    "  client_body_temp_path " .. p.dir .. "/temp/body;",
-    "  proxy_temp_path " .. p.dir .. "/temp/proxy;",
-    "  fastcgi_temp_path " .. p.dir .. "/temp/fastcgi;",
-    "  uwsgi_temp_path " .. p.dir .. "/temp/uwsgi;",
-    "  scgi_temp_path " .. p.dir .. "/temp/scgi;",
+    nginx.temp_paths(p.dir),
     "  server {",
-    "    listen 127.0.0.1:" .. p.port .. " ssl;",
+    "    listen 127.0.0.1:" .. port .. " ssl;",
     "    server_name localhost;",
     "    ssl_certificate " .. p.dir .. "/server.crt;",
     "    ssl_certificate_key " .. p.dir .. "/server.key;",
@@ -156,18 +124,13 @@ end
 
 function aws_endpoint_proxy.start(opts)
   local agent = require_tools()
-  local dir = os.tmpname()
-  os.remove(dir)
-  -- 0755: nginx's workers run as nobody when the spec runs as root, and must see the flag.
-  assert(core.mkdir(dir, tonumber("755", 8)))
-  -- Whatever the umask took away.
-  assert(os.execute("chmod 755 '" .. dir .. "'"))
+  -- nginx's workers run as nobody when the spec runs as root, and must see the flag.
+  local dir = nginx.temp_dir()
   local p = setmetatable({ dir = dir, token = opts.token, ca_file = dir .. "/ca.crt",
     root = dir .. "/root", pids = {} }, proxy_mt)
   local ok, err = pcall(function()
     make_certificates(dir)
     assert(core.mkdir(p.root, tonumber("700", 8)))
-    assert(core.mkdir(dir .. "/temp", tonumber("755", 8)))
     local agent_pid
     agent_pid, p.agent_port = start_agent(agent, p.root, dir .. "/agent.log")
     p.pids.agent = agent_pid
@@ -177,32 +140,18 @@ function aws_endpoint_proxy.start(opts)
     p.access_copy = dir .. "/access.log"
     write_file(p.access_copy, "")
 
-    -- The port is free when picked and nginx binds it a moment later; another process taking
-    -- it in between makes nginx exit, and the next port is tried, with a fresh gate (the one
-    -- before saw the fifo close).
-    for _ = 1, 3 do
-      p.pids.gate = assert(core.spawn({ LUA, "spec/support/aws_restore_gate.lua",
-        dir .. "/access.fifo", dir .. "/restoring", tostring(opts.restoring or 0), p.access_copy },
-        { stderr = dir .. "/gate.log", setsid = true }))
-      p.port = free_port()
-      write_file(dir .. "/nginx.conf", nginx_conf(p))
-      local pid = assert(core.spawn({ NGINX, "-p", dir, "-c", dir .. "/nginx.conf",
-        "-g", "daemon off;" }, { stderr = dir .. "/nginx.stderr", stdout = dir .. "/nginx.stderr",
-        setsid = true }))
-      if wait_listening(p.port, pid) then
-        p.pids.nginx = pid
-        break
-      end
-      for _, stale in ipairs{ pid, p.pids.gate } do
-        core.kill(stale, core.SIGKILL)
-        core.reap(stale, true)
-      end
-      p.pids.gate = nil
-    end
-    if not p.pids.nginx then
-      error("nginx did not start:\n" .. (read_file(dir .. "/nginx.stderr") or "")
-        .. (read_file(dir .. "/error.log") or ""), 0)
-    end
+    -- Each try of a port gets a fresh gate: the one before saw the fifo close when its nginx
+    -- exited.
+    p.pids.nginx, p.port = nginx.launch(dir, function(port) return nginx_conf(p, port) end,
+      function()
+        if p.pids.gate then
+          core.kill(p.pids.gate, core.SIGKILL)
+          core.reap(p.pids.gate, true)
+        end
+        p.pids.gate = assert(core.spawn({ LUA, "spec/support/aws_restore_gate.lua",
+          dir .. "/access.fifo", dir .. "/restoring", tostring(opts.restoring or 0), p.access_copy },
+          { stderr = dir .. "/gate.log", setsid = true }))
+      end)
     p.endpoint = "127.0.0.1:" .. p.port
   end)
   if not ok then
@@ -231,13 +180,7 @@ function proxy_mt:stop()
   for _, name in ipairs{ "nginx", "agent", "gate" } do
     local pid = self.pids[name]
     if pid then
-      core.kill(pid, core.SIGTERM)
-      local deadline = core.now() + 5
-      while not core.reap(pid) and core.now() < deadline do wait.sleep(0.02) end
-      if not core.reap(pid) then
-        core.kill(pid, core.SIGKILL)
-        core.reap(pid, true)
-      end
+      nginx.kill(pid)
       self.pids[name] = nil
     end
   end

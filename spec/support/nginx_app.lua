@@ -1,0 +1,125 @@
+--- The handlers the nginx specs' test server runs (spec/support/nginx.lua puts spec/ on its
+-- lua_package_path): each location calls one function here, which uses sandkit inside the
+-- worker exactly as a gateway would, and answers what it saw as JSON or as a stream.
+
+local cjson = require "cjson"
+local sandkit = require "sandkit"
+local sk_ngx = require "sandkit.ngx"
+local protocol_cases = require "support.protocol_cases"
+
+local app = {}
+
+--- Sessions opened by one request and used by the next (a session holds no connection, so it
+-- may outlive the request that made it); one worker serves every spec request.
+local sessions = {}
+local opened = 0
+
+local function body_json()
+  ngx.req.read_body()
+  return cjson.decode(ngx.req.get_body_data() or "{}")
+end
+
+local function reply(value)
+  ngx.header["Content-Type"] = "application/json"
+  ngx.say(cjson.encode(value))
+end
+
+local function fail(status, text)
+  ngx.status = status
+  ngx.say(text)
+  return ngx.exit(status)
+end
+
+--- POST { url, options } -> { handle }: a session on the fake agent at url.
+function app.case_open()
+  local req = body_json()
+  opened = opened + 1
+  sessions[opened] = protocol_cases.open(req.url, req.options)
+  reply{ handle = opened }
+end
+
+--- POST { handle, index } -> the case's act result, as protocol_cases.act writes it.
+function app.case_act()
+  local req = body_json()
+  local session = sessions[req.handle]
+  sessions[req.handle] = nil
+  ngx.header["Content-Type"] = "application/json"
+  ngx.say(protocol_cases.act(req.index, session))
+end
+
+--- The local sandbox every other handler uses, under the root the spec passed in the query.
+local function local_sandbox()
+  local root = ngx.var.arg_root
+  if not root then return fail(400, "root?") end
+  return assert(sandkit.sandbox{ provider = "local", root = ngx.unescape_uri(root) })
+end
+
+local function session_of(sandbox)
+  local session, err = sandbox:get(ngx.var.arg_session or "")
+  if not session then return fail(404, "no session: " .. tostring(err)) end
+  return session
+end
+
+--- POST ?root=R -> { id }: a local session created inside the worker.
+function app.create()
+  local session, err = local_sandbox():create{}
+  if not session then return fail(500, tostring(err)) end
+  reply{ id = session.id }
+end
+
+--- POST ?root=R&session=ID&format=F, body: the argv as JSON -> the command's frames, streamed.
+function app.stream()
+  local argv = body_json()
+  local session = session_of(local_sandbox())
+  local exit, err = sk_ngx.stream(session, argv, { timeout = 120, format = ngx.var.arg_format })
+  if not exit and not ngx.headers_sent then return fail(502, tostring(err)) end
+end
+
+--- POST ?root=R&session=ID, body: the argv as JSON -> { code, stdout, stderr } of exec.
+function app.exec()
+  local argv = body_json()
+  local result, err = session_of(local_sandbox()):exec(argv, { timeout = 60 })
+  if not result then return fail(502, tostring(err)) end
+  reply{ code = result.code, stdout = result.stdout, stderr = result.stderr }
+end
+
+--- POST ?root=R&session=ID, body: a list of argvs -> their stdout, run as sandkit.run tasks.
+function app.fanout()
+  local argvs = body_json()
+  local session = session_of(local_sandbox())
+  local out, err = sandkit.run(function()
+    local tasks = {}
+    for i, argv in ipairs(argvs) do
+      tasks[i] = sandkit.spawn(function() return session:exec(argv, { timeout = 60 }) end)
+    end
+    local all = {}
+    for i, task in ipairs(tasks) do all[i] = assert(task:join()).stdout end
+    return all
+  end)
+  if not out then return fail(500, tostring(err)) end
+  reply(out)
+end
+
+--- POST ?root=R&session=ID&mode=M, body: the argv -> the first frame read, then the handler
+-- leaves the loop: mode "close" closes the iterator, "leave" only ends the request (which
+-- must close the stream by itself, before any collection).
+function app.leave_early()
+  local argv = body_json()
+  local session = session_of(local_sandbox())
+  local frames = session:run(argv, { timeout = 60 })
+  local first = frames()
+  if ngx.var.arg_mode == "close" then frames:close() end
+  -- Keeps the stream reachable until the request ends: nothing may wait for the collector.
+  ngx.ctx.frames = frames
+  reply(first)
+end
+
+--- GET -> what sandkit says when called in a phase without cosockets (set_by_lua).
+function app.phase_refusal()
+  local ok, err = pcall(function()
+    return local_sandbox():create{}
+  end)
+  return ok and "no refusal" or tostring(err)
+end
+
+return app
