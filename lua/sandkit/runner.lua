@@ -169,7 +169,7 @@ local function ngx_finish(task, ok, ...)
   task.ok = ok
   if ok then task.results = pack(...) else task.err = ... end
   task.run.unfinished = task.run.unfinished - 1
-  task.done_signal:post(task.waiters)
+  if task.waiters > 0 then task.done_signal:post(task.waiters) end
 end
 
 local function ngx_task(r)

@@ -47,11 +47,13 @@ function app.case_act()
   ngx.say(protocol_cases.act(req.index, session))
 end
 
---- The local sandbox every other handler uses, under the root the spec passed in the query.
+--- The local sandbox every other handler uses, under the root the spec passed in the query
+-- (and with its agents' output cap, when it passed one).
 local function local_sandbox()
   local root = ngx.var.arg_root
   if not root then return fail(400, "root?") end
-  return assert(sandkit.sandbox{ provider = "local", root = ngx.unescape_uri(root) })
+  return assert(sandkit.sandbox{ provider = "local", root = ngx.unescape_uri(root),
+    output_cap = tonumber(ngx.var.arg_output_cap) })
 end
 
 local function session_of(sandbox)
@@ -60,7 +62,7 @@ local function session_of(sandbox)
   return session
 end
 
---- POST ?root=R -> { id }: a local session created inside the worker.
+--- POST ?root=R[&output_cap=N] -> { id }: a local session created inside the worker.
 function app.create()
   local session, err = local_sandbox():create{}
   if not session then return fail(500, tostring(err)) end

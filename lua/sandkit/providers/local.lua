@@ -161,8 +161,6 @@ end
 
 --- Starts an agent for the session directory and waits until it serves.
 function provider_mt:start_agent(id, dir, generation, env)
-  -- Refused before the agent exists: in an nginx phase that cannot wait, nothing could.
-  wait.check_nginx()
   local agent = find_agent(self.options)
   if not agent then
     return nil, errors.not_supported("sandbox.create",
@@ -233,6 +231,9 @@ function provider_mt:start_agent(id, dir, generation, env)
 end
 
 function provider_mt:create(opts)
+  -- Refused before anything exists: in an nginx phase that cannot wait, the agent's start
+  -- could not be waited for.
+  wait.check_nginx()
   local id = opts.id or new_id()
   local bad = check_id(id, "sandbox.create")
   if bad then return nil, bad end
