@@ -447,13 +447,13 @@ local function read_head(sock, deadline)
   local buf = ""
   while true do
     local s, e = find(buf, "\r?\n\r?\n")
-    if s then
+    if (s or #buf) > MAX_HEAD then
+      return nil, "failed", "response headers longer than " .. MAX_HEAD .. " bytes", true
+    elseif s then
       local head, why = parse_head(sub(buf, 1, s))
       if not head then return nil, "failed", why, true end
       buf = sub(buf, e + 1)
       if head.status >= 200 or head.status == 101 then return head, buf end
-    elseif #buf > MAX_HEAD then
-      return nil, "failed", "response headers longer than " .. MAX_HEAD .. " bytes", true
     else
       if timed_out(deadline) then return nil, "timeout", nil, #buf > 0 end
       sock:settimeout(ms_until(deadline))

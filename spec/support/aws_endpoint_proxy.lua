@@ -19,6 +19,7 @@ local core = require "sandkit.core"
 local fake_http = require "support.fake_http"
 local files = require "support.files"
 local nginx = require "support.nginx"
+local tls = require "support.tls"
 
 local aws_endpoint_proxy = {}
 
@@ -36,36 +37,13 @@ local function executable(path)
 end
 
 local function require_tools()
-  if not files.execute("command -v openssl >/dev/null 2>&1") then
-    error("the end-to-end spec needs the openssl command line tool (Debian package openssl)", 0)
-  end
+  tls.require_openssl()
   local agent = os.getenv("SANDKIT_AGENT")
   if not agent or agent == "" or not executable(agent) then
     error("the end-to-end spec needs sandkit-agent: build it (make BUILD=build/x "
       .. "build/x/sandkit-agent) and set SANDKIT_AGENT to its path (make test does)", 0)
   end
   return agent
-end
-
---- Runs a shell command in dir, failing the spec with its output when it fails.
-local function run(dir, command)
-  local log = dir .. "/command.log"
-  local ok = files.execute("cd '" .. dir .. "' && " .. command .. " >'" .. log .. "' 2>&1")
-  if not ok then error("`" .. command .. "` failed:\n" .. (read_file(log) or ""), 0) end
-end
-
---- A CA, and a server certificate it signed for 127.0.0.1 and localhost.
-local function make_certificates(dir)
-  local ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-  run(dir, "openssl req -x509 " .. ec .. " -keyout ca.key -out ca.crt -days 1"
-    .. " -subj '/CN=sandkit test CA' -addext 'basicConstraints=critical,CA:TRUE'"
-    .. " -addext 'keyUsage=critical,keyCertSign,cRLSign'")
-  write_file(dir .. "/server.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-    .. "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-    .. "extendedKeyUsage=serverAuth\n")
-  run(dir, "openssl req " .. ec .. " -keyout server.key -out server.csr -subj '/CN=localhost'")
-  run(dir, "openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -set_serial 1"
-    .. " -days 1 -extfile server.ext -out server.crt")
 end
 
 local function start_agent(agent, root, log)
@@ -129,13 +107,14 @@ function aws_endpoint_proxy.start(opts)
   local p = setmetatable({ dir = dir, token = opts.token, ca_file = dir .. "/ca.crt",
     root = dir .. "/root", pids = {} }, proxy_mt)
   local ok, err = pcall(function()
-    make_certificates(dir)
+    -- A CA, and a server certificate it signed for 127.0.0.1 and localhost.
+    tls.issue(dir, tls.ca(dir, "ca"), "server", { "IP:127.0.0.1", "DNS:localhost" })
     assert(core.mkdir(p.root, tonumber("700", 8)))
     local agent_pid
     agent_pid, p.agent_port = start_agent(agent, p.root, dir .. "/agent.log")
     p.pids.agent = agent_pid
 
-    run(dir, "mkfifo access.fifo")
+    assert(files.execute("mkfifo " .. files.shell_quote(dir .. "/access.fifo")))
     if (opts.restoring or 0) > 0 then write_file(dir .. "/restoring", "") end
     p.access_copy = dir .. "/access.log"
     write_file(p.access_copy, "")

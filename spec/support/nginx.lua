@@ -2,8 +2,12 @@
 -- another process takes it first, in its own temp directory, and always stopped.
 --
 --   local server = nginx.start{ server = "location /x { content_by_lua_block { … } }",
---                               http = "…", main = "…", workers = 1 }
---   server.port, server.url, server.dir, server:worker_pid(), server:error_log(), server:stop()
+--                               http = "…", main = "…", workers = 1, ports = { "tls" } }
+--   server.port, server.url, server.dir, server.ports.tls, server:worker_pid(),
+--   server:error_log(), server:stop()
+-- `ports` names further ports to pick, written as ${name} in `http` (say, a second server
+-- block's listen); `${dir}` there is the server's directory, which `prepare(dir)` may fill
+-- first (certificates, say).
 --
 -- With `server` (and `http`) alone it runs the Lua module (Debian's libnginx-mod-http-lua,
 -- loaded after the NDK module it needs), with this checkout's lua/ and spec/ on
@@ -114,8 +118,15 @@ function nginx.launch(dir, conf, before)
     .. (read_file(dir .. "/error.log") or ""), 0)
 end
 
-local function lua_conf(opts, dir, cpath)
+local function lua_conf(opts, dir, cpath, ports)
   return function(port)
+    for _, name in ipairs(opts.ports or {}) do ports[name] = free_port() end
+    local function fill(text)
+      return (text:gsub("%${([%w_]+)}", function(name)
+        if name == "dir" then return dir end
+        return tostring(assert(ports[name], "no port named " .. name))
+      end))
+    end
     local checkout = os.getenv("PWD") or "."
     local main = {
       "load_module " .. MODULES .. "/ndk_http_module.so;",
@@ -133,7 +144,7 @@ local function lua_conf(opts, dir, cpath)
       '  lua_package_path "' .. checkout .. "/lua/?.lua;" .. checkout .. "/lua/?/init.lua;"
         .. checkout .. '/spec/?.lua;;";',
       '  lua_package_cpath "' .. cpath .. ';;";',
-      opts.http or "",
+      fill(opts.http or ""),
       "  server {",
       "    listen 127.0.0.1:" .. port .. ";",
       opts.server or "",
@@ -163,9 +174,10 @@ function nginx.start(opts)
       .. "SANDKIT_NGINX_CPATH=<build>/luajit/?.so (make test sets both)", 0)
   end
   local dir = nginx.temp_dir()
-  local s = setmetatable({ dir = dir }, server_mt)
+  local s = setmetatable({ dir = dir, ports = {} }, server_mt)
   local ok, err = pcall(function()
-    s.pid, s.port = nginx.launch(dir, lua_conf(opts, dir, cpath))
+    if opts.prepare then opts.prepare(dir) end
+    s.pid, s.port = nginx.launch(dir, lua_conf(opts, dir, cpath, s.ports))
   end)
   if not ok then
     s:stop()

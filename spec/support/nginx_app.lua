@@ -116,6 +116,46 @@ function app.leave_early()
   reply(first)
 end
 
+--- POST [ request, … ] -> [ { status, headers, body } | { failure }, … ]: each request (an
+-- http.exchange spec with `timeout` in seconds for its deadline) sent in turn from the worker.
+function app.exchange()
+  local http = require "sandkit.http"
+  local answers = {}
+  for i, spec in ipairs(body_json()) do
+    spec.deadline = require("sandkit.core").now() + (spec.timeout or 10)
+    local answer, failure = http.exchange(spec)
+    answers[i] = answer and { status = answer.status, headers = answer.headers, body = answer.body }
+      or { failure = failure }
+  end
+  reply(answers)
+end
+
+--- POST { options, argv } -> what one session's life looked like from the worker: created with
+-- the sandbox options, argv streamed, a file written and read back, the session terminated.
+function app.provider_roundtrip()
+  local req = body_json()
+  local function failed(step, err) return reply{ failed = step, err = tostring(err) } end
+  local sandbox, err = sandkit.sandbox(req.options)
+  if not sandbox then return failed("sandbox", err) end
+  local session
+  session, err = sandbox:create{}
+  if not session then return failed("create", err) end
+  local frames = {}
+  local ok, run_err = pcall(function()
+    for frame in session:run(req.argv, { timeout = 20 }) do frames[#frames + 1] = frame end
+  end)
+  if not ok then return failed("run", run_err) end
+  local bytes = "through the gateway\0and back"
+  ok, err = session:write_files{ ["/notes/a.txt"] = bytes }
+  if not ok then return failed("write_files", err) end
+  local back
+  back, err = session:read_file("/notes/a.txt")
+  if back ~= bytes then return failed("read_file", err or "read back other bytes") end
+  ok, err = session:terminate()
+  if not ok then return failed("terminate", err) end
+  reply{ id = session.id, state = session.state, frames = frames }
+end
+
 --- GET -> what sandkit says when called in a phase without cosockets (set_by_lua).
 function app.phase_refusal()
   local ok, err = pcall(function()
