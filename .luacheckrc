@@ -3,7 +3,7 @@
 std = "lua54"
 self = false
 max_line_length = 120
-include_files = { "lua/**/*.lua", "spec/**/*.lua", "bin/sandkit", "examples/*.lua", "bench/**/*.lua" }
+include_files = { "lua/**/*.lua", "spec/**/*.lua", "bin/sandkit", "examples/**/*.lua", "bench/**/*.lua" }
 files["spec"] = { std = "+busted" }
 -- Scenario files of the fake server run in their own process with cqueues loaded.
 files["spec/support/fake_http_server.lua"] = { globals = { "arg" } }
@@ -16,3 +16,4 @@ files["lua/sandkit/cosocket.lua"] = { read_globals = { "ngx" } }
 files["lua/sandkit/runner.lua"] = { read_globals = { "ngx" } }
 files["lua/sandkit/ngx.lua"] = { globals = { "ngx" } }
 files["spec/support/nginx_app.lua"] = { globals = { "ngx" } }
+files["examples/openresty/gateway.lua"] = { globals = { "ngx" } }

@@ -187,16 +187,22 @@ function nginx.start(opts)
   return s
 end
 
---- The pid of the (first) worker process, read from /proc.
-function server_mt:worker_pid()
+--- The pids of pid's children, read from /proc.
+function nginx.children(pid)
+  local found = {}
   for _, name in ipairs(core.listdir("/proc") or {}) do
     if name:match("^%d+$") then
       local stat = read_file("/proc/" .. name .. "/stat")
       local ppid = stat and stat:match("^%d+ %b() %a (%d+)")
-      if ppid and tonumber(ppid) == self.pid then return tonumber(name) end
+      if ppid and tonumber(ppid) == pid then found[#found + 1] = tonumber(name) end
     end
   end
-  return nil
+  return found
+end
+
+--- The pid of the (first) worker process.
+function server_mt:worker_pid()
+  return nginx.children(self.pid)[1]
 end
 
 function server_mt:error_log()
