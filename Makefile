@@ -140,6 +140,10 @@ fuzz:
 lint:
 	luacheck --no-color lua spec bin examples bench
 
+# The `sandkit` command runs under the interpreter this build is for; on the 5.1 ABI that is
+# LuaJIT, since sandkit needs more than PUC Lua 5.1 offers (LuaRocks passes LUA=…/lua5.1).
+RUN_LUA := $(if $(filter 5.1,$(LUA_ABI))$(findstring 5.1,$(notdir $(LUA))),luajit,$(notdir $(LUA)))
+
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(LUA_CMOD)/sandkit/core.so
@@ -147,7 +151,8 @@ install: all
 	  d=$(DESTDIR)$(LUA_LMOD)/$$(dirname $${f#lua/}); install -d $$d && install -m 0644 $$f $$d/; \
 	done
 	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent
-	install -m 0755 bin/sandkit $(DESTDIR)$(BINDIR)/sandkit
+	sed '1s|^#!.*|#!/usr/bin/env $(RUN_LUA)|' bin/sandkit >$(DESTDIR)$(BINDIR)/sandkit
+	chmod 0755 $(DESTDIR)$(BINDIR)/sandkit
 
 clean:
 	rm -rf build

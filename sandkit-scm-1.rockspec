@@ -39,7 +39,10 @@ build = {
     LUA = "$(LUA)",
   },
   install_target = "install",
+  -- The same headers and interpreter as the build: they name the build directory to install from.
   install_variables = {
+    LUA_INCDIR = "$(LUA_INCDIR)",
+    LUA = "$(LUA)",
     PREFIX = "$(PREFIX)",
     BINDIR = "$(BINDIR)",
     LUA_CMOD = "$(LIBDIR)",

@@ -29,6 +29,25 @@ static inline void skc_setfuncs(lua_State *L, const luaL_Reg *l)
 		lua_setfield(L, -2, l->name);
 	}
 }
+/* LuaJIT 2.1 has these two 5.2 calls and PUC 5.1 has not: a module built against PUC 5.1's
+ * headers (`luarocks --lua-version=5.1`) loads into LuaJIT too, so both use these. */
+static inline void skc_setmetatable(lua_State *L, const char *tname)
+{
+	luaL_getmetatable(L, tname);
+	lua_setmetatable(L, -2);
+}
+static inline void *skc_testudata(lua_State *L, int ud, const char *tname)
+{
+	void *p = lua_touserdata(L, ud);
+	if (p == NULL || !lua_getmetatable(L, ud))
+		return NULL;
+	luaL_getmetatable(L, tname);
+	int same = lua_rawequal(L, -1, -2);
+	lua_pop(L, 2);
+	return same ? p : NULL;
+}
+#define luaL_setmetatable skc_setmetatable
+#define luaL_testudata skc_testudata
 #endif
 
 /* A result string of known maximum size, written in place: luaL_buffinitsize on 5.2+, a
