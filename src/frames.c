@@ -18,6 +18,7 @@ struct sk_frames {
 	size_t scratch_cap;
 	enum sk_frames_failure failure;
 	char error[160];
+	int keep_base64;
 };
 
 sk_frames *sk_frames_new(size_t max_line)
@@ -27,6 +28,11 @@ sk_frames *sk_frames_new(size_t max_line)
 		return NULL;
 	d->max_line = max_line ? max_line : SK_FRAMES_MAX_LINE;
 	return d;
+}
+
+void sk_frames_keep_base64(sk_frames *d)
+{
+	d->keep_base64 = 1;
 }
 
 void sk_frames_free(sk_frames *d)
@@ -182,8 +188,15 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 			return fail(d, SK_FRAMES_UNDECODABLE,
 			            "an output frame did not decode: %s (at symbol %ld)",
 			            "data was not valid base64", (long)n);
-		out->data = d->scratch + base;
-		out->data_len = n;
+		if (d->keep_base64) {
+			/* Checked by decoding it; the text itself is what goes on. */
+			out->data = (const unsigned char *)b64;
+			out->data_len = b64_len;
+			out->data_is_base64 = 1;
+		} else {
+			out->data = d->scratch + base;
+			out->data_len = n;
+		}
 	} else if (sk_json_str_is(&f.t, "exit")) {
 		out->type = SK_FRAME_EXIT;
 		if (!f.has_code_num || f.code_num < INT32_MIN || f.code_num > INT32_MAX)

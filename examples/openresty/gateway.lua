@@ -37,11 +37,13 @@ local function token()
   return os.getenv("SANDKIT_GATEWAY_TOKEN")
 end
 
---- The sandbox of this worker: local sessions under $SANDKIT_STATE, made on first use.
+--- The sandbox of this worker: local sessions under $SANDKIT_STATE, made on first use, whose
+-- agents keep at most $SANDKIT_OUTPUT_CAP bytes per command stream (else the agent's default).
 local sandbox
 local function the_sandbox()
   if not sandbox then
-    sandbox = assert(sandkit.sandbox{ provider = "local", root = os.getenv("SANDKIT_STATE") })
+    sandbox = assert(sandkit.sandbox{ provider = "local", root = os.getenv("SANDKIT_STATE"),
+      output_cap = tonumber(os.getenv("SANDKIT_OUTPUT_CAP") or "") })
   end
   return sandbox
 end

@@ -45,6 +45,11 @@ local MAX_REQUEST_HEADERS = 64
 local DEFAULT_BUFFER = 128 * 1024
 --- Below this a reader would pay a socket read per few hundred bytes of a frame line.
 local MIN_BUFFER = 16 * 1024
+--- The most one socket read takes: just under 128 KiB, because LuaJIT's allocator maps a fresh
+-- region for every string of 128 KiB or more, and a read's string, freed moments later, would
+-- then cost page faults on every read. (nginx's lua_socket_buffer_size bounds a read too: at
+-- its default of a page, a stream costs a system call per 4 KiB.)
+local MAX_READ = 127 * 1024
 --- A chunk-size line with its extensions; servers write a few dozen bytes.
 local MAX_CHUNK_LINE = 4096
 --- How long a pooled connection may idle, and how many one origin keeps: an agent's keep-alive
@@ -359,7 +364,7 @@ function transfer_mt:await(deadline)
   if self.done or #self.out > 0 then return true end
   local sock = self.sock
   sock:settimeout(ms_until(deadline))
-  local want = self.buffer
+  local want = min(self.buffer, MAX_READ)
   if self.mode == "length" then want = min(want, self.left) end
   local data, err = sock:receiveany(want)
   if data then

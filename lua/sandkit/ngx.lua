@@ -26,10 +26,18 @@ local FORMATS = {
 
 local b64encode, format = core.b64encode, string.format
 
+-- Output frames are handed to ngx.print as a table of pieces: nginx copies each piece into
+-- its buffers once, where a concatenation would first copy the payload into a new string.
+--- A payload as base64: as it came off the wire, or encoded (a provider without an agent
+-- hands over decoded bytes).
+local function base64(frame)
+  return frame.base64 or b64encode(frame.data)
+end
+
 local function ndjson(frame)
   local kind = frame.type
   if kind == "stdout" or kind == "stderr" then
-    return format('{"t":"%s","seq":%d,"data":"%s"}\n', kind, frame.seq, b64encode(frame.data))
+    return { '{"t":"', kind, '","seq":', format("%d", frame.seq), ',"data":"', base64(frame), '"}\n' }
   elseif kind == "exit" then
     return json.encode{ t = "exit", code = frame.code, truncated = frame.truncated == true,
       signal = frame.signal } .. "\n"
@@ -40,7 +48,7 @@ end
 local function sse(frame)
   local kind = frame.type
   if kind == "stdout" or kind == "stderr" then
-    return format("event: %s\nid: %d\ndata: %s\n\n", kind, frame.seq, b64encode(frame.data))
+    return { "event: ", kind, "\nid: ", format("%d", frame.seq), "\ndata: ", base64(frame), "\n\n" }
   elseif kind == "exit" then
     return "event: exit\ndata: " .. json.encode{ code = frame.code,
       truncated = frame.truncated == true, signal = frame.signal } .. "\n\n"
@@ -64,7 +72,9 @@ function sk_ngx.stream(session, argv, opts)
   local name = opts.format or "ndjson"
   local encode = ENCODERS[name]
   if not encode then error("sandkit.ngx.stream: format is \"ndjson\" or \"sse\"", 2) end
-  local run_opts = {}
+  -- Payloads stay in the base64 they arrived in: checked by the decoder, never decoded and
+  -- encoded again on their way through.
+  local run_opts = { keep_base64 = true }
   for k, v in pairs(opts) do
     if k ~= "format" then run_opts[k] = v end
   end

@@ -144,6 +144,9 @@ local function lua_conf(opts, dir, cpath, ports)
       '  lua_package_path "' .. checkout .. "/lua/?.lua;" .. checkout .. "/lua/?/init.lua;"
         .. checkout .. '/spec/?.lua;;";',
       '  lua_package_cpath "' .. cpath .. ';;";',
+      -- As examples/openresty/nginx.conf says: reads of a page each would cost a system call
+      -- per 4 KiB of a stream.
+      "  lua_socket_buffer_size 128k;",
       fill(opts.http or ""),
       "  server {",
       "    listen 127.0.0.1:" .. port .. ";",
