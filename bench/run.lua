@@ -267,17 +267,22 @@ local function rows(results)
   return t
 end
 
+--- Characters of a UTF-8 string: its bytes that do not continue a character.
+local function width(s)
+  return select(2, s:gsub("[^\128-\191]", ""))
+end
+
 local function render(t)
   local head = { "benchmark", "sandkit", "peer(s)", "ratio", "target", "met?" }
   local widths = {}
   for i, h in ipairs(head) do widths[i] = #h end
   for _, r in ipairs(t) do
-    for i, cell in ipairs(r) do widths[i] = math.max(widths[i], utf8.len(cell) or #cell) end
+    for i, cell in ipairs(r) do widths[i] = math.max(widths[i], width(cell)) end
   end
   local function line(cells)
     local parts = {}
     for i, cell in ipairs(cells) do
-      parts[i] = cell .. string.rep(" ", widths[i] - (utf8.len(cell) or #cell))
+      parts[i] = cell .. string.rep(" ", widths[i] - width(cell))
     end
     return "| " .. table.concat(parts, " | ") .. " |"
   end

@@ -1,0 +1,185 @@
+--- Streaming through an nginx gateway: examples/openresty (sandkit inside one nginx worker,
+-- started by its run.sh) between a local agent and `curl -sN`.
+--   lua5.4 bench/gateway.lua stream     1 GiB (`head -c`) read by curl -sN through the gateway's
+--                                       server-sent events, and by curl -sN straight from the
+--                                       same agent's /v1/exec; ROUNDS each, interleaved, best kept
+--   lua5.4 bench/gateway.lua fanout N   N curl -sN at once, each 8 MiB through the gateway, the
+--                                       streams round-robin over min(N, 16) sessions (as
+--                                       bench/fanout.lua); best aggregate of ROUNDS
+-- MB/s counts the command's output bytes, not base64 and framing. Reported with each: the CPU
+-- seconds the nginx worker and the agent(s) spent, and the worker's peak RSS (VmHWM).
+-- SANDKIT_BUILD names the build directory (make bench sets it); SANDKIT_AGENT the agent.
+-- Prints RESULT { … }.
+
+package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local cjson = require "cjson"
+local common = require "common"
+local core = require "sandkit.core"
+local socket = require "socket"
+
+local MODE = arg[1]
+local ROUNDS = MODE == "stream" and 2 or 3
+local BYTES = MODE == "stream" and common.GIB or 8 * common.MIB
+local N = MODE == "fanout" and assert(tonumber(arg[2]), "usage: gateway.lua fanout N") or 1
+local SESSIONS = 16
+local TIMEOUT = 300
+local TOKEN = string.rep("ab", 16)
+--- Seconds the gateway gets to listen, and to stop.
+local START_TIMEOUT, STOP_TIMEOUT = 20, 10
+
+local function free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
+
+local function wait_for(seconds, pred)
+  local deadline = common.now() + seconds
+  while common.now() < deadline do
+    if pred() then return true end
+    socket.sleep(0.02)
+  end
+  return pred()
+end
+
+--- Starts examples/openresty/run.sh with its temp directory inside dir; returns the gateway.
+local function start_gateway(dir)
+  local g = { port = free_port(), dir = dir }
+  g.pid = assert(core.spawn({ "sh", common.dir .. "/../examples/openresty/run.sh" }, { setsid = true,
+    stdout = dir .. "/gateway.log", stderr = dir .. "/gateway.log", env = {
+      PATH = os.getenv("PATH"), PORT = tostring(g.port), TMPDIR = dir, SANDKIT_NO_BUILD = "1",
+      BUILD = assert(os.getenv("SANDKIT_BUILD"), "set SANDKIT_BUILD (make bench does)"),
+      SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"), SANDKIT_GATEWAY_TOKEN = TOKEN,
+      SANDKIT_OUTPUT_CAP = tostring(common.OUTPUT_CAP) } }))
+  local up = wait_for(START_TIMEOUT, function()
+    local c = socket.tcp()
+    c:settimeout(1)
+    local ok = c:connect("127.0.0.1", g.port)
+    c:close()
+    return ok or core.reap(g.pid)
+  end)
+  if not up or core.reap(g.pid) then
+    error("the gateway did not start:\n" .. tostring(common.read_file(dir .. "/gateway.log")))
+  end
+  local master = common.children(g.pid)[1]
+  g.worker = master and common.children(master)[1]
+  assert(g.worker, "no nginx worker found")
+  return g
+end
+
+--- SIGTERM: run.sh stops nginx and every session's agent, and removes its directory.
+local function stop_gateway(g)
+  core.kill(g.pid, core.SIGTERM)
+  if not wait_for(STOP_TIMEOUT, function() return core.reap(g.pid) end) then
+    core.kill(g.pid, core.SIGKILL)
+    core.reap(g.pid, true)
+  end
+end
+
+local function curl_args(url, headers_file, body_file, out)
+  return { "curl", "-sN", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", "-H", "@" .. headers_file,
+    "--data-binary", "@" .. body_file, url }, out
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+--- Runs the curls at once; returns wall seconds, having checked each read a whole body.
+local function curls(list)
+  local t0 = common.now()
+  local pids = {}
+  for i, c in ipairs(list) do pids[i] = assert(core.spawn(c.argv, { stdout = c.out })) end
+  for _, pid in ipairs(pids) do core.reap(pid, true) end
+  local seconds = common.now() - t0
+  for _, c in ipairs(list) do
+    local status, size = (common.read_file(c.out) or ""):match("^(%d+) (%d+)")
+    if status ~= "200" or tonumber(size) < math.floor(BYTES * 4 / 3) then
+      error("a stream read " .. tostring(status) .. " with " .. tostring(size) .. " bytes")
+    end
+  end
+  return seconds
+end
+
+local function cpu_sum(pid)
+  local user, sys = common.cpu(pid)
+  return (user or 0) + (sys or 0)
+end
+
+local function run(dir)
+  local g = start_gateway(dir)
+  local ok, result = xpcall(function()
+    local auth = dir .. "/auth"
+    write(auth, "Authorization: Bearer " .. TOKEN .. "\nContent-Type: application/json\n")
+    local sessions = {}
+    for i = 1, math.min(N, SESSIONS) do
+      local p = assert(io.popen("curl -s -X POST -H @" .. auth .. " http://127.0.0.1:" .. g.port .. "/sessions"))
+      local answer = p:read("*a")
+      p:close()
+      sessions[i] = assert(cjson.decode(answer).id, answer)
+    end
+    local argv = { "head", "-c", tostring(BYTES), "/dev/zero" }
+    write(dir .. "/run.json", cjson.encode{ argv = argv, timeout = TIMEOUT })
+    local function gateway_streams()
+      local list = {}
+      for i = 1, N do
+        local argv_i, out = curl_args(string.format("http://127.0.0.1:%d/sessions/%s/run", g.port,
+          sessions[(i - 1) % #sessions + 1]), auth, dir .. "/run.json", dir .. "/curl-" .. i)
+        list[i] = { argv = argv_i, out = out }
+      end
+      return list
+    end
+    -- Straight from the agent: its port and token from the session's record (run.sh keeps its
+    -- state in a directory of its own under TMPDIR).
+    local state = assert(io.popen("ls -d " .. dir .. "/tmp.*")):read("*l")
+    local session_dir = state .. "/sandkit/sessions/" .. sessions[1]
+    local record = cjson.decode(assert(common.read_file(session_dir .. "/record.json")))
+    local direct_headers = dir .. "/direct-headers"
+    write(direct_headers, "Authorization: Bearer " .. common.read_file(session_dir .. "/token")
+      .. "\nContent-Type: application/json\n")
+    write(dir .. "/exec.json", cjson.encode{ command = argv, timeoutMs = TIMEOUT * 1000 })
+    local direct = { { argv = (curl_args(string.format("http://127.0.0.1:%d/v1/exec", record.port),
+      direct_headers, dir .. "/exec.json")), out = dir .. "/curl-direct" } }
+
+    local agents = {}
+    for _, id in ipairs(sessions) do
+      agents[#agents + 1] = math.floor(cjson.decode(common.read_file(state .. "/sandkit/sessions/" .. id .. "/record.json")).pid)
+    end
+    local function measured(list)
+      local worker0, agents0 = cpu_sum(g.worker), 0
+      for _, pid in ipairs(agents) do agents0 = agents0 + cpu_sum(pid) end
+      local seconds = curls(list)
+      local agents1 = 0
+      for _, pid in ipairs(agents) do agents1 = agents1 + cpu_sum(pid) end
+      return { seconds = seconds, mb_per_s = N * BYTES / seconds / common.MB,
+        worker_cpu = cpu_sum(g.worker) - worker0, agent_cpu = agents1 - agents0 }
+    end
+    local best = {}
+    local rounds = { gateway = {}, direct = {} }
+    local function keep(key, r)
+      table.insert(rounds[key], r.mb_per_s)
+      if not best[key] or r.mb_per_s > best[key].mb_per_s then best[key] = r end
+    end
+    for _ = 1, ROUNDS do
+      keep("gateway", measured(gateway_streams()))
+      if MODE == "stream" then keep("direct", measured(direct)) end
+    end
+    best.gateway.rounds = rounds.gateway
+    if best.direct then best.direct.rounds = rounds.direct end
+    return { mode = MODE, streams = N, sessions = #sessions, bytes = N * BYTES, gateway = best.gateway,
+      direct = best.direct, worker_rss_peak = common.status_bytes(g.worker, "VmHWM") }
+  end, debug.traceback)
+  stop_gateway(g)
+  if not ok then error(result, 0) end
+  return result
+end
+
+assert(MODE == "stream" or MODE == "fanout", "usage: gateway.lua stream | fanout N")
+local dir = common.out .. "/gateway-" .. MODE .. "-" .. N
+os.execute("rm -rf '" .. dir .. "' && mkdir -p '" .. dir .. "'")
+local result = run(dir)
+os.execute("rm -rf '" .. dir .. "'")
+common.result(result)
