@@ -125,8 +125,8 @@ demo: deps
 bench:
 	@sh tools/bootstrap.sh bench
 	$(MAKE) all
-	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
-	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_BUILD=$(abspath $(BUILD)) \
+	  LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
 
 # libFuzzer over the frame decoder (clang with its runtime, Debian's libclang-rt-14-dev).
 FUZZ_SECONDS ?= 60

@@ -78,8 +78,8 @@ local function stop_gateway(g)
 end
 
 local function curl_args(url, headers_file, body_file, out)
-  return { "curl", "-sN", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", "-H", "@" .. headers_file,
-    "--data-binary", "@" .. body_file, url }, out
+  return { "curl", "-sN", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
+    "-H", "@" .. headers_file, "--data-binary", "@" .. body_file, url }, out
 end
 
 local function write(path, text)
@@ -146,7 +146,8 @@ local function run(dir)
 
     local agents = {}
     for _, id in ipairs(sessions) do
-      agents[#agents + 1] = math.floor(cjson.decode(common.read_file(state .. "/sandkit/sessions/" .. id .. "/record.json")).pid)
+      local path = state .. "/sandkit/sessions/" .. id .. "/record.json"
+      agents[#agents + 1] = math.floor(cjson.decode(common.read_file(path)).pid)
     end
     local function measured(list)
       local worker0, agents0 = cpu_sum(g.worker), 0
