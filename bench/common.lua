@@ -46,18 +46,6 @@ function common.status_bytes(pid, field)
   return kb and tonumber(kb) * 1024 or nil
 end
 
---- The pids of a process's children, read from /proc.
-function common.children(pid)
-  local found = {}
-  local p = assert(io.popen("ls /proc"))
-  for name in p:lines() do
-    local stat = name:match("^%d+$") and common.read_file("/proc/" .. name .. "/stat")
-    if stat and tonumber(stat:match("^%d+ %b() %a (%d+)")) == pid then found[#found + 1] = tonumber(name) end
-  end
-  p:close()
-  return found
-end
-
 local TICKS = 100 -- USER_HZ; Linux reports it as 100 on every architecture it exports /proc for
 
 --- User and system CPU seconds a process has used so far.

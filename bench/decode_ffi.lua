@@ -56,12 +56,7 @@ local function one_pass(chunks)
       else
         frame.code = f.code
       end
-      frames = frames + 1
-      local data = frame.data
-      if data then
-        bytes = bytes + #data
-        check = check + data:byte(1) + data:byte(-1)
-      end
+      frames, bytes, check = decode_loop.tally(frame, frames, bytes, check)
     end
   end
   return frames, bytes, check

@@ -11,11 +11,13 @@
 -- SANDKIT_BUILD names the build directory (make bench sets it); SANDKIT_AGENT the agent.
 -- Prints RESULT { … }.
 
-package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+-- The specs' helpers for processes and ports are the one place for them.
+package.path = here .. "/?.lua;" .. here .. "/../spec/?.lua;" .. package.path
 local cjson = require "cjson"
 local common = require "common"
 local core = require "sandkit.core"
-local socket = require "socket"
+local processes = require "support.processes"
 
 local MODE = arg[1]
 local ROUNDS = MODE == "stream" and 2 or 3
@@ -27,54 +29,27 @@ local TOKEN = string.rep("ab", 16)
 --- Seconds the gateway gets to listen, and to stop.
 local START_TIMEOUT, STOP_TIMEOUT = 20, 10
 
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
-
-local function wait_for(seconds, pred)
-  local deadline = common.now() + seconds
-  while common.now() < deadline do
-    if pred() then return true end
-    socket.sleep(0.02)
-  end
-  return pred()
-end
-
 --- Starts examples/openresty/run.sh with its temp directory inside dir; returns the gateway.
 local function start_gateway(dir)
-  local g = { port = free_port(), dir = dir }
+  local g = { port = processes.free_port(), dir = dir }
   g.pid = assert(core.spawn({ "sh", common.dir .. "/../examples/openresty/run.sh" }, { setsid = true,
     stdout = dir .. "/gateway.log", stderr = dir .. "/gateway.log", env = {
       PATH = os.getenv("PATH"), PORT = tostring(g.port), TMPDIR = dir, SANDKIT_NO_BUILD = "1",
       BUILD = assert(os.getenv("SANDKIT_BUILD"), "set SANDKIT_BUILD (make bench does)"),
       SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"), SANDKIT_GATEWAY_TOKEN = TOKEN,
       SANDKIT_OUTPUT_CAP = tostring(common.OUTPUT_CAP) } }))
-  local up = wait_for(START_TIMEOUT, function()
-    local c = socket.tcp()
-    c:settimeout(1)
-    local ok = c:connect("127.0.0.1", g.port)
-    c:close()
-    return ok or core.reap(g.pid)
-  end)
-  if not up or core.reap(g.pid) then
+  if not processes.listening(g.port, g.pid, START_TIMEOUT) then
     error("the gateway did not start:\n" .. tostring(common.read_file(dir .. "/gateway.log")))
   end
-  local master = common.children(g.pid)[1]
-  g.worker = master and common.children(master)[1]
+  local master = processes.children(g.pid)[1]
+  g.worker = master and processes.children(master)[1]
   assert(g.worker, "no nginx worker found")
   return g
 end
 
 --- SIGTERM: run.sh stops nginx and every session's agent, and removes its directory.
 local function stop_gateway(g)
-  core.kill(g.pid, core.SIGTERM)
-  if not wait_for(STOP_TIMEOUT, function() return core.reap(g.pid) end) then
-    core.kill(g.pid, core.SIGKILL)
-    core.reap(g.pid, true)
-  end
+  processes.stop(g.pid, STOP_TIMEOUT)
 end
 
 local function curl_args(url, headers_file, body_file, out)

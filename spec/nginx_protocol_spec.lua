@@ -4,7 +4,6 @@
 -- which runs the table over libcurl. One suite, two transports, the same meaning.
 
 local cjson = require "cjson"
-local fake_http = require "support.fake_http"
 local nginx = require "support.nginx"
 local protocol_cases = require "support.protocol_cases"
 local raw_http = require "support.raw_http"
@@ -13,20 +12,6 @@ local LOCATIONS = [[
     location = /case/open { content_by_lua_block { require("support.nginx_app").case_open() } }
     location = /case/act { content_by_lua_block { require("support.nginx_app").case_act() } }
 ]]
-
-local function fake_agent(route)
-  return fake_http.start("local respond = require 'support.respond'\n"
-    .. "return respond.agent(" .. route .. ")\n")
-end
-
-local groups, order = {}, {}
-for i, c in ipairs(protocol_cases.cases) do
-  if not groups[c.group] then
-    groups[c.group] = {}
-    order[#order + 1] = c.group
-  end
-  table.insert(groups[c.group], i)
-end
 
 describe("over nginx cosockets", function()
   local gateway
@@ -41,17 +26,17 @@ describe("over nginx cosockets", function()
     return answer.body
   end
 
-  for _, name in ipairs(order) do
-    describe(name, function()
+  for _, group in ipairs(protocol_cases.groups()) do
+    describe(group.name, function()
       local server
       after_each(function()
         if server then server:stop() end
         server = nil
       end)
-      for _, i in ipairs(groups[name]) do
+      for _, i in ipairs(group.indexes) do
         local c = protocol_cases.cases[i]
         it(c.name, function()
-          server = fake_agent(c.route)
+          server = protocol_cases.fake_agent(c.route)
           local handle = cjson.decode(post("/case/open", { url = server.url, options = c.options or {} })).handle
           if c.between then c.between(server) end
           c.check(protocol_cases.result(post("/case/act", { handle = handle, index = i })), server)

@@ -10,9 +10,8 @@ local socket = require "socket"
 local files = require "support.files"
 local local_state = require "support.local_state"
 local nginx = require "support.nginx"
+local processes = require "support.processes"
 local raw_http = require "support.raw_http"
-
-local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 
 local LOCATIONS = [[
     location = /ping { content_by_lua_block { ngx.say("pong") } }
@@ -27,21 +26,7 @@ local LOCATIONS = [[
     }
 ]]
 
---- Polls pred until it holds or the bound passes; true when it held.
-local function within(seconds, pred)
-  local deadline = core.now() + seconds
-  repeat
-    if pred() then return true end
-    socket.sleep(0.01)
-  until core.now() > deadline
-  return pred()
-end
-
-local function alive(pid)
-  local stat = files.read("/proc/" .. pid .. "/stat")
-  local state = stat and stat:match("^%d+ %b() (%a)")
-  return state ~= nil and state ~= "Z" and state ~= "X"
-end
+local within, alive = processes.within, processes.alive
 
 --- The nearest-rank percentile p (0..1) of a list of numbers.
 local function percentile(list, p)
@@ -245,15 +230,7 @@ describe("sandkit inside an nginx worker", function()
 
   it("holds back a command its HTTP client reads slowly, in bounded worker memory", function()
     local block = 65536
-    -- Writes up to 1 GiB in 64 KiB blocks, recording after each how many it wrote.
-    local writer = { LUA, "-e", string.format([[
-      local block = string.rep("x", %d)
-      for i = 1, 16384 do
-        io.stdout:write(block)
-        io.stdout:flush()
-        local f = io.open("written.tmp", "w") f:write(i) f:close()
-        os.rename("written.tmp", "written")
-      end]], block) }
+    local writer = local_state.writer(block)
     local conn = assert(raw_http.connect(gateway.port))
     assert(conn:request("POST", "/stream" .. query(), {}, cjson.encode(writer)))
     assert.equal(200, (conn:read_head()))

@@ -4,9 +4,9 @@
 
 local cjson = require "cjson"
 local core = require "sandkit.core"
-local socket = require "socket"
 local files = require "support.files"
 local nginx = require "support.nginx"
+local processes = require "support.processes"
 local raw_http = require "support.raw_http"
 
 local CHROMIUM = "/usr/bin/chromium"
@@ -14,35 +14,9 @@ local CHROMIUM = "/usr/bin/chromium"
 local START_TIMEOUT, BROWSER_TIMEOUT, STOP_TIMEOUT = 20, 60, 10
 local TOKEN = "0123456789abcdef0123456789abcdef"
 
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
-
 --- Waits for pid to end, up to `seconds`; true when it did.
 local function reaped(pid, seconds)
-  local deadline = core.now() + seconds
-  while core.now() < deadline do
-    if core.reap(pid) then return true end
-    socket.sleep(0.02)
-  end
-  return core.reap(pid)
-end
-
-local function listening(port, pid)
-  local deadline = core.now() + START_TIMEOUT
-  while core.now() < deadline do
-    local c = socket.tcp()
-    c:settimeout(1)
-    local ok = c:connect("127.0.0.1", port)
-    c:close()
-    if ok then return true end
-    if core.reap(pid) then return false end
-    socket.sleep(0.05)
-  end
-  return false
+  return processes.within(seconds, function() return core.reap(pid) end)
 end
 
 --- Starts run.sh on a free port (another, when a race took the first); returns pid, port, log.
@@ -51,11 +25,11 @@ local function start_example()
     :match("^(.*)/luajit/%?%.so$")
   local log = os.tmpname()
   for _ = 1, 3 do
-    local port = free_port()
+    local port = processes.free_port()
     local pid = assert(core.spawn({ "sh", "examples/openresty/run.sh" }, { setsid = true, stderr = log,
       stdout = log, env = { PATH = os.getenv("PATH"), PORT = tostring(port), BUILD = build,
         SANDKIT_NO_BUILD = "1", SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"), SANDKIT_GATEWAY_TOKEN = TOKEN } }))
-    if listening(port, pid) then return pid, port, log end
+    if processes.listening(port, pid, START_TIMEOUT) then return pid, port, log end
     core.kill(pid, core.SIGKILL)
     core.reap(pid, true)
   end
@@ -66,7 +40,7 @@ end
 local function stop_example(pid)
   core.kill(pid, core.SIGTERM)
   if not reaped(pid, STOP_TIMEOUT) then
-    for _, child in ipairs(nginx.children(pid)) do core.kill(child, core.SIGKILL) end
+    for _, child in ipairs(processes.children(pid)) do core.kill(child, core.SIGKILL) end
     core.kill(pid, core.SIGKILL)
     core.reap(pid, true)
     error("run.sh did not stop on SIGTERM", 0)

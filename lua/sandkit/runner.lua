@@ -155,6 +155,16 @@ local function loop(r)
   end
 end
 
+--- What a run returns once every task ended: main's results; nil and the error when main
+-- failed, or when a task nobody joined failed.
+local function outcome(r, main)
+  if not main.ok then return nil, main.err end
+  for _, t in ipairs(r.tasks) do
+    if not t.ok and not t.joined then return nil, t.err end
+  end
+  return unpack(main.results, 1, main.results.n)
+end
+
 -- nginx light threads -------------------------------------------------------------------------
 
 --- The run each light thread belongs to; weak, so a thread nginx killed (the request ended)
@@ -221,11 +231,7 @@ local function ngx_run(main, ...)
   -- Every task ends before the run does, as outside nginx.
   for _, t in ipairs(r.tasks) do ngx_join(t, true) end
   ngx_runs[co] = nil
-  if not task.ok then return nil, task.err end
-  for _, t in ipairs(r.tasks) do
-    if not t.ok and not t.joined then return nil, t.err end
-  end
-  return unpack(task.results, 1, task.results.n)
+  return outcome(r, task)
 end
 
 local function ngx_spawn(fn, ...)
@@ -253,11 +259,7 @@ function runner.run(main, ...)
   local ok, failure = pcall(loop, r)
   active = nil
   if not ok then error(failure, 0) end
-  if not task.ok then return nil, task.err end
-  for _, t in ipairs(r.tasks) do
-    if not t.ok and not t.joined then return nil, t.err end
-  end
-  return unpack(task.results, 1, task.results.n)
+  return outcome(r, task)
 end
 
 --- Starts fn(...) as a task of the running runner; returns its handle.

@@ -19,9 +19,8 @@
 -- Anything missing — nginx, the Lua module, the LuaJIT build — fails the spec saying what.
 
 local core = require "sandkit.core"
-local socket = require "socket"
-local wait = require "sandkit.wait"
 local files = require "support.files"
+local processes = require "support.processes"
 
 local nginx = {}
 
@@ -42,37 +41,9 @@ local function executable(path)
   return files.execute("test -x " .. files.shell_quote(path))
 end
 
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
-
---- Waits until something accepts on port, or the process pid ended, or the bound passed.
-local function wait_listening(port, pid)
-  local deadline = core.now() + START_TIMEOUT
-  while core.now() < deadline do
-    local c = socket.tcp()
-    c:settimeout(1)
-    local ok = c:connect("127.0.0.1", port)
-    c:close()
-    if ok then return true end
-    if core.reap(pid) then return false end
-    wait.sleep(0.02)
-  end
-  return false
-end
-
 --- Ends a process of ours: SIGTERM, then SIGKILL when it has not gone within the bound.
 function nginx.kill(pid)
-  core.kill(pid, core.SIGTERM)
-  local deadline = core.now() + STOP_TIMEOUT
-  while not core.reap(pid) and core.now() < deadline do wait.sleep(0.02) end
-  if not core.reap(pid) then
-    core.kill(pid, core.SIGKILL)
-    core.reap(pid, true)
-  end
+  processes.stop(pid, STOP_TIMEOUT)
 end
 
 --- A temp directory nginx's workers can use whoever they run as.
@@ -105,12 +76,12 @@ function nginx.launch(dir, conf, before)
   end
   for attempt = 1, ATTEMPTS do
     if before then before(attempt) end
-    local port = free_port()
+    local port = processes.free_port()
     write_file(dir .. "/nginx.conf", conf(port))
     local pid = assert(core.spawn({ NGINX, "-p", dir, "-c", dir .. "/nginx.conf",
       "-g", "daemon off;" }, { stderr = dir .. "/nginx.stderr", stdout = dir .. "/nginx.stderr",
       setsid = true }))
-    if wait_listening(port, pid) then return pid, port end
+    if processes.listening(port, pid, START_TIMEOUT) then return pid, port end
     core.kill(pid, core.SIGKILL)
     core.reap(pid, true)
   end
@@ -120,7 +91,7 @@ end
 
 local function lua_conf(opts, dir, cpath, ports)
   return function(port)
-    for _, name in ipairs(opts.ports or {}) do ports[name] = free_port() end
+    for _, name in ipairs(opts.ports or {}) do ports[name] = processes.free_port() end
     local function fill(text)
       return (text:gsub("%${([%w_]+)}", function(name)
         if name == "dir" then return dir end
@@ -190,22 +161,9 @@ function nginx.start(opts)
   return s
 end
 
---- The pids of pid's children, read from /proc.
-function nginx.children(pid)
-  local found = {}
-  for _, name in ipairs(core.listdir("/proc") or {}) do
-    if name:match("^%d+$") then
-      local stat = read_file("/proc/" .. name .. "/stat")
-      local ppid = stat and stat:match("^%d+ %b() %a (%d+)")
-      if ppid and tonumber(ppid) == pid then found[#found + 1] = tonumber(name) end
-    end
-  end
-  return found
-end
-
 --- The pid of the (first) worker process.
 function server_mt:worker_pid()
-  return nginx.children(self.pid)[1]
+  return processes.children(self.pid)[1]
 end
 
 function server_mt:error_log()

@@ -59,6 +59,25 @@ function protocol_cases.open(url, options)
   return assert(sandbox:create{ id = "s1" })
 end
 
+--- Starts the fake agent of a case: health answers ready, the route answers the rest.
+function protocol_cases.fake_agent(route)
+  return require("support.fake_http").start("local respond = require 'support.respond'\n"
+    .. "return respond.agent(" .. route .. ")\n")
+end
+
+--- The cases by group, in order: { { name =, indexes = { i, … } }, … }.
+function protocol_cases.groups()
+  local list, by_name = {}, {}
+  for i, c in ipairs(protocol_cases.cases) do
+    if not by_name[c.group] then
+      by_name[c.group] = { name = c.group, indexes = {} }
+      list[#list + 1] = by_name[c.group]
+    end
+    table.insert(by_name[c.group].indexes, i)
+  end
+  return list
+end
+
 --- Runs case number i's act on session and returns its result as JSON text.
 function protocol_cases.act(i, session)
   return cjson.encode({ result = protocol_cases.cases[i].act(session, helpers) })
