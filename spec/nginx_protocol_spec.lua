@@ -26,22 +26,9 @@ describe("over nginx cosockets", function()
     return answer.body
   end
 
-  for _, group in ipairs(protocol_cases.groups()) do
-    describe(group.name, function()
-      local server
-      after_each(function()
-        if server then server:stop() end
-        server = nil
-      end)
-      for _, i in ipairs(group.indexes) do
-        local c = protocol_cases.cases[i]
-        it(c.name, function()
-          server = protocol_cases.fake_agent(c.route)
-          local handle = cjson.decode(post("/case/open", { url = server.url, options = c.options or {} })).handle
-          if c.between then c.between(server) end
-          c.check(protocol_cases.result(post("/case/act", { handle = handle, index = i })), server)
-        end)
-      end
-    end)
-  end
+  protocol_cases.declare({ describe = describe, it = it, after_each = after_each }, function(i, c, server)
+    local handle = cjson.decode(post("/case/open", { url = server.url, options = c.options or {} })).handle
+    if c.between then c.between(server) end
+    return post("/case/act", { handle = handle, index = i })
+  end)
 end)

@@ -4,21 +4,8 @@
 
 local protocol_cases = require "support.protocol_cases"
 
-for _, group in ipairs(protocol_cases.groups()) do
-  describe(group.name, function()
-    local server
-    after_each(function()
-      if server then server:stop() end
-      server = nil
-    end)
-    for _, i in ipairs(group.indexes) do
-      local c = protocol_cases.cases[i]
-      it(c.name, function()
-        server = protocol_cases.fake_agent(c.route)
-        local session = protocol_cases.open(server.url, c.options)
-        if c.between then c.between(server) end
-        c.check(protocol_cases.result(protocol_cases.act(i, session)), server)
-      end)
-    end
-  end)
-end
+protocol_cases.declare({ describe = describe, it = it, after_each = after_each }, function(i, c, server)
+  local session = protocol_cases.open(server.url, c.options)
+  if c.between then c.between(server) end
+  return protocol_cases.act(i, session)
+end)

@@ -65,8 +65,11 @@ function protocol_cases.fake_agent(route)
     .. "return respond.agent(" .. route .. ")\n")
 end
 
---- The cases by group, in order: { { name =, indexes = { i, … } }, … }.
-function protocol_cases.groups()
+--- Declares every case as a test, grouped as the table groups them. `busted` holds busted's
+-- describe, it and after_each (a module does not see a spec's globals); run(i, case, server)
+-- opens a session on the case's fake agent where the transport under test runs, runs the
+-- case's `between`, then its act, and returns protocol_cases.act's text.
+function protocol_cases.declare(busted, run)
   local list, by_name = {}, {}
   for i, c in ipairs(protocol_cases.cases) do
     if not by_name[c.group] then
@@ -75,7 +78,22 @@ function protocol_cases.groups()
     end
     table.insert(by_name[c.group].indexes, i)
   end
-  return list
+  for _, group in ipairs(list) do
+    busted.describe(group.name, function()
+      local server
+      busted.after_each(function()
+        if server then server:stop() end
+        server = nil
+      end)
+      for _, i in ipairs(group.indexes) do
+        local c = protocol_cases.cases[i]
+        busted.it(c.name, function()
+          server = protocol_cases.fake_agent(c.route)
+          c.check(protocol_cases.result(run(i, c, server)), server)
+        end)
+      end
+    end)
+  end
 end
 
 --- Runs case number i's act on session and returns its result as JSON text.
