@@ -20,6 +20,7 @@ local LOCATIONS = [[
     location = /exec { content_by_lua_block { require("support.nginx_app").exec() } }
     location = /fanout { content_by_lua_block { require("support.nginx_app").fanout() } }
     location = /leave { content_by_lua_block { require("support.nginx_app").leave_early() } }
+    location = /timer { content_by_lua_block { require("support.nginx_app").in_timer() } }
     location = /phase {
       set_by_lua_block $refusal { return require("support.nginx_app").phase_refusal() }
       return 200 $refusal;
@@ -66,7 +67,9 @@ describe("sandkit inside an nginx worker", function()
 
   before_each(function()
     root = local_state.new()
-    gateway = nginx.start{ server = LOCATIONS, http = "  lua_check_client_abort on;" }
+    -- Loading sandkit in the master, before the workers fork, is allowed: it waits for nothing.
+    gateway = nginx.start{ server = LOCATIONS,
+      http = "  lua_check_client_abort on;\n  init_by_lua_block { require 'sandkit' }" }
     -- Past the output cap an agent drops output instead of holding the command back; with a
     -- cap above what any command here writes, every byte is delivered.
     local answer = post("/create", {}, "&output_cap=1073741824")
@@ -192,6 +195,15 @@ describe("sandkit inside an nginx worker", function()
     assert.is_true(within(20, function() return core.reap(fanout) end))
     local text = assert(files.read(files_dir .. "/fanout.out"))
     assert.same({ "done 1\n", "done 2\n", "done 3\n" }, cjson.decode(text))
+  end)
+
+  it("runs a command from a timer, after the request that scheduled it ended", function()
+    local answer = post("/timer", { "sh", "-c", "sleep 0.2; echo from a timer" },
+      "&out=" .. files_dir .. "/timer.out")
+    assert.equal(204, answer.status)
+    assert.is_true(within(10, function() return files.read(files_dir .. "/timer.out") ~= nil end),
+      gateway:error_log())
+    assert.equal("from a timer\n", files.read(files_dir .. "/timer.out"))
   end)
 
   --- Starts a command that records its pid and sleeps, through a request to path; returns

@@ -156,6 +156,22 @@ function app.provider_roundtrip()
   reply{ id = session.id, state = session.state, frames = frames }
 end
 
+--- POST ?root=R&session=ID&out=PATH, body: the argv -> 204 at once; a timer then runs the
+-- command and writes its stdout to PATH (through a rename, so a reader sees all of it or none).
+function app.in_timer()
+  local argv = body_json()
+  local root, id, out = ngx.var.arg_root, ngx.var.arg_session, ngx.unescape_uri(ngx.var.arg_out)
+  assert(ngx.timer.at(0, function()
+    local sandbox = assert(sandkit.sandbox{ provider = "local", root = ngx.unescape_uri(root) })
+    local result = assert(assert(sandbox:get(id)):exec(argv, { timeout = 60 }))
+    local f = assert(io.open(out .. ".tmp", "wb"))
+    f:write(result.stdout)
+    f:close()
+    assert(os.rename(out .. ".tmp", out))
+  end))
+  return ngx.exit(204)
+end
+
 --- GET -> what sandkit says when called in a phase without cosockets (set_by_lua).
 function app.phase_refusal()
   local ok, err = pcall(function()

@@ -214,15 +214,18 @@ case("leaves the outcome unknown when a frame does not parse", {
   end,
 })
 
+--- A failure mid-chunk ends the stream there: the exit frame behind it never surfaces.
+local function only_the_failure(items)
+  assert.equal(1, #items, "the exit frame must not follow the failure")
+  assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
+end
+
 case("ends the stream mid-chunk at an unestablished outcome, delivering no later exit", {
   route = [[function(req, conn)
     respond.frames(conn, { '{not json at all}\n{"t":"exit","code":0,"truncated":false}\n' })
   end]],
   act = items_of,
-  check = function(items)
-    assert.equal(1, #items, "the exit frame must not follow the failure")
-    assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
-  end,
+  check = only_the_failure,
 })
 
 case("ends the stream mid-chunk at a decode failure, delivering no later exit", {
@@ -230,10 +233,7 @@ case("ends the stream mid-chunk at a decode failure, delivering no later exit", 
     respond.frames(conn, { '{"t":"stdout","seq":0,"data":"!!"}\n{"t":"exit","code":0,"truncated":false}\n' })
   end]],
   act = items_of,
-  check = function(items)
-    assert.equal(1, #items, "the exit frame must not follow the failure")
-    assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
-  end,
+  check = only_the_failure,
 })
 
 case("reports a stream without a terminal frame as an unknown outcome, after its output", {
