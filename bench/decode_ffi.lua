@@ -9,6 +9,8 @@ local common = require "common"
 local decode_loop = require "decode_loop"
 local ffi = require "ffi"
 
+-- src/frames.h, as it stands: the structure must match it field for field, or the decoder
+-- writes past what the FFI allocated.
 ffi.cdef[[
 typedef struct sk_frames sk_frames;
 typedef struct sk_frame {
@@ -24,6 +26,7 @@ typedef struct sk_frame {
   size_t error_code_len;
   const char *message;
   size_t message_len;
+  int data_is_base64;
 } sk_frame;
 sk_frames *sk_frames_new(size_t max_line);
 void sk_frames_free(sk_frames *d);
