@@ -41,8 +41,12 @@ local function start_gateway(dir)
   if not processes.listening(g.port, g.pid, START_TIMEOUT) then
     error("the gateway did not start:\n" .. tostring(common.read_file(dir .. "/gateway.log")))
   end
-  local master = processes.children(g.pid)[1]
-  g.worker = master and processes.children(master)[1]
+  -- nginx listens before it forks its worker.
+  processes.within(START_TIMEOUT, function()
+    local master = processes.children(g.pid)[1]
+    g.worker = master and processes.children(master)[1]
+    return g.worker
+  end)
   assert(g.worker, "no nginx worker found")
   return g
 end
