@@ -400,9 +400,13 @@ function transfer_mt:decode(decoder)
     local frame, kind, message = decoder:next()
     if frame then return frame end
     if frame == nil then return nil, kind, message end
-    local chunk = self:read()
-    if not chunk then return chunk end
-    decoder:feed(chunk)
+    -- Piece by piece: joining the pieces first would copy every byte once more.
+    local out = self.out
+    if #out == 0 then
+      if self.done then return nil end
+      return false
+    end
+    decoder:feed(table.remove(out, 1))
   end
 end
 
