@@ -3,9 +3,10 @@
 --   lua5.4 bench/gateway.lua stream     1 GiB (`head -c`) read by curl -sN through the gateway's
 --                                       server-sent events, and by curl -sN straight from the
 --                                       same agent's /v1/exec; ROUNDS each, interleaved, best kept
---   lua5.4 bench/gateway.lua fanout N   N curl -sN at once, each 8 MiB through the gateway, the
---                                       streams round-robin over min(N, 16) sessions (as
---                                       bench/fanout.lua); best aggregate of ROUNDS
+--   lua5.4 bench/gateway.lua fanout N   N streams at once, each 8 MiB through the gateway, read
+--                                       by one curl --parallel (one client process, as a proxy
+--                                       in front would be), round-robin over min(N, 16) sessions
+--                                       (as bench/fanout.lua); best aggregate of ROUNDS
 -- MB/s counts the command's output bytes, not base64 and framing. Reported with each: the CPU
 -- seconds the nginx worker and the agent(s) spent, and the worker's peak RSS (VmHWM).
 -- SANDKIT_BUILD names the build directory (make bench sets it); SANDKIT_AGENT the agent.
@@ -56,30 +57,36 @@ local function stop_gateway(g)
   processes.stop(g.pid, STOP_TIMEOUT)
 end
 
-local function curl_args(url, headers_file, body_file, out)
-  return { "curl", "-sN", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
-    "-H", "@" .. headers_file, "--data-binary", "@" .. body_file, url }, out
-end
-
 local function write(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)
   f:close()
 end
 
---- Runs the curls at once; returns wall seconds, having checked each read a whole body.
-local function curls(list)
-  local t0 = common.now()
-  local pids = {}
-  for i, c in ipairs(list) do pids[i] = assert(core.spawn(c.argv, { stdout = c.out })) end
-  for _, pid in ipairs(pids) do core.reap(pid, true) end
-  local seconds = common.now() - t0
-  for _, c in ipairs(list) do
-    local status, size = (common.read_file(c.out) or ""):match("^(%d+) (%d+)")
-    if status ~= "200" or tonumber(size) < math.floor(BYTES * 4 / 3) then
-      error("a stream read " .. tostring(status) .. " with " .. tostring(size) .. " bytes")
-    end
+--- One curl reading every url at once (--parallel), each body to /dev/null; returns wall
+-- seconds, having checked that each read a whole body.
+local function curl(urls, headers_file, body_file, out)
+  -- The URLs go in a config file: 128 of them would not fit an argv sandkit's spawn takes.
+  local config = {}
+  for _, url in ipairs(urls) do
+    config[#config + 1] = string.format('url = "%s"\noutput = "/dev/null"', url)
   end
+  write(out .. ".config", table.concat(config, "\n") .. "\n")
+  os.remove(out)
+  local argv = { "curl", "-sN", "--parallel", "--parallel-immediate", "--parallel-max", tostring(#urls),
+    "-w", "%{http_code} %{size_download}\n", "-H", "@" .. headers_file, "--data-binary", "@" .. body_file,
+    "--config", out .. ".config" }
+  local t0 = common.now()
+  core.reap(assert(core.spawn(argv, { stdout = out })), true)
+  local seconds = common.now() - t0
+  local n = 0
+  for status, size in (common.read_file(out) or ""):gmatch("(%d+) (%d+)\n") do
+    if status ~= "200" or tonumber(size) < math.floor(BYTES * 4 / 3) then
+      error("a stream read " .. status .. " with " .. size .. " bytes")
+    end
+    n = n + 1
+  end
+  if n ~= #urls then error(n .. " of " .. #urls .. " streams ended") end
   return seconds
 end
 
@@ -102,14 +109,10 @@ local function run(dir)
     end
     local argv = { "head", "-c", tostring(BYTES), "/dev/zero" }
     write(dir .. "/run.json", cjson.encode{ argv = argv, timeout = TIMEOUT })
-    local function gateway_streams()
-      local list = {}
-      for i = 1, N do
-        local argv_i, out = curl_args(string.format("http://127.0.0.1:%d/sessions/%s/run", g.port,
-          sessions[(i - 1) % #sessions + 1]), auth, dir .. "/run.json", dir .. "/curl-" .. i)
-        list[i] = { argv = argv_i, out = out }
-      end
-      return list
+    local gateway_urls = {}
+    for i = 1, N do
+      gateway_urls[i] = string.format("http://127.0.0.1:%d/sessions/%s/run", g.port,
+        sessions[(i - 1) % #sessions + 1])
     end
     -- Straight from the agent: its port and token from the session's record (run.sh keeps its
     -- state in a directory of its own under TMPDIR).
@@ -120,18 +123,17 @@ local function run(dir)
     write(direct_headers, "Authorization: Bearer " .. common.read_file(session_dir .. "/token")
       .. "\nContent-Type: application/json\n")
     write(dir .. "/exec.json", cjson.encode{ command = argv, timeoutMs = TIMEOUT * 1000 })
-    local direct = { { argv = (curl_args(string.format("http://127.0.0.1:%d/v1/exec", record.port),
-      direct_headers, dir .. "/exec.json")), out = dir .. "/curl-direct" } }
+    local direct_url = string.format("http://127.0.0.1:%d/v1/exec", record.port)
 
     local agents = {}
     for _, id in ipairs(sessions) do
       local path = state .. "/sandkit/sessions/" .. id .. "/record.json"
       agents[#agents + 1] = math.floor(cjson.decode(common.read_file(path)).pid)
     end
-    local function measured(list)
+    local function measured(urls, headers, body)
       local worker0, agents0 = cpu_sum(g.worker), 0
       for _, pid in ipairs(agents) do agents0 = agents0 + cpu_sum(pid) end
-      local seconds = curls(list)
+      local seconds = curl(urls, headers, body, dir .. "/curl.out")
       local agents1 = 0
       for _, pid in ipairs(agents) do agents1 = agents1 + cpu_sum(pid) end
       return { seconds = seconds, mb_per_s = N * BYTES / seconds / common.MB,
@@ -144,8 +146,8 @@ local function run(dir)
       if not best[key] or r.mb_per_s > best[key].mb_per_s then best[key] = r end
     end
     for _ = 1, ROUNDS do
-      keep("gateway", measured(gateway_streams()))
-      if MODE == "stream" then keep("direct", measured(direct)) end
+      keep("gateway", measured(gateway_urls, auth, dir .. "/run.json"))
+      if MODE == "stream" then keep("direct", measured({ direct_url }, direct_headers, dir .. "/exec.json")) end
     end
     best.gateway.rounds = rounds.gateway
     if best.direct then best.direct.rounds = rounds.direct end

@@ -152,6 +152,20 @@ describe("the frame decoder", function()
     assert.equal("undecodable", kind)
   end)
 
+  it("refuses in the wire's base64 exactly what it refuses to decode, at the same symbol", function()
+    for _, data in ipairs({ "aGk", "a=Gk", "aGl=", "aGk=aGk=", "!aGk", "aGkhaGkh*Gkh", "aG=k", "aQ==", "aR==" }) do
+      local line = '{"t":"stdout","seq":0,"data":"' .. data .. '"}\n'
+      local decoded, kept = core.decoder(), core.decoder(nil, true)
+      decoded:feed(line)
+      kept:feed(line)
+      local a, akind, amessage = decoded:next()
+      local b, bkind, bmessage = kept:next()
+      assert.equal(a == nil, b == nil, data)
+      assert.equal(akind, bkind, data)
+      assert.equal(amessage, bmessage, data)
+    end
+  end)
+
   it("holds a line well above a 64 KiB frame by default", function()
     local data = core.b64encode(string.rep("x", 65536))
     -- Escaping every '/' doubles the line; still under the default limit.

@@ -179,21 +179,25 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 			b64_len = (size_t)n;
 			base = (size_t)n;
 		}
-		if (reserve((void **)&d->scratch, &d->scratch_cap,
-		            base + SK_B64_DECODED_MAX(b64_len)) < 0)
-			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
-		b64 = f.data.escaped ? (const char *)d->scratch : b64;
 		size_t n;
-		if (sk_b64_decode(b64, b64_len, d->scratch + base, &n) < 0)
-			return fail(d, SK_FRAMES_UNDECODABLE,
-			            "an output frame did not decode: %s (at symbol %ld)",
-			            "data was not valid base64", (long)n);
 		if (d->keep_base64) {
-			/* Checked by decoding it; the text itself is what goes on. */
+			/* Checked, not decoded: the text itself is what goes on, and needs no room. */
+			if (sk_b64_check(b64, b64_len, &n) < 0)
+				return fail(d, SK_FRAMES_UNDECODABLE,
+				            "an output frame did not decode: %s (at symbol %ld)",
+				            "data was not valid base64", (long)n);
 			out->data = (const unsigned char *)b64;
 			out->data_len = b64_len;
 			out->data_is_base64 = 1;
 		} else {
+			if (reserve((void **)&d->scratch, &d->scratch_cap,
+			            base + SK_B64_DECODED_MAX(b64_len)) < 0)
+				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+			b64 = f.data.escaped ? (const char *)d->scratch : b64;
+			if (sk_b64_decode(b64, b64_len, d->scratch + base, &n) < 0)
+				return fail(d, SK_FRAMES_UNDECODABLE,
+				            "an output frame did not decode: %s (at symbol %ld)",
+				            "data was not valid base64", (long)n);
 			out->data = d->scratch + base;
 			out->data_len = n;
 		}
