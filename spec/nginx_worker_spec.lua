@@ -62,7 +62,7 @@ describe("sandkit inside an nginx worker", function()
 
   local function curl(path, value, out, extra)
     return assert(core.spawn({ "curl", "-sN", "-o", out, "-X", "POST", "--data-binary", cjson.encode(value),
-      gateway.url .. path .. query(extra) }, { setsid = true }))
+      gateway.url .. path .. query(extra) }, { setsid = true, env = processes.env() }))
   end
 
   before_each(function()

@@ -27,8 +27,8 @@ local function start_example()
   for _ = 1, 3 do
     local port = processes.free_port()
     local pid = assert(core.spawn({ "sh", "examples/openresty/run.sh" }, { setsid = true, stderr = log,
-      stdout = log, env = { PATH = os.getenv("PATH"), PORT = tostring(port), BUILD = build,
-        SANDKIT_NO_BUILD = "1", SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"), SANDKIT_GATEWAY_TOKEN = TOKEN } }))
+      stdout = log, env = processes.env({ PORT = tostring(port), BUILD = build, SANDKIT_NO_BUILD = "1",
+        SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"), SANDKIT_GATEWAY_TOKEN = TOKEN }, true) }))
     if processes.listening(port, pid, START_TIMEOUT) then return pid, port, log end
     core.kill(pid, core.SIGKILL)
     core.reap(pid, true)
@@ -88,7 +88,8 @@ describe("the OpenResty example", function()
     local browser = assert(core.spawn({ CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
       "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update",
       "--disable-sync", "--user-data-dir=" .. profile .. "/profile", "--virtual-time-budget=20000",
-      "--dump-dom", url }, { stdout = dom, stderr = profile .. "/chromium.log", setsid = true }))
+      "--dump-dom", url }, { stdout = dom, stderr = profile .. "/chromium.log", setsid = true,
+      env = processes.env({ HOME = profile }) }))
     local finished = reaped(browser, BROWSER_TIMEOUT)
     if not finished then
       core.kill(browser, core.SIGKILL)

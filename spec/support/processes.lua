@@ -7,6 +7,9 @@
 --                                            pid ended first, or at the bound
 --   processes.alive(pid), processes.children(pid)
 --   processes.stop(pid, s)                -- SIGTERM, then SIGKILL past the bound; reaps it
+--   processes.env(extra, sanitized)       -- an environment for a child: PATH and extra, and
+--                                            with `sanitized` the sanitizer runtime the suite
+--                                            runs under (make check-asan preloads it)
 
 local core = require "sandkit.core"
 local socket = require "socket"
@@ -59,6 +62,19 @@ function processes.children(pid)
     if stat and tonumber(stat:match("^%d+ %b() %a (%d+)")) == pid then found[#found + 1] = tonumber(name) end
   end
   return found
+end
+
+--- Sanitizer settings a child needs to load the C module built with them; other programs
+-- (curl, Chromium) must not get the preloaded runtime, which breaks them.
+local SANITIZER_ENV = { "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" }
+
+function processes.env(extra, sanitized)
+  local env = { PATH = os.getenv("PATH") }
+  if sanitized then
+    for _, name in ipairs(SANITIZER_ENV) do env[name] = os.getenv(name) end
+  end
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return env
 end
 
 --- Ends a child of ours. Returns true when SIGTERM was enough.
