@@ -40,6 +40,7 @@ local function start_gateway(dir)
       SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"), SANDKIT_GATEWAY_TOKEN = TOKEN,
       SANDKIT_OUTPUT_CAP = tostring(common.OUTPUT_CAP) } }))
   if not processes.listening(g.port, g.pid, START_TIMEOUT) then
+    processes.stop(g.pid, STOP_TIMEOUT)
     error("the gateway did not start:\n" .. tostring(common.read_file(dir .. "/gateway.log")))
   end
   -- nginx listens before it forks its worker.
@@ -48,7 +49,10 @@ local function start_gateway(dir)
     g.worker = master and processes.children(master)[1]
     return g.worker
   end)
-  assert(g.worker, "no nginx worker found")
+  if not g.worker then
+    processes.stop(g.pid, STOP_TIMEOUT)
+    error("no nginx worker found")
+  end
   return g
 end
 
