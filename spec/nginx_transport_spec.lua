@@ -48,7 +48,14 @@ describe("the cosocket transport", function()
 
   setup(function()
     gateway = nginx.start{
-      server = "    location = /exchange { content_by_lua_block { require('support.nginx_app').exchange() } }",
+      server = [[
+    location = /exchange { content_by_lua_block { require("support.nginx_app").exchange() } }
+    location = /upload { content_by_lua_block { require("support.nginx_app").upload() } }
+    location = /echo { content_by_lua_block {
+      ngx.req.read_body()
+      ngx.print(ngx.var.http_transfer_encoding or "length", " ", ngx.req.get_body_data() or "")
+    } }
+]],
       http = TLS_SERVERS, ports = { "good", "untrusted", "dns_only" }, prepare = certificates,
     }
   end)
@@ -152,6 +159,33 @@ describe("the cosocket transport", function()
     assert.equal("a", a[1].body)
     assert.equal(200, a[2].status, cjson.encode(a[2]))
     assert.equal(1, #server:requests_to("/b"))
+  end)
+
+  --- Sends a PUT to the gateway's own /echo with a body from a reader, from inside the worker.
+  local function upload(request)
+    request.url = gateway.url .. "/echo"
+    local answer = assert(raw_http.request(gateway.port, "POST", "/upload",
+      { body = cjson.encode(request), timeout = 30 }))
+    assert(answer.status == 200, answer.body .. gateway:error_log())
+    return cjson.decode(answer.body)
+  end
+
+  it("streams a request body from a reader, chunked or with its length announced", function()
+    local chunked = upload{ pieces = { "abc", "", "defg" } }
+    assert.equal("chunked abcdefg", chunked.body)
+    assert.equal(7, chunked.progress)
+    local counted = upload{ pieces = { "abc", "defg" }, length = 7 }
+    assert.equal("length abcdefg", counted.body)
+  end)
+
+  it("fails a streamed body whose source fails, or gives other than the length announced", function()
+    local broken = upload{ pieces = { "abc", "defg" }, fail_after = 1 }
+    assert.equal("failed", broken.failure.kind)
+    assert.equal("the source went away", broken.failure.source_error)
+    local longer = upload{ pieces = { "abc", "defg" }, length = 5 }
+    assert.matches("more than the 5 bytes announced", longer.failure.detail, 1, true)
+    local shorter = upload{ pieces = { "abc" }, length = 5 }
+    assert.matches("gave 3 bytes, not the 5 announced", shorter.failure.detail, 1, true)
   end)
 
   --- A server answering every request with exactly `bytes`.

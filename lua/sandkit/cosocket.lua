@@ -19,6 +19,10 @@
 --     buffered, at most `buffer_size` bytes at a time, so a slow reader closes TCP's window and
 --     slows the sender instead of filling memory.
 --
+-- A request body is a string (`body`), or streamed from `body_reader` (with `body_length`, or
+-- chunked), on a connection of its own; the wait is then bounded by `stall_timeout` per piece
+-- and by `header_timeout` once the whole body is out, as the libcurl transport does.
+--
 -- TLS is always verified (`sslhandshake` with verification on). The trusted CAs are nginx's
 -- `lua_ssl_trusted_certificate`: a cosocket cannot be given a CA per request, so `ca_file` and
 -- `ca_pem` are not consulted here. The name checked and sent as SNI is `tls_server_name`, else
@@ -30,7 +34,7 @@ local core = require "sandkit.core"
 
 local cosocket = {}
 
-local concat, find, sub, byte = table.concat, string.find, string.sub, string.byte
+local concat, find, sub, byte, format = table.concat, string.find, string.sub, string.byte, string.format
 local floor, ceil, min = math.floor, math.ceil, math.min
 
 --- Bytes of status line and headers one response may have: as much as the libcurl transport
@@ -193,7 +197,14 @@ local function request_head(spec, url)
   if not given["user-agent"] then lines[#lines + 1] = "User-Agent: " .. USER_AGENT end
   local body = spec.body
   if body ~= nil and type(body) ~= "string" then error("a request body is a string", 3) end
-  if body or spec.method == "POST" or spec.method == "PUT" or spec.method == "PATCH" then
+  if spec.body_reader then
+    -- A streamed body: its length when the caller knows it, else chunked.
+    if spec.body_length then
+      lines[#lines + 1] = "Content-Length: " .. format("%d", spec.body_length)
+    else
+      lines[#lines + 1] = "Transfer-Encoding: chunked"
+    end
+  elseif body or spec.method == "POST" or spec.method == "PUT" or spec.method == "PATCH" then
     lines[#lines + 1] = "Content-Length: " .. (body and #body or 0)
   end
   lines[#lines + 1] = "\r\n"
@@ -479,8 +490,48 @@ local function read_head(sock, deadline)
   end
 end
 
+--- Sends a streamed request body from spec.body_reader (a function returning the next piece,
+-- nil at the end, or nil and an error), each piece within spec.stall_timeout, reporting
+-- progress to spec.on_body(bytes_sent). Returns true, or nil and a failure (the head went out).
+local function send_body(sock, spec)
+  local chunked, length, sent = not spec.body_length, spec.body_length, 0
+  local stall_ms = ceil((spec.stall_timeout or SLICE_MS / 1000) * 1000)
+  while true do
+    local piece, err = spec.body_reader()
+    if piece == nil then
+      if err ~= nil then
+        return nil, { kind = "failed", sent = true, source_error = err,
+          detail = "the request body's source failed: " .. tostring(err) }
+      end
+      if length and sent ~= length then
+        return nil, { kind = "failed", sent = true,
+          detail = format("the request body's source gave %d bytes, not the %d announced", sent, length) }
+      end
+      local ok, serr = true, nil
+      if chunked then ok, serr = sock:send("0\r\n\r\n") end
+      if not ok then return nil, { kind = "failed", sent = true, detail = tostring(serr) } end
+      return true
+    end
+    if #piece > 0 then
+      sent = sent + #piece
+      if length and sent > length then
+        return nil, { kind = "failed", sent = true,
+          detail = format("the request body's source gave more than the %d bytes announced", length) }
+      end
+      sock:settimeout(stall_ms)
+      local ok, serr = sock:send(chunked and { format("%x\r\n", #piece), piece, "\r\n" } or piece)
+      if not ok then
+        return nil, { kind = "failed", sent = true,
+          detail = "sending the request body failed: " .. tostring(serr) }
+      end
+      if spec.on_body then spec.on_body(sent) end
+    end
+  end
+end
+
 local function attempt(spec, url, head_bytes, fresh)
   local deadline = spec.header_deadline
+  if spec.body_reader then deadline = core.now() + (spec.stall_timeout or SLICE_MS / 1000) end
   local sock = ngx.socket.tcp()
   local connect_ms = spec.connect_timeout and floor(spec.connect_timeout * 1000) or DEFAULT_CONNECT_MS
   if deadline then connect_ms = min(connect_ms, ms_until(deadline)) end
@@ -510,6 +561,16 @@ local function attempt(spec, url, head_bytes, fresh)
     return nil, { kind = "failed", sent = true, detail = "sending the request failed: " .. tostring(err),
       stale = reused }
   end
+  if spec.body_reader then
+    local failure
+    ok, failure = send_body(sock, spec)
+    if not ok then
+      sock:close()
+      return nil, failure
+    end
+    -- Once the whole body is out, the answer's own bound starts.
+    deadline = spec.header_timeout and core.now() + spec.header_timeout or spec.header_deadline
+  end
   local head, rest, detail, got = read_head(sock, deadline)
   if not head then
     sock:close()
@@ -532,7 +593,8 @@ function cosocket.send(spec)
   local url, why = parse_url(spec.url)
   if not url then return nil, { kind = "refused", sent = false, detail = why } end
   local head_bytes = request_head(spec, url)
-  local fresh = spec.fresh_connect == true
+  -- A streamed body cannot be sent twice: it goes out on a connection of its own.
+  local fresh = spec.fresh_connect == true or spec.body_reader ~= nil
   local sock, head, rest = attempt(spec, url, head_bytes, fresh)
   if not sock and head.stale and not fresh then
     -- A pooled connection the server had closed: the request cannot have been acted on (no

@@ -130,6 +130,25 @@ function app.exchange()
   reply(answers)
 end
 
+--- POST { url, pieces, length, fail_after } -> { status, body, progress } | { failure }: a PUT
+-- whose body a reader hands over piece by piece (failing after `fail_after` pieces, if given).
+function app.upload()
+  local http = require "sandkit.http"
+  local core = require "sandkit.core"
+  local req = body_json()
+  local i, progress = 0, nil
+  local resp, failure = http.send{ method = "PUT", url = req.url, body_length = req.length,
+    stall_timeout = 5, header_timeout = 5, on_body = function(n) progress = n end,
+    body_reader = function()
+      i = i + 1
+      if req.fail_after and i > req.fail_after then return nil, "the source went away" end
+      return req.pieces[i]
+    end }
+  if not resp then return reply{ failure = failure } end
+  local body = resp:read_all(core.now() + 5)
+  reply{ status = resp.status, body = body, progress = progress }
+end
+
 --- POST { options, argv } -> what one session's life looked like from the worker: created with
 -- the sandbox options, argv streamed, a file written and read back, the session terminated.
 function app.provider_roundtrip()
