@@ -3,6 +3,7 @@
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
 #   make                     builds build/<lua>/sandkit/core.so and build/sandkit-agent
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
+#                            under Lua 5.4 and under LuaJIT (test and test-luajit)
 #   make rock                packs build/sandkit-scm-1.src.rock from the files git tracks
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                runs examples/quickstart.lua against a local session
@@ -10,19 +11,23 @@
 #   make fuzz                runs every libFuzzer target in tools/fuzz/
 #   make abuse               attacks a real agent (tools/abuse/) and reports what it cost
 #   make install             PREFIX=/usr/local, DESTDIR honoured
-#   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers
+#   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers (install: the 5.1 tree,
+#                            which is where OpenResty and LuaJIT look)
 
 LUA_VERSION ?= 5.4
 LUA_PC      ?= lua$(LUA_VERSION)
-LUA         ?= lua$(LUA_VERSION)
+# LuaJIT speaks Lua 5.1's C API and reads modules from the 5.1 trees.
+IS_LUAJIT   := $(filter luajit,$(LUA_PC))
+LUA         ?= $(if $(IS_LUAJIT),luajit,lua$(LUA_VERSION))
+LUA_ABI     := $(if $(IS_LUAJIT),5.1,$(LUA_VERSION))
 PKG_CONFIG  ?= pkg-config
 BUSTED      ?= busted
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
 BINDIR  ?= $(PREFIX)/bin
-LUA_CMOD ?= $(PREFIX)/lib/lua/$(LUA_VERSION)
-LUA_LMOD ?= $(PREFIX)/share/lua/$(LUA_VERSION)
+LUA_CMOD ?= $(PREFIX)/lib/lua/$(LUA_ABI)
+LUA_LMOD ?= $(PREFIX)/share/lua/$(LUA_ABI)
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
@@ -53,6 +58,10 @@ BUILD ?= build
 LUA_NAME := $(patsubst lua50%,lua5.%,$(shell printf '\043include <lua.h>\n\043if __has_include(<luajit.h>)\nSANDKIT_LUA luajit\n\043else\nSANDKIT_LUA lua LUA_VERSION_NUM\n\043endif\n' \
   | $(CC) $(LUA_CFLAGS) -E -P -x c - 2>/dev/null | sed -n 's/^SANDKIT_LUA //p' | tr -d ' '))
 MODDIR := $(BUILD)/$(or $(LUA_NAME),$(LUA_PC))
+# nginx's Lua module runs LuaJIT, so the nginx specs and gateways need the C module built for it
+# too, whatever this build is for (a LuaRocks build makes only the one it was asked for).
+JIT_MODDIR := $(BUILD)/luajit
+JIT_CORE := $(if $(LUA_INCDIR)$(IS_LUAJIT),,jit-core)
 
 CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
             src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \
@@ -66,9 +75,13 @@ AGENT_BIN := $(BUILD)/sandkit-agent
 
 LUA_FILES := $(shell find lua -name '*.lua' | sort)
 
-.PHONY: all deps test check check-asan demo bench fuzz abuse soak install clean lint rock
+.PHONY: all deps test test-luajit check check-asan demo bench fuzz abuse soak install clean lint rock \
+        jit-core
 
-all: $(CORE_SO) $(AGENT_BIN)
+all: $(CORE_SO) $(AGENT_BIN) $(JIT_CORE)
+
+jit-core:
+	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so
 
 $(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) | $(MODDIR)/obj
 	$(CC) $(CFLAGS) $(STRICT) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
@@ -89,17 +102,24 @@ $(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent:
 deps:
 	@sh tools/bootstrap.sh
 
-# The suite runs against the build tree: the C module from $(MODDIR), the agent from $(BUILD).
-# TEST_PRELOAD and TEST_ENV_EXTRA are set by check-asan.
+# The suite runs against the build tree: the C module from $(MODDIR), the agent from $(BUILD),
+# and inside nginx the LuaJIT build of the C module. TEST_PRELOAD and TEST_ENV_EXTRA are set by
+# check-asan.
 test:
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_TEST_LUA=$(LUA) SANDKIT_TEST_CPATH='$(abspath $(MODDIR))/?.so' \
+	  SANDKIT_NGINX_CPATH='$(abspath $(JIT_MODDIR))/?.so' \
 	  $(if $(TEST_PRELOAD),LD_PRELOAD="$(TEST_PRELOAD)") $(TEST_ENV_EXTRA) \
 	  $(BUSTED) --lua=$(LUA) --cpath='$(MODDIR)/?.so' $(BUSTED_ARGS)
+
+# The same suite under LuaJIT (Debian's luajit2, the LuaJIT nginx's Lua module runs).
+test-luajit:
+	$(MAKE) test LUA_PC=luajit $(if $(TEST_LUAJIT_ARGS),BUSTED_ARGS='$(TEST_LUAJIT_ARGS)')
 
 check: deps
 	$(MAKE) lint
 	$(MAKE) all
 	$(MAKE) test
+	$(MAKE) test-luajit
 
 # Lua itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking is off
 # because the interpreter keeps its own allocations alive until exit.
@@ -118,8 +138,8 @@ demo: deps
 bench:
 	@sh tools/bootstrap.sh bench
 	$(MAKE) all
-	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
-	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_BUILD=$(abspath $(BUILD)) \
+	  LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) bench/run.lua
 
 # The attacks of docs/agent.md against a real agent, with its memory, descriptors, CPU and the
 # latency of authorized execs meanwhile (tools/abuse/RESULTS.md). Not part of make check: it
@@ -156,6 +176,10 @@ soak:
 lint:
 	luacheck --no-color lua spec bin examples bench tools
 
+# The `sandkit` command runs under the interpreter this build is for; on the 5.1 ABI that is
+# LuaJIT, since sandkit needs more than PUC Lua 5.1 offers (LuaRocks passes LUA=…/lua5.1).
+RUN_LUA := $(if $(filter 5.1,$(LUA_ABI))$(findstring 5.1,$(notdir $(LUA))),luajit,$(notdir $(LUA)))
+
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(LUA_CMOD)/sandkit/core.so
@@ -163,7 +187,8 @@ install: all
 	  d=$(DESTDIR)$(LUA_LMOD)/$$(dirname $${f#lua/}); install -d $$d && install -m 0644 $$f $$d/; \
 	done
 	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent
-	install -m 0755 bin/sandkit $(DESTDIR)$(BINDIR)/sandkit
+	sed '1s|^#!.*|#!/usr/bin/env $(RUN_LUA)|' bin/sandkit >$(DESTDIR)$(BINDIR)/sandkit
+	chmod 0755 $(DESTDIR)$(BINDIR)/sandkit
 
 # A source rock as `luarocks pack` would make it, without fetching: the rockspec and the
 # tracked files under sandkit/ (the folder LuaRocks looks for, named after source.url).

@@ -15,13 +15,14 @@ description = {
   license = "MIT",
   labels = { "sandbox", "curl", "streaming" },
 }
--- Lua 5.4 is the Lua whose build and suite LuaRocks can run here. LuaJIT 2.1 builds too
--- (`make LUA_PC=luajit`), but LuaRocks sees it as Lua 5.1, which would admit PUC Lua 5.1, whose
--- C API the core cannot build against.
+-- Lua 5.4 and LuaJIT 2.1 build and pass; LuaRocks knows LuaJIT as Lua 5.1, and a module built
+-- with PUC 5.1's headers (which `luarocks --lua-version=5.1` finds on Debian) loads into
+-- LuaJIT, which is what OpenResty runs. LuaRocks cannot say "5.1 or 5.4": Lua 5.2 and 5.3 are
+-- refused by the build itself in one line (src/compat.h), and PUC Lua 5.1 by `require "sandkit"`.
 -- lua-cjson is needed at run time. With the system's copy (Debian's lua-cjson), which LuaRocks
 -- cannot see, install with `--deps-mode=none`.
 dependencies = {
-  "lua >= 5.4, < 5.5",
+  "lua >= 5.1, < 5.5",
   "lua-cjson",
 }
 -- libcurl is found by library, not by header: Debian keeps curl/curl.h in a multiarch folder
@@ -43,7 +44,10 @@ build = {
     LUA = "$(LUA)",
   },
   install_target = "install",
+  -- The same headers and interpreter as the build: they name the build directory to install from.
   install_variables = {
+    LUA_INCDIR = "$(LUA_INCDIR)",
+    LUA = "$(LUA)",
     PREFIX = "$(PREFIX)",
     BINDIR = "$(BINDIR)",
     LUA_CMOD = "$(LIBDIR)",

@@ -22,7 +22,8 @@ corpus.LINES_PER_FULL = 64
 local function lcg(seed)
   local state = seed
   return function()
-    state = (state * 1664525 + 1013904223) & 0xffffffff
+    -- Exact in both Lua 5.4's integers and LuaJIT's doubles: the product stays below 2^53.
+    state = (state * 1664525 + 1013904223) % 4294967296
     return state
   end
 end
@@ -30,9 +31,10 @@ end
 --- n pseudo-random bytes, four per generator step.
 local function random_bytes(next_u32, n)
   local parts = {}
-  for i = 1, n // 4 do
+  local floor = math.floor
+  for i = 1, floor(n / 4) do
     local v = next_u32()
-    parts[i] = string.char(v & 255, (v >> 8) & 255, (v >> 16) & 255, (v >> 24) & 255)
+    parts[i] = string.char(v % 256, floor(v / 256) % 256, floor(v / 65536) % 256, floor(v / 16777216) % 256)
   end
   return table.concat(parts)
 end

@@ -21,7 +21,12 @@ do
   for i = 1, 64 do value[byte(alphabet, i)] = i - 1 end
 end
 
-local function b64decode(s)
+-- The decoder with Lua 5.3+'s integer operators, as a Lua 5.4 program would write it. It is
+-- kept as text so that this file also loads under LuaJIT, which has no such operators and gets
+-- the same decoder on its `bit` library below.
+local B64_54 = [=[
+local value, byte, char, concat = ...
+return function(s)
   local n = #s
   if n == 0 then return "" end
   assert(n % 4 == 0, "base64 length is not a multiple of 4")
@@ -57,6 +62,43 @@ local function b64decode(s)
   end
   return concat(out)
 end
+]=]
+
+local b64decode
+if rawget(_G, "jit") then
+  local bit = require "bit"
+  local lshift, rshift, band, bor = bit.lshift, bit.rshift, bit.band, bit.bor
+  local function quad(a, b, c, d)
+    return bor(lshift(value[a], 18), lshift(value[b], 12), lshift(value[c], 6), value[d])
+  end
+  b64decode = function(s)
+    local n = #s
+    if n == 0 then return "" end
+    assert(n % 4 == 0, "base64 length is not a multiple of 4")
+    local out, k = {}, 0
+    local last = n - 3
+    local i = 1
+    while i < last do
+      local x = quad(byte(s, i, i + 3))
+      k = k + 1
+      out[k] = char(rshift(x, 16), band(rshift(x, 8), 255), band(x, 255))
+      i = i + 4
+    end
+    local a, b, c, d = byte(s, i, i + 3)
+    if d ~= 61 then
+      local x = quad(a, b, c, d)
+      out[k + 1] = char(rshift(x, 16), band(rshift(x, 8), 255), band(x, 255))
+    elseif c ~= 61 then
+      local x = bor(lshift(value[a], 18), lshift(value[b], 12), lshift(value[c], 6))
+      out[k + 1] = char(rshift(x, 16), band(rshift(x, 8), 255))
+    else
+      out[k + 1] = char(rshift(bor(lshift(value[a], 18), lshift(value[b], 12)), 16))
+    end
+    return concat(out)
+  end
+else
+  b64decode = assert(load(B64_54))(value, byte, char, concat)
+end
 
 local function one_pass(chunks)
   local frames, bytes, check = 0, 0, 0
@@ -73,7 +115,7 @@ local function one_pass(chunks)
       local t = frame.t
       if t == "stdout" or t == "stderr" then
         -- lua-cjson reads every number as a float under Lua 5.4.
-        frame.seq = math.tointeger(frame.seq)
+        frame.seq = math.tointeger and math.tointeger(frame.seq) or frame.seq
         local data = b64decode(frame.data)
         bytes = bytes + #data
         check = check + byte(data, 1) + byte(data, -1)

@@ -19,6 +19,17 @@ function decode_loop.chunks(path)
   return chunks
 end
 
+--- Counts one decoded frame into a pass's totals: frames, payload bytes, and the check (the sum
+-- of each payload's first and last byte).
+function decode_loop.tally(frame, frames, bytes, check)
+  local data = frame.data
+  if data then
+    bytes = bytes + #data
+    check = check + data:byte(1) + data:byte(-1)
+  end
+  return frames + 1, bytes, check
+end
+
 --- one_pass(chunks) -> frames, payload bytes, check (sum of each payload's first and last byte).
 function decode_loop.run(path, one_pass)
   local chunks = decode_loop.chunks(path)

@@ -19,12 +19,7 @@ local function one_pass(chunks)
         if frame == nil then error("the corpus did not decode: " .. tostring(kind) .. ": " .. tostring(detail)) end
         break
       end
-      frames = frames + 1
-      local data = frame.data
-      if data then
-        bytes = bytes + #data
-        check = check + data:byte(1) + data:byte(-1)
-      end
+      frames, bytes, check = decode_loop.tally(frame, frames, bytes, check)
     end
   end
   d:close()

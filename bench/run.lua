@@ -27,11 +27,17 @@ end
 local DECODE_ROUNDS = 2
 --- Streams in the fan-out benchmark; each count runs in its own process.
 local FANOUT = { 1, 16, 128 }
+--- Streams through the nginx gateway, each count in a gateway of its own.
+local GATEWAY_FANOUT = { 16, 128 }
+--- The C module built for LuaJIT, for the decoders that run under it.
+local JIT_CPATH = (os.getenv("SANDKIT_BUILD") or "build") .. "/luajit/?.so;;"
 
 -- Targets (reported against, enforced nowhere).
 local DECODE_VS_CJSON = 10      -- sandkit decodes at least 10x plain Lua + lua-cjson
 local STREAM_VS_CURL = 0.5      -- sandkit streams at least half of what curl -sN reads
 local FILES_VS_CURL = 0.7       -- a 1 GiB put or get at least 0.7x of curl -T / curl -o
+local GATEWAY_VS_CURL = 0.7     -- through the nginx gateway, at least 0.7x of curl -sN on the agent
+local GATEWAY_RSS = 64 * common.MIB  -- the gateway's worker at 128 streams
 local LATENCY_OVER_SPAWN = 1.0  -- ms: a round trip within 1 ms of a local spawn at p50
 -- Run-to-run spread of the fan-out rounds on a shared 2-core machine is a few percent; a
 -- drop within it is noise, not throughput falling.
@@ -93,18 +99,31 @@ local function progress(fmt, ...)
   io.stderr:write(string.format(fmt, ...), "\n")
 end
 
-local function lua_script(name, ...)
-  local parts = { LUA, quote(here .. "/" .. name) }
+local function script(interpreter, name, ...)
+  local parts = { interpreter, quote(here .. "/" .. name) }
   for _, a in ipairs({ ... }) do parts[#parts + 1] = quote(a) end
   return table.concat(parts, " ")
+end
+
+local function lua_script(name, ...)
+  return script(LUA, name, ...)
+end
+
+local function luajit_script(name, ...)
+  return script("LUA_CPATH=" .. quote(JIT_CPATH) .. " luajit", name, ...)
 end
 
 -- The benchmarks ---------------------------------------------------------------------------
 
 local function decoding(corpus_path, info)
   local node = have("node") and "node" or have("nodejs") and "nodejs" or nil
+  local luajit = have("luajit")
   local decoders = {
     { key = "sandkit", label = "sandkit core.decoder", command = lua_script("decode_sandkit.lua", corpus_path) },
+    { key = "jit_module", label = "sandkit, LuaJIT, C module",
+      command = luajit and luajit_script("decode_sandkit.lua", corpus_path) },
+    { key = "jit_ffi", label = "sandkit, LuaJIT, FFI",
+      command = luajit and luajit_script("decode_ffi.lua", corpus_path) },
     { key = "cjson", label = "lua-cjson + Lua base64",
       command = pcall(require, "cjson") and lua_script("decode_cjson.lua", corpus_path) },
     { key = "python", label = "Python json + base64",
@@ -201,6 +220,14 @@ local function rows(results)
   decode_row("cjson", "lua-cjson", ">= " .. DECODE_VS_CJSON .. "x", function(r) return r >= DECODE_VS_CJSON end)
   decode_row("python", "Python", nil)
   decode_row("node", "Node", "> 1x (ahead)", function(r) return r > 1 end)
+  -- Under LuaJIT (nginx's Lua): the C module and the FFI binding, each against Node.
+  local node = d.node
+  for _, key in ipairs{ "jit_module", "jit_ffi" } do
+    local j = d[key]
+    local ratio = j.payload_mb_per_s and node.payload_mb_per_s and j.payload_mb_per_s / node.payload_mb_per_s
+    row("decode " .. j.label .. " vs Node", j.payload_mb_per_s and mb(j.payload_mb_per_s) or peer_text(j),
+      "Node: " .. peer_text(node, function(r) return mb(r.payload_mb_per_s) end), ratio and times(ratio))
+  end
 
   local s = results.stream
   if s.failed then
@@ -267,6 +294,32 @@ local function rows(results)
     end
   end
 
+  local g = results.gateway
+  local gs = g.stream
+  if gs.failed then
+    row("gateway stream 1 GiB vs curl -sN", nil, nil, nil, ">= " .. GATEWAY_VS_CURL .. "x", "NO")
+  else
+    local ratio = gs.gateway.mb_per_s / gs.direct.mb_per_s
+    row("gateway stream 1 GiB vs curl -sN", mb(gs.gateway.mb_per_s) .. " (worker " .. string.format("%.2f",
+      gs.gateway.worker_cpu) .. " CPU s)", "curl -sN on the agent: " .. mb(gs.direct.mb_per_s), times(ratio),
+      ">= " .. GATEWAY_VS_CURL .. "x", met(ratio >= GATEWAY_VS_CURL))
+  end
+  for _, n in ipairs(GATEWAY_FANOUT) do
+    local r = g[tostring(n)]
+    row(string.format("gateway %d x 8 MiB, one worker", n), r.gateway and (mb(r.gateway.mb_per_s)
+      .. ", worker RSS " .. mib(r.worker_rss_peak)), string.format("%d sessions", r.sessions or 0))
+  end
+  local g16, g128 = g["16"], g["128"]
+  if g16.gateway and g128.gateway then
+    local ratio = g128.gateway.mb_per_s / g16.gateway.mb_per_s
+    row("gateway 128 vs 16 streams", mb(g128.gateway.mb_per_s), "16 streams: " .. mb(g16.gateway.mb_per_s),
+      string.format("%.3fx", ratio), string.format(">= %.2fx (not below)", FANOUT_NOISE), met(ratio >= FANOUT_NOISE))
+    row("gateway 128 worker peak RSS", mib(g128.worker_rss_peak), nil, nil, "< " .. mib(GATEWAY_RSS),
+      met(g128.worker_rss_peak < GATEWAY_RSS))
+  else
+    row("gateway 128 vs 16 streams", nil, nil, nil, "not below", "NO")
+  end
+
   local w = results.slow
   if w.failed then
     row("slow consumer client RSS", nil, nil, nil, "< " .. mib(SLOW_CLIENT_RSS) .. ", flat", "NO")
@@ -283,17 +336,22 @@ local function rows(results)
   return t
 end
 
+--- Characters of a UTF-8 string: its bytes that do not continue a character.
+local function width(s)
+  return select(2, s:gsub("[^\128-\191]", ""))
+end
+
 local function render(t)
   local head = { "benchmark", "sandkit", "peer(s)", "ratio", "target", "met?" }
   local widths = {}
   for i, h in ipairs(head) do widths[i] = #h end
   for _, r in ipairs(t) do
-    for i, cell in ipairs(r) do widths[i] = math.max(widths[i], utf8.len(cell) or #cell) end
+    for i, cell in ipairs(r) do widths[i] = math.max(widths[i], width(cell)) end
   end
   local function line(cells)
     local parts = {}
     for i, cell in ipairs(cells) do
-      parts[i] = cell .. string.rep(" ", widths[i] - (utf8.len(cell) or #cell))
+      parts[i] = cell .. string.rep(" ", widths[i] - width(cell))
     end
     return "| " .. table.concat(parts, " | ") .. " |"
   end
@@ -334,6 +392,12 @@ for _, n in ipairs(FANOUT) do
 end
 results.slow = step("slow consumer (1 GiB, 1 ms per frame)", lua_script("slow.lua"))
 results.files = step("files (1 GiB put and get: sandkit, curl -T, curl -o)", lua_script("files.lua"))
+results.gateway = { stream = step("gateway (1 GiB through nginx, curl -sN on the agent)",
+  lua_script("gateway.lua", "stream")) }
+for _, n in ipairs(GATEWAY_FANOUT) do
+  results.gateway[tostring(n)] = step(string.format("gateway fan-out (%d streams)", n),
+    lua_script("gateway.lua", "fanout", n))
+end
 results.seconds = common.now() - started
 results.machine.load_after = (common.read_file("/proc/loadavg") or ""):match("^(%S+ %S+ %S+)")
 

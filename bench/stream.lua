@@ -64,7 +64,7 @@ local function via_curl(command)
   local status, size = out:match("^(%d+) (%d+)")
   if not ok or status ~= "200" then error("curl failed: " .. tostring(out)) end
   -- The body is base64 in NDJSON: 1 GiB of output is at least 4/3 GiB on the wire.
-  if tonumber(size) < BYTES * 4 // 3 then error("curl read a short body: " .. size .. " bytes") end
+  if tonumber(size) < math.floor(BYTES * 4 / 3) then error("curl read a short body: " .. size .. " bytes") end
   return BYTES
 end
 

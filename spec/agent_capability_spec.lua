@@ -83,7 +83,7 @@ describe("sandkit-agent in capability mode", function()
   end
 
   local function exists(name)
-    return files.sh("test -e '" .. agent.root .. "/" .. name .. "'")
+    return files.execute("test -e '" .. agent.root .. "/" .. name .. "'")
   end
 
   it("serves a request whose bearer token names its session and is signed by a key of its ring", function()

@@ -873,7 +873,7 @@ describe("sandkit-agent start-up and shutdown", function()
 end)
 
 local function bwrap_works()
-  return os.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null") == true
+  return files.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null")
 end
 
 describe("sandkit-agent --isolate bwrap", function()

@@ -17,10 +17,10 @@ local function amz_time(stamp)
   local y, m, d, hh, mm, ss = stamp:match("^(%d%d%d%d)(%d%d)(%d%d)T(%d%d)(%d%d)(%d%d)Z$")
   y, m, d = tonumber(y), tonumber(m), tonumber(d)
   local shifted = m <= 2 and y - 1 or y
-  local era = shifted // 400
+  local era = math.floor(shifted / 400)
   local yoe = shifted - era * 400
-  local doy = (153 * ((m + 9) % 12) + 2) // 5 + d - 1
-  local doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
   return (era * 146097 + doe - 719468) * 86400 + tonumber(hh) * 3600 + tonumber(mm) * 60 + tonumber(ss)
 end
 

@@ -235,7 +235,8 @@ describe("the Azure data-plane client", function()
   it("runs a shell command and reads its output and integer exit code", function()
     local result = assert(client():execute_shell_command("group", "sb-1", "echo hi", "/app", { timeout = 5 }))
     assert.same({ stdout = "out", stderr = "err", exit_code = 3 }, result)
-    assert.equal("integer", math.type(result.exit_code))
+    -- Where numbers have subtypes (Lua 5.4), an integer, not 3.0.
+    if math.type then assert.equal("integer", math.type(result.exit_code)) end
     assert.same({ command = "echo hi", workingDirectory = "/app" }, cjson.decode(last_request().body))
   end)
 

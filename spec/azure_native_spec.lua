@@ -5,32 +5,17 @@
 local core = require "sandkit.core"
 local azure_dataplane = require "support.azure_dataplane"
 local agents = require "support.azure_agents"
+local local_state = require "support.local_state"
 
 local record = azure_dataplane.record
-
-local function read_all(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function quote(s)
-  return "'" .. s:gsub("'", "'\\''") .. "'"
-end
+local quote = local_state.shell_quote
 
 --- executeShellCommand as the data plane does it: a shell runs the string, in the working
 -- directory when one is given, and the call answers with both streams and the exit code.
 local function run_here(_, _, _, command, working_directory)
-  local err_path = os.tmpname()
-  local line = (working_directory and ("cd " .. quote(working_directory) .. " && ") or "")
-    .. "(" .. command .. ") 2>" .. quote(err_path)
-  local pipe = assert(io.popen(line, "r"))
-  local stdout = pipe:read("a")
-  local _, how, code = pipe:close()
-  local stderr = read_all(err_path)
-  os.remove(err_path)
-  return { stdout = stdout, stderr = stderr, exit_code = how == "exit" and code or 128 + code }
+  local stdout, stderr, code = local_state.sh((working_directory and ("cd " .. quote(working_directory)
+    .. " && ") or "") .. "(" .. command .. ")")
+  return { stdout = stdout, stderr = stderr, exit_code = code }
 end
 
 local function native_session(dp, options)
@@ -75,7 +60,7 @@ describe("a command on a session without an agent", function()
 
   it("is killed with its process group at its timeout and reported as timeoutExceeded after its output", function()
     local dp = azure_dataplane.new():on("execute_shell_command", function(...)
-      local args = table.pack(...)
+      local args = { ... }
       -- The call is bounded by the command's timeout plus the grace.
       assert.equal(0.3 + 10, args[6].timeout)
       return run_here(...)

@@ -8,6 +8,7 @@ local protocol = require "sandkit.protocol"
 local azure_dataplane = require "support.azure_dataplane"
 local agents = require "support.azure_agents"
 local azure_cqueues = require "support.azure_cqueues"
+local compat = require "support.compat"
 
 local token = azure_dataplane.token
 
@@ -188,7 +189,7 @@ describe("a 401 whose body stalls", function()
     local body_bound = 2
     local server, dp, conn = stalled_401_session(body_bound)
 
-    local results = table.pack(sandkit.run(function()
+    local results = compat.pack(sandkit.run(function()
       local first = sandkit.spawn(protocol.exec, conn, { "true" }, { timeout = 5 })
       local second = sandkit.spawn(function()
         -- The first request was answered with its 401 headers before it was logged as read.
@@ -203,7 +204,7 @@ describe("a 401 whose body stalls", function()
       return value, err, took, first_done, first_value, first_err
     end))
     assert.is_true(results[1], tostring(results[2]))
-    local value, err, took, first_done, first_value, first_err = table.unpack(results, 2, 7)
+    local value, err, took, first_done, first_value, first_err = compat.unpack(results, 2, 7)
 
     assert.equal("ok", value, tostring(err))
     assert.is_false(first_done, "the second operation finished while the first was parked")

@@ -5,7 +5,6 @@ local sandkit = require "sandkit"
 local core = require "sandkit.core"
 local local_state = require "support.local_state"
 
-local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 local BLOCK = 65536
 
 describe("a slow consumer", function()
@@ -20,16 +19,7 @@ describe("a slow consumer", function()
   after_each(function() local_state.clean(root) end)
 
   it("holds back a command that would write a gigabyte", function()
-    -- Writes up to 1 GiB in 64 KiB blocks, recording after each block how many it wrote
-    -- (through a rename, so a reader never sees a half-written count).
-    local writer = { LUA, "-e", string.format([[
-      local block = string.rep("x", %d)
-      for i = 1, 16384 do
-        io.stdout:write(block)
-        io.stdout:flush()
-        local f = io.open("written.tmp", "w") f:write(i) f:close()
-        os.rename("written.tmp", "written")
-      end]], BLOCK) }
+    local writer = local_state.writer(BLOCK)
     local frames, bytes = 0, 0
     local started = core.now()
     for frame in session:run(writer, { timeout = 120 }) do

@@ -82,7 +82,7 @@ describe("Ed25519 in the C core", function()
 
   it("refuses a PEM that is not one unencrypted Ed25519 private key, without prompting", function()
     local dir = files.temp_dir()
-    assert(files.sh("cd " .. dir .. " && openssl genpkey -algorithm ec -pkeyopt ec_paramgen_curve:P-256"
+    assert(files.execute("cd " .. dir .. " && openssl genpkey -algorithm ec -pkeyopt ec_paramgen_curve:P-256"
       .. " -out ec.pem 2>/dev/null && openssl genpkey -algorithm ed25519 -aes-128-cbc -pass pass:x"
       .. " -out encrypted.pem 2>/dev/null"))
     local ec_key, why = core.ed25519_key(files.read(dir .. "/ec.pem"))

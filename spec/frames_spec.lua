@@ -151,6 +151,32 @@ describe("the frame decoder", function()
     assert.equal("too_long", out[1].failed)
   end)
 
+  it("hands over payloads as the wire's base64 when asked to, still refusing what is not base64", function()
+    local d = core.decoder(nil, true)
+    d:feed('{"t":"stdout","seq":4,"data":"aGk="}\n{"t":"stderr","seq":5,"data":"\\/w=="}\n'
+      .. '{"t":"exit","code":2}\n{"t":"stdout","seq":6,"data":"aGk"}\n')
+    assert.same({ type = "stdout", seq = 4, base64 = "aGk=" }, d:next())
+    assert.same({ type = "stderr", seq = 5, base64 = "/w==" }, d:next(), "an escaped '/' is unescaped")
+    assert.same({ type = "exit", code = 2, truncated = false }, d:next())
+    local frame, kind = d:next()
+    assert.is_nil(frame)
+    assert.equal("undecodable", kind)
+  end)
+
+  it("refuses in the wire's base64 exactly what it refuses to decode, at the same symbol", function()
+    for _, data in ipairs({ "aGk", "a=Gk", "aGl=", "aGk=aGk=", "!aGk", "aGkhaGkh*Gkh", "aG=k", "aQ==", "aR==" }) do
+      local line = '{"t":"stdout","seq":0,"data":"' .. data .. '"}\n'
+      local decoded, kept = core.decoder(), core.decoder(nil, true)
+      decoded:feed(line)
+      kept:feed(line)
+      local a, akind, amessage = decoded:next()
+      local b, bkind, bmessage = kept:next()
+      assert.equal(a == nil, b == nil, data)
+      assert.equal(akind, bkind, data)
+      assert.equal(amessage, bmessage, data)
+    end
+  end)
+
   it("holds a line well above a 64 KiB frame by default", function()
     local data = core.b64encode(string.rep("x", 65536))
     -- Escaping every '/' doubles the line; still under the default limit.

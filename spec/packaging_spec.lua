@@ -28,12 +28,36 @@ describe("the build", function()
   end)
 
   it("refuses a Lua whose C API the core cannot use, in one line", function()
+    -- Headers of Lua 5.3 (no user values on full userdata), made up: no such package is needed.
     local dir = temp_dir()
-    local _, err, status = local_state.sh(CLEAN_ENV .. "make " .. q(dir .. "/lua5.1/obj/sandkit_core.o")
-      .. " BUILD=" .. q(dir) .. " LUA_INCDIR=/usr/include/lua5.1")
+    files.write(dir .. "/lua.h", "#define LUA_VERSION_NUM 503\n")
+    files.write(dir .. "/lauxlib.h", "")
+    local _, err, status = local_state.sh(CLEAN_ENV .. "make " .. q(dir .. "/build/lua5.3/obj/sandkit_core.o")
+      .. " BUILD=" .. q(dir .. "/build") .. " LUA_INCDIR=" .. q(dir))
     core.remove_tree(dir)
     assert.are_not.equal(0, status)
-    assert.matches("sandkit builds for Lua 5.4 or LuaJIT 2.1 only", err, 1, true)
+    assert.matches("sandkit builds for Lua 5.4 or LuaJIT 2.1 (the Lua 5.1 ABI) only", err, 1, true)
+  end)
+
+  it("builds for the Lua 5.1 ABI from PUC Lua 5.1's headers, and LuaJIT loads that build", function()
+    -- What `luarocks --lua-version=5.1` finds on Debian: an OpenResty install is built this way.
+    local dir = temp_dir()
+    local out, err, status = local_state.sh(CLEAN_ENV .. "make " .. q(dir .. "/lua5.1/sandkit/core.so")
+      .. " BUILD=" .. q(dir) .. " LUA_INCDIR=/usr/include/lua5.1 2>&1")
+    assert.equal(0, status, out .. err)
+    local loaded
+    loaded, err, status = local_state.sh("luajit -e " .. q("package.cpath = " .. string.format("%q", dir
+      .. "/lua5.1/?.so") .. "; local core = require 'sandkit.core'; io.write(core._ABI, ' ', core.b64encode('hi'))"))
+    core.remove_tree(dir)
+    assert.equal(0, status, err)
+    assert.equal("1 aGk=", loaded)
+  end)
+
+  it("refuses PUC Lua 5.1 at require, in one sentence", function()
+    local _, err, status = local_state.sh("lua5.1 -e " .. q("package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path;"
+      .. " require 'sandkit'"))
+    assert.are_not.equal(0, status)
+    assert.matches("sandkit needs Lua 5.4 or LuaJIT 2.1, not PUC Lua 5.1", err, 1, true)
   end)
 
   it("treats warnings as errors in make and CI, but not in a LuaRocks build", function()
@@ -51,10 +75,10 @@ describe("the rockspec", function()
     return env
   end
 
-  it("declares lua-cjson and only the Lua it builds and passes under", function()
+  it("declares lua-cjson, and Lua from the 5.1 ABI (LuaJIT's) to 5.4", function()
     local spec = load_rockspec()
     local deps = table.concat(spec.dependencies, "; ")
-    assert.equal("lua >= 5.4, < 5.5; lua-cjson", deps)
+    assert.equal("lua >= 5.1, < 5.5; lua-cjson", deps)
   end)
 
   it("runs the suite from `luarocks test`", function()

@@ -150,3 +150,34 @@ int sk_b64_decode(const char *in, size_t len, unsigned char *out, size_t *out_le
 	*out_len = o;
 	return 0;
 }
+
+int sk_b64_check(const char *in, size_t len, size_t *bad_at)
+{
+	const unsigned char *s = (const unsigned char *)in;
+	if (len % 4 != 0) {
+		*bad_at = len - len % 4;
+		return -1;
+	}
+	if (len == 0)
+		return 0;
+	/* Every group but the last: each symbol in the alphabet ('=' included among the bad). */
+	size_t body = len - 4;
+	uint8_t seen = 0;
+	for (size_t i = 0; i < body; i++)
+		seen |= symbol_value[s[i]];
+	if (seen & 0x80) {
+		size_t k = 0;
+		while (symbol_value[s[k]] != 255)
+			k++;
+		*bad_at = k;
+		return -1;
+	}
+	/* The last group carries the padding rules: decoding it alone applies them. */
+	unsigned char last[3];
+	size_t n;
+	if (sk_b64_decode(in + body, 4, last, &n) < 0) {
+		*bad_at = body + n;
+		return -1;
+	}
+	return 0;
+}

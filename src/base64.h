@@ -26,4 +26,10 @@ void sk_b64_encode(const unsigned char *in, size_t len, char *out);
  */
 int sk_b64_decode(const char *in, size_t len, unsigned char *out, size_t *out_len);
 
+/*
+ * Whether len symbols are strict standard base64, by the same rules as sk_b64_decode, without
+ * writing anything: 0, or -1 with the offset of the first offending symbol in *bad_at.
+ */
+int sk_b64_check(const char *in, size_t len, size_t *bad_at);
+
 #endif

@@ -9,17 +9,13 @@
 #include <lua.h>
 #include <lauxlib.h>
 
-/* The core builds for Lua 5.4 and for LuaJIT 2.1 (the 5.1 ABI plus the 5.2 auxiliary calls
- * LuaJIT adds: luaL_setmetatable, luaL_testudata, …). PUC 5.1 lacks those, and 5.2/5.3 lack
- * user values on full userdata; both are refused here in one line rather than in a page of
- * implicit-declaration errors. */
-#if LUA_VERSION_NUM == 501 && defined(__has_include)
-#if __has_include(<luajit.h>)
-#include <luajit.h>
-#endif
-#endif
-#if !(LUA_VERSION_NUM == 504 || (LUA_VERSION_NUM == 501 && defined(LUAJIT_VERSION_NUM)))
-#error "sandkit builds for Lua 5.4 or LuaJIT 2.1 only"
+/* The core builds for Lua 5.4 and for the Lua 5.1 ABI, which is LuaJIT 2.1's: a module built
+ * against PUC 5.1's headers (what `luarocks --lua-version=5.1` finds on Debian) loads into
+ * LuaJIT unchanged, the shims below standing in for the 5.2 auxiliary calls LuaJIT adds. 5.2
+ * and 5.3 lack user values on full userdata; they are refused here in one line rather than in
+ * a page of implicit-declaration errors. */
+#if !(LUA_VERSION_NUM == 504 || LUA_VERSION_NUM == 501)
+#error "sandkit builds for Lua 5.4 or LuaJIT 2.1 (the Lua 5.1 ABI) only"
 #endif
 
 #if LUA_VERSION_NUM >= 502
@@ -42,6 +38,25 @@ static inline void skc_setfuncs(lua_State *L, const luaL_Reg *l)
 		lua_setfield(L, -2, l->name);
 	}
 }
+/* LuaJIT 2.1 has these two 5.2 calls and PUC 5.1 has not: a module built against PUC 5.1's
+ * headers (`luarocks --lua-version=5.1`) loads into LuaJIT too, so both use these. */
+static inline void skc_setmetatable(lua_State *L, const char *tname)
+{
+	luaL_getmetatable(L, tname);
+	lua_setmetatable(L, -2);
+}
+static inline void *skc_testudata(lua_State *L, int ud, const char *tname)
+{
+	void *p = lua_touserdata(L, ud);
+	if (p == NULL || !lua_getmetatable(L, ud))
+		return NULL;
+	luaL_getmetatable(L, tname);
+	int same = lua_rawequal(L, -1, -2);
+	lua_pop(L, 2);
+	return same ? p : NULL;
+}
+#define luaL_setmetatable skc_setmetatable
+#define luaL_testudata skc_testudata
 #endif
 
 /* A result string of known maximum size, written in place: luaL_buffinitsize on 5.2+, a

@@ -18,6 +18,7 @@ struct sk_frames {
 	size_t scratch_cap;
 	enum sk_frames_failure failure;
 	char error[160];
+	int keep_base64;
 };
 
 sk_frames *sk_frames_new(size_t max_line)
@@ -27,6 +28,11 @@ sk_frames *sk_frames_new(size_t max_line)
 		return NULL;
 	d->max_line = max_line ? max_line : SK_FRAMES_MAX_LINE;
 	return d;
+}
+
+void sk_frames_keep_base64(sk_frames *d)
+{
+	d->keep_base64 = 1;
 }
 
 void sk_frames_free(sk_frames *d)
@@ -189,17 +195,28 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 			b64_len = (size_t)n;
 			base = (size_t)n;
 		}
-		if (reserve((void **)&d->scratch, &d->scratch_cap,
-		            base + SK_B64_DECODED_MAX(b64_len)) < 0)
-			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
-		b64 = f.data.escaped ? (const char *)d->scratch : b64;
 		size_t n;
-		if (sk_b64_decode(b64, b64_len, d->scratch + base, &n) < 0)
-			return fail(d, SK_FRAMES_UNDECODABLE,
-			            "an output frame did not decode: %s (at symbol %ld)",
-			            "data was not valid base64", (long)n);
-		out->data = d->scratch + base;
-		out->data_len = n;
+		if (d->keep_base64) {
+			/* Checked, not decoded: the text itself is what goes on, and needs no room. */
+			if (sk_b64_check(b64, b64_len, &n) < 0)
+				return fail(d, SK_FRAMES_UNDECODABLE,
+				            "an output frame did not decode: %s (at symbol %ld)",
+				            "data was not valid base64", (long)n);
+			out->data = (const unsigned char *)b64;
+			out->data_len = b64_len;
+			out->data_is_base64 = 1;
+		} else {
+			if (reserve((void **)&d->scratch, &d->scratch_cap,
+			            base + SK_B64_DECODED_MAX(b64_len)) < 0)
+				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+			b64 = f.data.escaped ? (const char *)d->scratch : b64;
+			if (sk_b64_decode(b64, b64_len, d->scratch + base, &n) < 0)
+				return fail(d, SK_FRAMES_UNDECODABLE,
+				            "an output frame did not decode: %s (at symbol %ld)",
+				            "data was not valid base64", (long)n);
+			out->data = d->scratch + base;
+			out->data_len = n;
+		}
 	} else if (sk_json_str_is(&f.t, "exit")) {
 		out->type = SK_FRAME_EXIT;
 		if (!f.has_code_num || f.code_num < INT32_MIN || f.code_num > INT32_MAX)

@@ -37,6 +37,7 @@ typedef struct sk_frame {
 	size_t error_code_len;
 	const char *message;        /* error: the frame's message, valid until the next call */
 	size_t message_len;
+	int data_is_base64;         /* stdout/stderr: data is the wire's base64 (sk_frames_keep_base64) */
 } sk_frame;
 
 /* What went wrong: a line that is not a frame, a payload that is not base64, or a limit. */
@@ -57,6 +58,12 @@ typedef struct sk_frames sk_frames;
 
 /* max_line 0 means SK_FRAMES_MAX_LINE. Returns NULL when out of memory. */
 sk_frames *sk_frames_new(size_t max_line);
+/*
+ * From now on, stdout/stderr frames carry their payload as the wire's base64 text, checked to
+ * be strict base64 but not handed over decoded (data_is_base64 is set): for a relay that
+ * writes the payload on as base64, which then never decodes and encodes it again.
+ */
+void sk_frames_keep_base64(sk_frames *d);
 void sk_frames_free(sk_frames *d);
 
 /*

@@ -1,7 +1,9 @@
 /*
  * lua_frames.c — Lua glue for frames.c and base64.c.
  *
- *   local dec = core.decoder([max_line])
+ *   local dec = core.decoder([max_line [, keep_base64]])
+ *                              -- keep_base64: output frames carry `base64` (the wire's text,
+ *                                 checked) instead of `data` (see sk_frames_keep_base64)
  *   dec:feed(chunk)            -- hand over bytes; call after next() returned false
  *   dec:next()                 -- frame table | false (needs more) | nil, kind, message
  *   dec:pending()              -- bytes of an unterminated line held back
@@ -50,7 +52,7 @@ void skl_push_frame(lua_State *L, const sk_frame *f)
 		skc_pushu64(L, f->seq);
 		lua_setfield(L, -2, "seq");
 		lua_pushlstring(L, (const char *)f->data, f->data_len);
-		lua_setfield(L, -2, "data");
+		lua_setfield(L, -2, f->data_is_base64 ? "base64" : "data");
 		break;
 	case SK_FRAME_EXIT:
 		lua_createtable(L, 0, 4);
@@ -91,12 +93,15 @@ static int decoder_new(lua_State *L)
 {
 	lua_Integer max_line = lua_isnoneornil(L, 1) ? 0 : skc_checkinteger(L, 1);
 	luaL_argcheck(L, max_line >= 0, 1, "max_line must not be negative");
+	int keep_base64 = lua_toboolean(L, 2);
 	struct decoder *u = skc_newuserdata(L, sizeof *u);
 	memset(u, 0, sizeof *u);
 	luaL_setmetatable(L, DECODER_MT);
 	u->d = sk_frames_new((size_t)max_line);
 	if (u->d == NULL)
 		return luaL_error(L, "out of memory");
+	if (keep_base64)
+		sk_frames_keep_base64(u->d);
 	return 1;
 }
 

@@ -3,8 +3,12 @@
 -- within which bounds — and never decides what they mean: the agent protocol and each cloud
 -- client classify them.
 --
--- Every transfer in a Lua state shares one core client: one pool of connections and one
--- pollable, so a scheduler can wait on all of them at once.
+-- Two transports sit under the same interface. Outside nginx every transfer in a Lua state
+-- shares one libcurl client of the C core: one pool of connections and one pollable, so a
+-- scheduler can wait on all of them at once. Inside an nginx worker requests go over cosockets
+-- (sandkit.cosocket), which park the request's light thread instead of blocking the worker;
+-- in an nginx phase without cosockets a request is refused, naming the phase. Callers see the
+-- same responses and transfers from both.
 
 local json_codec = require "sandkit.json"
 local core = require "sandkit.core"
@@ -41,8 +45,13 @@ response_mt.__index = response_mt
 -- a large upload would cut it — and `on_body(bytes_sent)` hears its progress.
 -- Returns a response, or nil and a failure: { kind = "refused" (nothing was sent) |
 -- "timeout" (no headers in time) | "failed" (the connection failed after sending),
--- sent = bool, detail = libcurl's sentence, source_error = the reader's error when it failed }.
+-- sent = bool, detail = the transport's sentence, source_error = the reader's error when it failed }.
 function http.send(spec)
+  if wait.check_nginx() then
+    local t, status = require("sandkit.cosocket").send(spec)
+    if not t then return nil, status end
+    return setmetatable({ transfer = t, status = status }, response_mt)
+  end
   local client = http.client()
   local reader = spec.body_reader
   local request = spec

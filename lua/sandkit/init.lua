@@ -6,6 +6,12 @@
 --   local session = assert(sandbox:create{})
 --   for frame in session:run({ "echo", "hi" }, { timeout = 10 }) do … end
 
+-- PUC Lua 5.1 shares LuaJIT's C ABI, so a 5.1 build of the C core would load there; the Lua
+-- layer needs what PUC 5.1 lacks (yielding across pcall and metamethods, among others).
+if _VERSION == "Lua 5.1" and not rawget(_G, "jit") then
+  error("sandkit needs Lua 5.4 or LuaJIT 2.1, not PUC Lua 5.1", 0)
+end
+
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local options_check = require "sandkit.options"

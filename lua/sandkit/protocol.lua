@@ -332,7 +332,9 @@ function stream_mt:next()
   end
 end
 
---- Starts a command and returns its output stream once the agent's headers arrived.
+--- Starts a command and returns its output stream once the agent's headers arrived. With
+-- opts.keep_base64, stdout/stderr frames carry `base64` (the wire's text, checked) instead of
+-- `data`: for a relay that writes payloads on as base64 (sandkit.ngx).
 function protocol.exec(conn, argv, opts)
   local body, err = command_body(RUN, argv, opts, conn)
   if not body then return nil, err end
@@ -343,7 +345,7 @@ function protocol.exec(conn, argv, opts)
   return setmetatable({
     transfer = resp.transfer,
     client = resp.client,
-    decoder = core.decoder(),
+    decoder = core.decoder(nil, opts.keep_base64 == true),
     -- The whole body is bounded by the command's timeout plus a grace: a sandbox frozen
     -- mid-command must not hold its caller for ever.
     deadline = started + opts.timeout + conn.grace,

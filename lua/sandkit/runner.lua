@@ -17,6 +17,10 @@
 --
 -- A wait outside any task — or inside a coroutine of the caller's own within a task, which the
 -- runner cannot yield across — blocks as it always did.
+--
+-- Inside an nginx worker the same calls map onto nginx's light threads: each task is an
+-- ngx.thread, its waits park it on its own socket reads and timers (sandkit.wait), and join
+-- waits on a semaphore the task posts when it ends, so any task of the run may join any other.
 
 local core = require "sandkit.core"
 local wait = require "sandkit.wait"
@@ -151,11 +155,104 @@ local function loop(r)
   end
 end
 
+--- What a run returns once every task ended: true followed by main's results, so
+-- assert(sandkit.run(main)) holds whatever main returns; nil and the error when main failed, or
+-- when a task nobody joined failed.
+local function outcome(r, main)
+  if not main.ok then return nil, main.err end
+  for _, t in ipairs(r.tasks) do
+    if not t.ok and not t.joined then return nil, t.err end
+  end
+  return true, unpack(main.results, 1, main.results.n)
+end
+
+-- nginx light threads -------------------------------------------------------------------------
+
+--- The run each light thread belongs to; weak, so a thread nginx killed (the request ended)
+-- leaves nothing behind.
+local ngx_runs = setmetatable({}, { __mode = "k" })
+--- A join's wait on the semaphore is re-armed after this many seconds; the semaphore's post is
+-- what ends it.
+local JOIN_SLICE = 60
+
+local function ngx_finish(task, ok, ...)
+  task.finished = true
+  task.ok = ok
+  if ok then task.results = pack(...) else task.err = ... end
+  task.run.unfinished = task.run.unfinished - 1
+  if task.waiters > 0 then task.done_signal:post(task.waiters) end
+end
+
+local function ngx_task(r)
+  local semaphore = require "ngx.semaphore"
+  local task = setmetatable({ runner = r, run = r, waiters = 0, done_signal = semaphore.new() }, task_mt)
+  r.tasks[#r.tasks + 1] = task
+  r.unfinished = r.unfinished + 1
+  return task
+end
+
+local function ngx_body(task, fn, args)
+  local co = coroutine.running()
+  ngx_runs[co] = task
+  ngx_finish(task, pcall(fn, unpack(args, 1, args.n)))
+  ngx_runs[co] = nil
+end
+
+--- Waits on the task's semaphore; `quiet` is run's own wait for its tasks, which joins nothing
+-- (and, main having ended, cannot be part of a cycle).
+local function ngx_join(self, quiet)
+  if not self.finished then
+    local r = self.run
+    if not quiet then
+      local me = ngx_runs[coroutine.running()]
+      if not me or me.run ~= r then error("join: only from a task of the same sandkit.run", 3) end
+      if me == self then error("join: a task cannot join itself", 3) end
+      -- When every unfinished task waits on another, none of them can ever go on.
+      if r.joining + 1 >= r.unfinished then
+        error("sandkit.run: every live task waits on another: a join cycle", 0)
+      end
+      r.joining = r.joining + 1
+    end
+    self.waiters = self.waiters + 1
+    while not self.finished do self.done_signal:wait(JOIN_SLICE) end
+    if not quiet then r.joining = r.joining - 1 end
+  end
+  if not quiet then self.joined = true end
+  if not self.ok then return nil, self.err end
+  return unpack(self.results, 1, self.results.n)
+end
+
+local function ngx_run(main, ...)
+  local co = coroutine.running()
+  if ngx_runs[co] then error("sandkit.run: a runner is already running", 3) end
+  local r = { tasks = {}, unfinished = 0, joining = 0 }
+  local task = ngx_task(r)
+  ngx_runs[co] = task
+  ngx_finish(task, pcall(main, ...))
+  -- Every task ends before the run does, as outside nginx.
+  for _, t in ipairs(r.tasks) do ngx_join(t, true) end
+  ngx_runs[co] = nil
+  return outcome(r, task)
+end
+
+local function ngx_spawn(fn, ...)
+  local me = ngx_runs[coroutine.running()]
+  if not me then error("sandkit.spawn: only inside sandkit.run", 3) end
+  local task = ngx_task(me.run)
+  ngx.thread.spawn(ngx_body, task, fn, pack(...))
+  return task
+end
+
+local function in_nginx()
+  return wait.ngx_phase() ~= nil and wait.check_nginx()
+end
+
 --- Runs main(...) as a task until it and every task it spawned end. Returns true followed by
 -- main's results, so assert(sandkit.run(main)) holds whatever main returns; nil and the error
 -- when main failed, or when a task nobody joined failed.
 function runner.run(main, ...)
   if type(main) ~= "function" then error("sandkit.run takes a function", 2) end
+  if in_nginx() then return ngx_run(main, ...) end
   if active then error("sandkit.run: a runner is already running", 2) end
   local r = { tasks = {}, by_co = {}, ready = {}, waiters = {}, live = 0 }
   active = r
@@ -164,16 +261,13 @@ function runner.run(main, ...)
   local ok, failure = pcall(loop, r)
   active = nil
   if not ok then error(failure, 0) end
-  if not task.ok then return nil, task.err end
-  for _, t in ipairs(r.tasks) do
-    if not t.ok and not t.joined then return nil, t.err end
-  end
-  return true, unpack(task.results, 1, task.results.n)
+  return outcome(r, task)
 end
 
 --- Starts fn(...) as a task of the running runner; returns its handle.
 function runner.spawn(fn, ...)
   if type(fn) ~= "function" then error("sandkit.spawn takes a function", 2) end
+  if in_nginx() then return ngx_spawn(fn, ...) end
   if not active then error("sandkit.spawn: only inside sandkit.run", 2) end
   active.live = active.live + 1
   return new_task(active, fn, ...)
@@ -181,6 +275,7 @@ end
 
 --- Waits for the task to end and returns its results, or nil and its error.
 function task_mt:join()
+  if self.done_signal then return ngx_join(self) end
   local r = self.runner
   if not self.finished then
     local me = active and active.by_co[coroutine.running()]

@@ -65,7 +65,9 @@ end
 --- Options each call knows (options.check refuses the rest, naming the nearest).
 local CREATE_OPTIONS = options_check.set{ "id", "env" }
 local COMMAND_OPTIONS = options_check.set{ "timeout", "cwd", "env" }
-local RUN_OPTIONS = options_check.set{ "output_cap", "lines" }
+-- keep_base64 is a relay's (sandkit.ngx): stdout/stderr frames carry the wire's base64, checked,
+-- instead of decoded `data`. It cannot be cut into lines, which needs the bytes.
+local RUN_OPTIONS = options_check.set{ "output_cap", "lines", "keep_base64" }
 local EXEC_OPTIONS = options_check.set{ "output_cap", "max_output" }
 local JOB_OPTIONS = options_check.set{ "id" }
 local FRAMES_OPTIONS = options_check.set{ "since", "interval" }
@@ -220,6 +222,10 @@ end
 
 --- Starts a command once its options were checked; the stream of protocol.exec, or of lines.
 local function open_stream(session, argv, opts)
+  if opts and opts.lines and opts.keep_base64 then
+    return nil, errors.invalid_input(protocol.OPERATIONS.run, "lines",
+      "lines = true needs the output's bytes, and keep_base64 keeps them encoded")
+  end
   local conn, err = connection(session)
   if not conn then return nil, err end
   local stream
@@ -243,11 +249,32 @@ local function next_frame(stream)
   return nil
 end
 
+--- The iterator session:run returns: called by the `for` loop, closed by :close() — or, on
+-- Lua 5.4, by the loop itself, as its to-be-closed value.
+local frames_mt = {}
+frames_mt.__index = frames_mt
+
+function frames_mt:__call()
+  if self.failed then error(self.failed, 0) end
+  return next_frame(self.stream)
+end
+
+--- Closes the stream (idempotent): the connection drops, which cancels a command still running.
+function frames_mt:close()
+  if self.stream then self.stream:close() end
+end
+frames_mt.__close = frames_mt.close
+
 --- for frame in session:run(argv, opts) do … end
 -- Frames are tables ({ type = "stdout"|"stderr", seq =, data = } then { type = "exit", code =,
 -- truncated =, signal = }). Any failure raises a sandkit error from the loop, so a stream that
--- stops short can never look like success. On Lua 5.4 the stream is the loop's closing
--- value: `break` or an error closes the connection at once, which cancels the command.
+-- stops short can never look like success. The iterator has :close(), which drops the
+-- connection and so cancels the command. On Lua 5.4 it is the loop's to-be-closed value:
+-- `break` or an error closes it at once. LuaJIT has no to-be-closed variables, so a loop
+-- there that may end early keeps the iterator and closes it (README, "Leaving a loop early"):
+--   local frames = session:run(argv, opts)
+--   for frame in frames do … end
+--   frames:close()
 -- With `lines = true` each stdout/stderr frame is one whole line (sandkit/lines.lua).
 -- `output_cap` (bytes per stream; default none) asks an agent that offers outputCap to keep
 -- that much; the exit frame's `truncated` says whether any output was dropped.
@@ -255,10 +282,8 @@ function session_mt:run(argv, opts)
   local unknown = check_command_options(opts, protocol.OPERATIONS.run, RUN_OPTIONS, 2)
   local stream, err
   if unknown then err = unknown else stream, err = open_stream(self, argv, opts) end
-  if not stream then
-    return function() error(err, 0) end
-  end
-  return next_frame, stream, nil, stream
+  local frames = setmetatable({ stream = stream, failed = not stream and err or nil }, frames_mt)
+  return frames, nil, nil, frames
 end
 
 --- Default bytes exec keeps per stream; the head is kept, the rest counted as truncated.

@@ -9,6 +9,7 @@ local files = require "support.files"
 local raw = require "support.raw_http"
 local cjson = require "cjson"
 local core = require "sandkit.core"
+local json = require "sandkit.json"
 local socket = require "socket"
 
 local AGENT = os.getenv("SANDKIT_AGENT")
@@ -27,7 +28,7 @@ local shell_quote, read_file, write_file = files.shell_quote, files.read, files.
 
 local function run(cmd)
   local p = assert(io.popen(cmd, "r"))
-  local out = p:read("a")
+  local out = p:read("*a")
   p:close()
   return out
 end
@@ -37,11 +38,11 @@ local function tmpdir()
 end
 
 local function exists(path)
-  return os.execute("test -e " .. shell_quote(path) .. " || test -L " .. shell_quote(path)) == true
+  return files.execute("test -e " .. shell_quote(path) .. " || test -L " .. shell_quote(path))
 end
 
 local function is_dir(path)
-  return os.execute("test -d " .. shell_quote(path)) == true
+  return files.execute("test -d " .. shell_quote(path))
 end
 
 local b64 = core.b64encode
@@ -176,19 +177,24 @@ local function start_agent(opts)
   local quoted = {}
   for i, a in ipairs(args) do quoted[i] = shell_quote(a) end
   -- fd 3 is the pipe this process reads; the agent's stdout is not, so the pipe ends when
-  -- the agent closes fd 3 after writing its one ready line.
-  local cmd = string.format("exec env %s %s %s %s 3>&1 1>/dev/null 2>>%s", table.concat(env, " "),
-    opts.prefix or "", shell_quote(AGENT), table.concat(quoted, " "), shell_quote(log))
+  -- the agent closes fd 3 after writing its one ready line. The shell stays to write the
+  -- agent's exit status (128+N for signal N) to a file: a popen's close reports it under
+  -- Lua 5.4 but not under LuaJIT.
+  local status_file = dir .. "/status"
+  local cmd = string.format("env %s %s %s %s 3>&1 1>/dev/null 2>>%s; echo $? >%s", table.concat(env, " "),
+    opts.prefix or "", shell_quote(AGENT), table.concat(quoted, " "), shell_quote(log),
+    shell_quote(status_file))
   local pipe = assert(io.popen(cmd, "r"))
-  local line = pipe:read("l")
+  local line = pipe:read("*l")
   if not line then
-    local _, _, code = pipe:close()
-    return nil, read_file(log) or "", code
+    pipe:close()
+    return nil, read_file(log) or "", tonumber(read_file(status_file))
   end
   local ready = cjson.decode(line)
   return setmetatable({
     dir = dir, root = root, token = token, token_file = token_file, log = log, pipe = pipe,
-    port = math.floor(ready.port), pid = math.floor(ready.pid), boot_id = ready.bootId,
+    status_file = status_file, port = json.integer(ready.port), pid = json.integer(ready.pid),
+    boot_id = ready.bootId,
   }, Agent)
 end
 
@@ -199,11 +205,11 @@ function Agent:stop()
   -- an agent that ignores SIGTERM fails the spec instead of hanging it
   local stopped = within(10, function() return not pid_alive(self.pid) end)
   if not stopped then os.execute("kill -KILL " .. self.pid) end
-  local _, how, code = self.pipe:close()
+  self.pipe:close()
   self.pipe = nil
   local log = read_file(self.log)
   assert.is_falsy(sanitizer_report(log), "sanitizer report in the agent's log:\n" .. tostring(log))
-  self.exit_code = how == "exit" and code or (128 + code)
+  self.exit_code = tonumber(read_file(self.status_file))
   os.execute("rm -rf " .. shell_quote(self.dir))
   return self.exit_code
 end
@@ -298,7 +304,7 @@ end
 
 local function ns_link(pid, which)
   local p = assert(io.popen("readlink /proc/" .. pid .. "/ns/" .. which .. " 2>/dev/null"))
-  local link = p:read("l")
+  local link = p:read("*l")
   p:close()
   return link
 end

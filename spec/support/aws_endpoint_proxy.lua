@@ -19,6 +19,7 @@ local core = require "sandkit.core"
 local fake_http = require "support.fake_http"
 local files = require "support.files"
 local nginx = require "support.nginx"
+local tls = require "support.tls"
 
 local aws_endpoint_proxy = {}
 
@@ -31,10 +32,14 @@ proxy_mt.__index = proxy_mt
 
 local read_file, write_file = files.read, files.write
 
+local function executable(path)
+  return files.execute("test -x " .. files.shell_quote(path))
+end
+
 local function require_tools()
-  nginx.require_tools()
+  tls.require_openssl()
   local agent = os.getenv("SANDKIT_AGENT")
-  if not agent or agent == "" or not nginx.executable(agent) then
+  if not agent or agent == "" or not executable(agent) then
     error("the end-to-end spec needs sandkit-agent: build it (make BUILD=build/x "
       .. "build/x/sandkit-agent) and set SANDKIT_AGENT to its path (make test does)", 0)
   end
@@ -56,7 +61,7 @@ local function start_agent(agent, root, log)
   return pid, assert(tonumber(line:match('"port"%s*:%s*(%d+)')), line)
 end
 
-local function nginx_conf(p)
+local function nginx_conf(p, port)
   local checks = {}
   for name, value in pairs(p.token) do
     assert(value:match("^[%w%-]+$"), "test tokens are plain words")
@@ -68,7 +73,7 @@ local function nginx_conf(p)
     nginx.conf_head(p.dir),
     "  log_format gate '$status $request_uri';",
     "  server {",
-    "    listen 127.0.0.1:" .. p.port .. " ssl;",
+    "    listen 127.0.0.1:" .. port .. " ssl;",
     "    server_name localhost;",
     "    ssl_certificate " .. p.dir .. "/server.crt;",
     "    ssl_certificate_key " .. p.dir .. "/server.key;",
@@ -92,43 +97,35 @@ end
 
 function aws_endpoint_proxy.start(opts)
   local agent = require_tools()
-  local dir = os.tmpname()
-  os.remove(dir)
-  -- 0755: nginx's workers run as nobody when the spec runs as root, and must see the flag.
-  assert(core.mkdir(dir, tonumber("755", 8)))
-  -- Whatever the umask took away.
-  assert(os.execute("chmod 755 '" .. dir .. "'"))
+  -- nginx's workers run as nobody when the spec runs as root, and must see the flag.
+  local dir = nginx.temp_dir()
   local p = setmetatable({ dir = dir, token = opts.token, ca_file = dir .. "/ca.crt",
     root = dir .. "/root", pids = {} }, proxy_mt)
   local ok, err = pcall(function()
-    nginx.make_certificates(dir)
+    -- A CA, and a server certificate it signed for 127.0.0.1 and localhost.
+    tls.issue(dir, tls.ca(dir, "ca"), "server", { "IP:127.0.0.1", "DNS:localhost" })
     assert(core.mkdir(p.root, tonumber("700", 8)))
-    assert(core.mkdir(dir .. "/temp", tonumber("755", 8)))
     local agent_pid
     agent_pid, p.agent_port = start_agent(agent, p.root, dir .. "/agent.log")
     p.pids.agent = agent_pid
 
-    nginx.run(dir, "mkfifo access.fifo")
+    assert(files.execute("mkfifo " .. files.shell_quote(dir .. "/access.fifo")))
     if (opts.restoring or 0) > 0 then write_file(dir .. "/restoring", "") end
     p.access_copy = dir .. "/access.log"
     write_file(p.access_copy, "")
 
-    -- Each attempt gets a fresh gate: the one before saw the fifo close when nginx failed.
-    p.pids.nginx, p.port = nginx.start(dir, function(port)
-      p.port = port
-      return nginx_conf(p)
-    end, {
-      before_try = function()
+    -- Each try of a port gets a fresh gate: the one before saw the fifo close when its nginx
+    -- exited.
+    p.pids.nginx, p.port = nginx.launch(dir, function(port) return nginx_conf(p, port) end,
+      function()
+        if p.pids.gate then
+          core.kill(p.pids.gate, core.SIGKILL)
+          core.reap(p.pids.gate, true)
+        end
         p.pids.gate = assert(core.spawn({ LUA, "spec/support/aws_restore_gate.lua",
           dir .. "/access.fifo", dir .. "/restoring", tostring(opts.restoring or 0), p.access_copy },
           { stderr = dir .. "/gate.log", setsid = true }))
-      end,
-      after_failed_try = function()
-        core.kill(p.pids.gate, core.SIGKILL)
-        core.reap(p.pids.gate, true)
-        p.pids.gate = nil
-      end,
-    })
+      end)
     p.endpoint = "127.0.0.1:" .. p.port
   end)
   if not ok then
@@ -155,8 +152,11 @@ end
 function proxy_mt:stop()
   -- nginx first: its closing the fifo is what ends the gate.
   for _, name in ipairs{ "nginx", "agent", "gate" } do
-    nginx.stop(self.pids[name])
-    self.pids[name] = nil
+    local pid = self.pids[name]
+    if pid then
+      nginx.kill(pid)
+      self.pids[name] = nil
+    end
   end
   core.remove_tree(self.dir)
 end

@@ -11,6 +11,7 @@
 --   dp:verify()
 
 local core = require "sandkit.core"
+local compat = require "support.compat"
 local azure = require "sandkit.providers.azure"
 
 local azure_dataplane = {}
@@ -44,7 +45,7 @@ function azure_dataplane.new()
     fake.log[method] = {}
     fake[method] = function(self, ...)
       local calls = self.log[method]
-      calls[#calls + 1] = table.pack(...)
+      calls[#calls + 1] = compat.pack(...)
       local n = #calls
       local limit = self.expected[method]
       if limit and n > limit then

@@ -11,6 +11,7 @@
 
 local cjson = require "cjson"
 local core = require "sandkit.core"
+local json = require "sandkit.json"
 local azure = require "sandkit.providers.azure"
 local fake_http = require "support.fake_http"
 local azure_dataplane = require "support.azure_dataplane"
@@ -45,7 +46,7 @@ local function boot(box, port)
   reader:close()
   assert(line, "sandkit-agent did not report that it listens: " .. tostring(err))
   box.pid = pid
-  box.port = math.tointeger(cjson.decode(line).port)
+  box.port = json.integer(cjson.decode(line).port)
 end
 
 local function halt(box)

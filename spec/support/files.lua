@@ -46,9 +46,9 @@ function files.temp_dir(mode)
   return dir
 end
 
---- Runs a shell command: true when it exited 0 (os.execute says so as true on Lua 5.2+ and
--- as 0 on LuaJIT's 5.1 ABI).
-function files.sh(command)
+--- Runs a shell command; true when it exited 0. os.execute answers true under Lua 5.4 and 0
+-- under LuaJIT (5.1's exit status), which this hides.
+function files.execute(command)
   local r = os.execute(command)
   return r == true or r == 0
 end

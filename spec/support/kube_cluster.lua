@@ -22,6 +22,7 @@ local sandkit = require "sandkit"
 local fake_http = require "support.fake_http"
 local files = require "support.files"
 local nginx = require "support.nginx"
+local tls = require "support.tls"
 local raw_http = require "support.raw_http"
 
 local kube_cluster = {}
@@ -34,13 +35,6 @@ kube_cluster.CLIENT_CN = "sandkit-admin"
 
 local cluster_mt = {}
 cluster_mt.__index = cluster_mt
-
-local function temp_dir()
-  -- 0755: nginx's workers run as nobody when the spec runs as root, and read the certificates.
-  local dir = files.temp_dir(tonumber("755", 8))
-  assert(files.sh("chmod 755 '" .. dir .. "'")) -- whatever the umask took away
-  return dir
-end
 
 local function front_conf(c, port)
   return table.concat({
@@ -84,23 +78,25 @@ end
 
 function kube_cluster.start(opts)
   opts = opts or {}
-  nginx.require_tools()
+  tls.require_openssl()
   local agent = os.getenv("SANDKIT_AGENT")
   assert(agent and agent ~= "", "the kubernetes specs need SANDKIT_AGENT=<path to sandkit-agent>")
-  local c = setmetatable({ dir = temp_dir(), namespace = opts.namespace or kube_cluster.NAMESPACE },
+  -- nginx's workers run as nobody when the spec runs as root, and read the certificates.
+  local c = setmetatable({ dir = nginx.temp_dir(), namespace = opts.namespace or kube_cluster.NAMESPACE },
     cluster_mt)
   local ok, err = pcall(function()
-    nginx.make_certificates(c.dir, { servers = { server = "IP:127.0.0.1,DNS:localhost",
-      named = "DNS:" .. kube_cluster.SERVER_NAME }, clients = { client = "/O=system:masters/CN="
-      .. kube_cluster.CLIENT_CN, stranger = "/CN=stranger" } })
-    nginx.make_certificates(c.dir, { ca = "other-ca", servers = {}, clients = {} })
+    local ca = tls.ca(c.dir, "ca")
+    tls.issue(c.dir, ca, "server", { "IP:127.0.0.1", "DNS:localhost" })
+    tls.issue(c.dir, ca, "named", { "DNS:" .. kube_cluster.SERVER_NAME })
+    tls.issue(c.dir, ca, "client", nil, "client", "/O=system:masters/CN=" .. kube_cluster.CLIENT_CN)
+    tls.issue(c.dir, ca, "stranger", nil, "client")
+    tls.ca(c.dir, "other-ca")
     -- nginx loads an SNI-picked certificate in its worker, which runs as nobody under root.
-    nginx.run(c.dir, "chmod 644 server.key named.key")
-    assert(core.mkdir(c.dir .. "/temp", tonumber("755", 8)))
+    tls.run(c.dir, "chmod 644 server.key named.key")
     c.ca_file = c.dir .. "/ca.crt"
     c.ca_pem = files.read(c.ca_file)
     c.key_path = c.dir .. "/signing.pem"
-    nginx.run(c.dir, "openssl genpkey -algorithm ed25519 -out signing.pem")
+    tls.run(c.dir, "openssl genpkey -algorithm ed25519 -out signing.pem")
     c.key_id = kube_cluster.KEY_ID
     local keys = { ring_entry(c.key_id, c.key_path) }
     for _, extra in ipairs(opts.extra_keys or {}) do keys[#keys + 1] = ring_entry(extra[1], extra[2]) end
@@ -114,7 +110,7 @@ function kube_cluster.start(opts)
       .. "local config = cjson.decode([==[" .. encoded .. "]==])\n"
       .. "return require('support.kube_api').scenario(config)\n")
     c.router_url = c.backend.url
-    c.front_pid, c.port = nginx.start(c.dir, function(port) return front_conf(c, port) end)
+    c.front_pid, c.port = nginx.launch(c.dir, function(port) return front_conf(c, port) end)
     c.server = "https://127.0.0.1:" .. c.port
   end)
   if not ok then
@@ -245,7 +241,7 @@ function cluster_mt:stop()
     self.backend = nil
   end
   if self.front_pid then
-    nginx.stop(self.front_pid)
+    nginx.kill(self.front_pid)
     self.front_pid = nil
   end
   if self.dir then

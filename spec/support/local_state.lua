@@ -26,30 +26,41 @@ function local_state.lua_env()
   return "LUA_PATH=" .. shell_quote(package.path) .. " LUA_CPATH=" .. shell_quote(package.cpath)
 end
 
---- Runs a Lua chunk in a separate process and returns its stdout and exit status.
-function local_state.run_lua(source)
-  local path = os.tmpname()
-  local f = assert(io.open(path, "w"))
-  f:write(source)
-  f:close()
-  local p = assert(io.popen(local_state.lua_env() .. " " .. LUA .. " " .. path .. " 2>&1"))
-  local out = p:read("a")
-  local _, _, status = p:close()
-  os.remove(path)
-  return out, status
+--- The gigabyte writer of the backpressure specs: writes up to 1 GiB in blocks of `block`
+-- bytes, recording after each block how many it wrote in the file `written` (through a
+-- rename, so a reader never sees a half-written count).
+function local_state.writer(block)
+  return { LUA, "-e", string.format([[
+    local block = string.rep("x", %d)
+    for i = 1, %d do
+      io.stdout:write(block)
+      io.stdout:flush()
+      local f = io.open("written.tmp", "w") f:write(i) f:close()
+      os.rename("written.tmp", "written")
+    end]], block, math.floor(1073741824 / block)) }
 end
 
---- Runs a shell command line and returns stdout, stderr and the exit status.
+--- Runs a shell command line and returns stdout, stderr and the exit status. The status is
+-- written by the shell: a popen's close reports it under Lua 5.4 but not under LuaJIT.
 function local_state.sh(cmdline)
-  local err_path = os.tmpname()
-  local p = assert(io.popen(cmdline .. " 2>" .. err_path))
-  local out = p:read("a")
-  local _, _, status = p:close()
-  local e = io.open(err_path)
-  local err = e:read("a")
-  e:close()
+  local err_path, status_path = os.tmpname(), os.tmpname()
+  local p = assert(io.popen("(" .. cmdline .. ") 2>" .. err_path .. "; echo $? >" .. status_path))
+  local out = p:read("*a")
+  p:close()
+  local err = files.read(err_path)
+  local status = tonumber(files.read(status_path))
   os.remove(err_path)
+  os.remove(status_path)
   return out, err, status
+end
+
+--- Runs a Lua chunk in a separate process and returns its output and exit status.
+function local_state.run_lua(source)
+  local path = os.tmpname()
+  files.write(path, source)
+  local out, _, status = local_state.sh(local_state.lua_env() .. " " .. LUA .. " " .. path .. " 2>&1")
+  os.remove(path)
+  return out, status
 end
 
 return local_state

@@ -1,142 +1,194 @@
---- A real nginx for specs that need TLS in front of a fake: test certificates made with the
--- openssl CLI, nginx started on a free port (picked and retried: another process may take the
--- port between the pick and nginx's bind), processes stopped for good.
+--- A real nginx for specs: Debian's nginx, started on a port picked here and retried when
+-- another process takes it first, in its own temp directory, and always stopped.
 --
---   nginx.require_tools()                    -- fails the spec naming what to install
---   nginx.run(dir, "openssl …")              -- a shell command in dir, or the spec fails
---   nginx.make_certificates(dir, { servers = { server = "IP:127.0.0.1,DNS:localhost" },
---                                  clients = { client = "/CN=someone" }, ca = "ca" })
---       -- <ca>.crt/.key, and <name>.crt/.key per server (SANs) and client (subject)
---   local pid, port = nginx.start(dir, function(port) return conf end, { before_try = fn })
---   nginx.stop(pid)                          -- SIGTERM, then SIGKILL past a bound
+--   local server = nginx.start{ server = "location /x { content_by_lua_block { … } }",
+--                               http = "…", main = "…", workers = 1, ports = { "tls" } }
+--   server.port, server.url, server.dir, server.ports.tls, server:worker_pid(),
+--   server:error_log(), server:stop()
+-- `ports` names further ports to pick, written as ${name} in `http` (say, a second server
+-- block's listen); `${dir}` there is the server's directory, which `prepare(dir)` may fill
+-- first (certificates, say).
+--
+-- With `server` (and `http`) alone it runs the Lua module (Debian's libnginx-mod-http-lua,
+-- loaded after the NDK module it needs), with this checkout's lua/ and spec/ on
+-- lua_package_path and the LuaJIT build of the C module on lua_package_cpath
+-- ($SANDKIT_NGINX_CPATH, which `make test` sets), and passes SANDKIT_AGENT and PATH on to its
+-- workers. nginx.launch is the bare pick-a-port-and-start loop, for a configuration of the
+-- caller's own (spec/support/aws_endpoint_proxy.lua, kube_cluster.lua), whose opening
+-- nginx.conf_head writes; certificates come from spec/support/tls.lua.
+--
+-- Anything missing — nginx, the Lua module, the LuaJIT build — fails the spec saying what.
 
 local core = require "sandkit.core"
-local socket = require "socket"
-local wait = require "sandkit.wait"
 local files = require "support.files"
+local processes = require "support.processes"
 
 local nginx = {}
 
-nginx.BINARY = "/usr/sbin/nginx"
---- Seconds nginx gets to start listening, and to stop, before the spec gives up on it.
+local NGINX = "/usr/sbin/nginx"
+local MODULES = "/usr/lib/nginx/modules"
+--- Seconds nginx gets to start listening, and to leave after SIGTERM.
 local START_TIMEOUT = 10
 local STOP_TIMEOUT = 5
+--- Ports tried before giving up: each is free when picked, and only a race loses one.
+local ATTEMPTS = 3
+
+local read_file, write_file = files.read, files.write
+
+local server_mt = {}
+server_mt.__index = server_mt
 
 local function executable(path)
-  return files.sh("test -x '" .. path .. "'")
-end
-nginx.executable = executable
-
-function nginx.require_tools()
-  if not executable(nginx.BINARY) then
-    error("this spec needs nginx at " .. nginx.BINARY .. " (Debian package nginx or "
-      .. "nginx-light; tools/bootstrap.sh installs it)", 0)
-  end
-  if not files.sh("command -v openssl >/dev/null 2>&1") then
-    error("this spec needs the openssl command line tool (Debian package openssl)", 0)
-  end
+  return files.execute("test -x " .. files.shell_quote(path))
 end
 
---- Runs a shell command in dir, failing the spec with its output when it fails.
-function nginx.run(dir, command)
-  local log = dir .. "/command.log"
-  if not files.sh("cd '" .. dir .. "' && " .. command .. " >'" .. log .. "' 2>&1") then
-    error("`" .. command .. "` failed:\n" .. (files.read(log) or ""), 0)
-  end
+--- Ends a process of ours: SIGTERM, then SIGKILL when it has not gone within the bound.
+function nginx.kill(pid)
+  processes.stop(pid, STOP_TIMEOUT)
 end
 
-local EC = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
-
---- A CA, and certificates it signed: servers by subjectAltName, clients by subject.
-function nginx.make_certificates(dir, opts)
-  opts = opts or {}
-  local ca = opts.ca or "ca"
-  nginx.run(dir, "openssl req -x509 " .. EC .. " -keyout " .. ca .. ".key -out " .. ca .. ".crt"
-    .. " -days 1 -subj '/CN=sandkit test CA " .. ca .. "'"
-    .. " -addext 'basicConstraints=critical,CA:TRUE' -addext 'keyUsage=critical,keyCertSign,cRLSign'")
-  local serial = 1
-  local function issue(name, subject, ext)
-    files.write(dir .. "/" .. name .. ".ext", ext)
-    nginx.run(dir, "openssl req " .. EC .. " -keyout " .. name .. ".key -out " .. name .. ".csr"
-      .. " -subj '" .. subject .. "'")
-    nginx.run(dir, "openssl x509 -req -in " .. name .. ".csr -CA " .. ca .. ".crt -CAkey " .. ca
-      .. ".key -set_serial " .. serial .. " -days 1 -extfile " .. name .. ".ext -out " .. name .. ".crt")
-    serial = serial + 1
-  end
-  for name, sans in pairs(opts.servers or { server = "IP:127.0.0.1,DNS:localhost" }) do
-    issue(name, "/CN=" .. name, "subjectAltName=" .. sans .. "\nbasicConstraints=CA:FALSE\n"
-      .. "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n")
-  end
-  for name, subject in pairs(opts.clients or {}) do
-    issue(name, subject, "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-      .. "extendedKeyUsage=clientAuth\n")
-  end
+--- A temp directory nginx's workers can use whoever they run as.
+function nginx.temp_dir()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(core.mkdir(dir, tonumber("755", 8)))
+  -- Whatever the umask took away.
+  assert(files.execute("chmod 755 " .. files.shell_quote(dir)))
+  assert(core.mkdir(dir .. "/temp", tonumber("755", 8)))
+  return dir
 end
 
-local function free_port()
-  local s = assert(socket.bind("127.0.0.1", 0))
-  local _, port = s:getsockname()
-  s:close()
-  return tonumber(port)
-end
-
---- Waits until something accepts on port, or the process pid ended, or the bound passed.
-local function wait_listening(port, pid)
-  local deadline = core.now() + START_TIMEOUT
-  while core.now() < deadline do
-    local c = socket.tcp()
-    c:settimeout(1)
-    local ok = c:connect("127.0.0.1", port)
-    c:close()
-    if ok then return true end
-    if core.reap(pid) then return false end
-    wait.sleep(0.02)
-  end
-  return false
-end
-
-function nginx.stop(pid)
-  if not pid then return end
-  core.kill(pid, core.SIGTERM)
-  local deadline = core.now() + STOP_TIMEOUT
-  while not core.reap(pid) and core.now() < deadline do wait.sleep(0.02) end
-  if not core.reap(pid) then
-    core.kill(pid, core.SIGKILL)
-    core.reap(pid, true)
-  end
-end
-
---- Starts nginx with conf_for(port) written to dir/nginx.conf: pid, port. opts.before_try()
--- runs before each attempt and opts.after_failed_try() after each one that failed.
-function nginx.start(dir, conf_for, opts)
-  opts = opts or {}
-  for _ = 1, 3 do
-    if opts.before_try then opts.before_try() end
-    local port = free_port()
-    files.write(dir .. "/nginx.conf", conf_for(port))
-    local pid = assert(core.spawn({ nginx.BINARY, "-p", dir, "-c", dir .. "/nginx.conf",
-      "-g", "daemon off;" }, { stderr = dir .. "/nginx.stderr", stdout = dir .. "/nginx.stderr",
-      setsid = true }))
-    if wait_listening(port, pid) then return pid, port end
-    core.kill(pid, core.SIGKILL)
-    core.reap(pid, true)
-    if opts.after_failed_try then opts.after_failed_try() end
-  end
-  error("nginx did not start:\n" .. (files.read(dir .. "/nginx.stderr") or "")
-    .. (files.read(dir .. "/error.log") or ""), 0)
-end
-
---- The opening of every nginx.conf of a spec, up to and inside `http {`: one worker, its pid,
--- log and temporary files all in dir, so nothing is written outside it.
-function nginx.conf_head(dir, connections)
-  local lines = { "worker_processes 1;", "pid " .. dir .. "/nginx.pid;",
-    "error_log " .. dir .. "/error.log info;",
-    "events { worker_connections " .. (connections or 64) .. "; }", "http {" }
+--- The temp paths of an http block, all inside dir.
+function nginx.temp_paths(dir)
+  local lines = {}
   for _, kind in ipairs{ "client_body", "proxy", "fastcgi", "uwsgi", "scgi" } do
-    local directive = kind == "client_body" and "client_body_temp_path" or (kind .. "_temp_path")
-    lines[#lines + 1] = "  " .. directive .. " " .. dir .. "/temp/" .. kind .. ";"
+    lines[#lines + 1] = string.format("  %s_temp_path %s/temp/%s;", kind, dir, kind)
   end
   return table.concat(lines, "\n")
+end
+
+--- The opening of a configuration of the caller's own, up to and inside `http {`: one worker,
+-- its pid, log and temporary files all in dir, so nothing is written outside it.
+function nginx.conf_head(dir, connections)
+  return table.concat({ "worker_processes 1;", "pid " .. dir .. "/nginx.pid;",
+    "error_log " .. dir .. "/error.log info;",
+    "events { worker_connections " .. (connections or 64) .. "; }", "http {",
+    nginx.temp_paths(dir) }, "\n")
+end
+
+--- Starts nginx on a free port: conf(port) is the configuration's text; before(attempt) runs
+-- before each try (say, to start a helper the configuration names). Returns pid, port; raises
+-- with nginx's own words when it never listened.
+function nginx.launch(dir, conf, before)
+  if not executable(NGINX) then
+    error("the nginx specs need nginx at " .. NGINX .. " (Debian package nginx; "
+      .. "tools/bootstrap.sh installs it)", 0)
+  end
+  for attempt = 1, ATTEMPTS do
+    if before then before(attempt) end
+    local port = processes.free_port()
+    write_file(dir .. "/nginx.conf", conf(port))
+    local pid = assert(core.spawn({ NGINX, "-p", dir, "-c", dir .. "/nginx.conf",
+      "-g", "daemon off;" }, { stderr = dir .. "/nginx.stderr", stdout = dir .. "/nginx.stderr",
+      setsid = true }))
+    if processes.listening(port, pid, START_TIMEOUT) then return pid, port end
+    core.kill(pid, core.SIGKILL)
+    core.reap(pid, true)
+  end
+  error("nginx did not start:\n" .. (read_file(dir .. "/nginx.stderr") or "")
+    .. (read_file(dir .. "/error.log") or ""), 0)
+end
+
+local function lua_conf(opts, dir, cpath, ports)
+  return function(port)
+    for _, name in ipairs(opts.ports or {}) do ports[name] = processes.free_port() end
+    local function fill(text)
+      return (text:gsub("%${([%w_]+)}", function(name)
+        if name == "dir" then return dir end
+        return tostring(assert(ports[name], "no port named " .. name))
+      end))
+    end
+    local checkout = os.getenv("PWD") or "."
+    local main = {
+      "load_module " .. MODULES .. "/ndk_http_module.so;",
+      "load_module " .. MODULES .. "/ngx_http_lua_module.so;",
+      "worker_processes " .. (opts.workers or 1) .. ";",
+      "pid " .. dir .. "/nginx.pid;",
+      "error_log " .. dir .. "/error.log " .. (opts.log_level or "warn") .. ";",
+      "env SANDKIT_AGENT;",
+      "env PATH;",
+      opts.main or "",
+      "events { worker_connections " .. (opts.connections or 1024) .. "; }",
+      "http {",
+      "  access_log off;",
+      nginx.temp_paths(dir),
+      '  lua_package_path "' .. checkout .. "/lua/?.lua;" .. checkout .. "/lua/?/init.lua;"
+        .. checkout .. '/spec/?.lua;;";',
+      '  lua_package_cpath "' .. cpath .. ';;";',
+      -- As examples/openresty/nginx.conf says: reads of a page each would cost a system call
+      -- per 4 KiB of a stream.
+      "  lua_socket_buffer_size 128k;",
+      fill(opts.http or ""),
+      "  server {",
+      "    listen 127.0.0.1:" .. port .. ";",
+      opts.server or "",
+      "  }",
+      "}",
+    }
+    -- A master running as root would hand its workers to `nobody`, who cannot read the
+    -- checkout or the specs' private directories.
+    if (read_file("/proc/self/status") or ""):match("\nUid:%s+(%d+)") == "0" then
+      table.insert(main, 3, "user root root;")
+    end
+    return table.concat(main, "\n") .. "\n"
+  end
+end
+
+--- Starts an nginx with the Lua module and the given server and http blocks.
+function nginx.start(opts)
+  if not executable(MODULES .. "/ngx_http_lua_module.so") then
+    -- `test -x` on a shared object: Debian installs modules 0644, so look for the file.
+    if not read_file(MODULES .. "/ngx_http_lua_module.so") then
+      error("the nginx specs need the Lua module (Debian package libnginx-mod-http-lua)", 0)
+    end
+  end
+  local cpath = os.getenv("SANDKIT_NGINX_CPATH")
+  if not cpath or cpath == "" or not package.searchpath("sandkit.core", cpath) then
+    error("the nginx specs need the C module built for LuaJIT: `make LUA_PC=luajit` and "
+      .. "SANDKIT_NGINX_CPATH=<build>/luajit/?.so (make test sets both)", 0)
+  end
+  local dir = nginx.temp_dir()
+  local s = setmetatable({ dir = dir, ports = {} }, server_mt)
+  local ok, err = pcall(function()
+    if opts.prepare then opts.prepare(dir) end
+    s.pid, s.port = nginx.launch(dir, lua_conf(opts, dir, cpath, s.ports))
+  end)
+  if not ok then
+    s:stop()
+    error(err, 0)
+  end
+  s.url = "http://127.0.0.1:" .. s.port
+  return s
+end
+
+--- The pid of the (first) worker process.
+function server_mt:worker_pid()
+  return processes.children(self.pid)[1]
+end
+
+function server_mt:error_log()
+  return read_file(self.dir .. "/error.log") or ""
+end
+
+function server_mt:stop()
+  if self.pid then
+    nginx.kill(self.pid)
+    self.pid = nil
+  end
+  if self.dir then
+    core.remove_tree(self.dir)
+    self.dir = nil
+  end
 end
 
 return nginx

@@ -20,6 +20,7 @@
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
+local json = require "sandkit.json"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
@@ -206,7 +207,7 @@ function azure.new(options)
       return nil, errors.invalid_input("sandkit.sandbox", name, name .. " is a positive number of seconds")
     end
   end
-  if options.auto_suspend ~= nil and (math.type(options.auto_suspend) ~= "integer" or options.auto_suspend < 1) then
+  if options.auto_suspend ~= nil and (not json.integer(options.auto_suspend) or options.auto_suspend < 1) then
     return nil, errors.invalid_input("sandkit.sandbox", "auto_suspend",
       "auto_suspend is a whole number of idle seconds")
   end
@@ -577,7 +578,7 @@ end
 local function check_command(argv, opts)
   if type(argv) ~= "table" then error("sandkit: a command is an argv table", 3) end
   for k, v in pairs(argv) do
-    if math.type(k) ~= "integer" or k < 1 or k > #argv or type(v) ~= "string" then
+    if type(k) ~= "number" or k % 1 ~= 0 or k < 1 or k > #argv or type(v) ~= "string" then
       error("sandkit: argv must be a sequence of strings", 3)
     end
   end
@@ -598,7 +599,7 @@ end
 --- The shell command string for argv under a deadline of `ms` milliseconds.
 local function deadline_command(argv, env, ms)
   local words = { "sh", "-c", shell_quote(DEADLINE_PROGRAM), "sandkit-deadline",
-    string.format("%d.%03d", ms // 1000, ms % 1000) }
+    string.format("%d.%03d", math.floor(ms / 1000), ms % 1000) }
   local names = {}
   for name in pairs(env or {}) do names[#names + 1] = name end
   if #names > 0 then

@@ -275,6 +275,9 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
 end
 
 function provider_mt:create(opts)
+  -- Refused before anything exists: in an nginx phase that cannot wait, the agent's start
+  -- could not be waited for.
+  wait.check_nginx()
   local id = opts.id or new_id()
   local bad = check_id(id, "sandbox.create")
   if bad then return nil, bad end
@@ -432,6 +435,7 @@ local REMOVAL_MAY_SUCCEED = { ENOTEMPTY = true, ENOMEM = true, EMFILE = true, EN
 function provider_mt:terminate(id)
   local bad = check_id(id, "sandbox.terminate")
   if bad then return nil, bad end
+  wait.check_nginx()
   local dir = self:dir(id)
   local record = load_record(dir)
   if record then stop_agent(record.pid, dir) end

@@ -1,0 +1,171 @@
+--- Streaming through an nginx gateway: examples/openresty (sandkit inside one nginx worker,
+-- started by its run.sh) between a local agent and `curl -sN`.
+--   lua5.4 bench/gateway.lua stream     1 GiB (`head -c`) read by curl -sN through the gateway's
+--                                       server-sent events, and by curl -sN straight from the
+--                                       same agent's /v1/exec; ROUNDS each, interleaved, best kept
+--   lua5.4 bench/gateway.lua fanout N   N streams at once, each 8 MiB through the gateway, read
+--                                       by one curl --parallel (one client process, as a proxy
+--                                       in front would be), round-robin over min(N, 16) sessions
+--                                       (as bench/fanout.lua); best aggregate of ROUNDS
+-- MB/s counts the command's output bytes, not base64 and framing. Reported with each: the CPU
+-- seconds the nginx worker and the agent(s) spent, and the worker's peak RSS (VmHWM).
+-- SANDKIT_BUILD names the build directory (make bench sets it); SANDKIT_AGENT the agent.
+-- Prints RESULT { … }.
+
+local here = arg[0]:match("^(.*)/[^/]*$") or "."
+-- The specs' helpers for processes and ports are the one place for them.
+package.path = here .. "/?.lua;" .. here .. "/../spec/?.lua;" .. package.path
+local cjson = require "cjson"
+local common = require "common"
+local core = require "sandkit.core"
+local processes = require "support.processes"
+
+local MODE = arg[1]
+local ROUNDS = MODE == "stream" and 2 or 3
+local BYTES = MODE == "stream" and common.GIB or 8 * common.MIB
+local N = MODE == "fanout" and assert(tonumber(arg[2]), "usage: gateway.lua fanout N") or 1
+local SESSIONS = 16
+local TIMEOUT = 300
+local TOKEN = string.rep("ab", 16)
+--- Seconds the gateway gets to listen, and to stop.
+local START_TIMEOUT, STOP_TIMEOUT = 20, 10
+
+--- Starts examples/openresty/run.sh with its temp directory inside dir; returns the gateway.
+local function start_gateway(dir)
+  local g = { port = processes.free_port(), dir = dir }
+  g.pid = assert(core.spawn({ "sh", common.dir .. "/../examples/openresty/run.sh" }, { setsid = true,
+    stdout = dir .. "/gateway.log", stderr = dir .. "/gateway.log", env = {
+      PATH = os.getenv("PATH"), PORT = tostring(g.port), TMPDIR = dir, SANDKIT_NO_BUILD = "1",
+      BUILD = assert(os.getenv("SANDKIT_BUILD"), "set SANDKIT_BUILD (make bench does)"),
+      SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"), SANDKIT_GATEWAY_TOKEN = TOKEN,
+      SANDKIT_OUTPUT_CAP = tostring(common.OUTPUT_CAP) } }))
+  if not processes.listening(g.port, g.pid, START_TIMEOUT) then
+    processes.stop(g.pid, STOP_TIMEOUT)
+    error("the gateway did not start:\n" .. tostring(common.read_file(dir .. "/gateway.log")))
+  end
+  -- nginx listens before it forks its worker.
+  processes.within(START_TIMEOUT, function()
+    local master = processes.children(g.pid)[1]
+    g.worker = master and processes.children(master)[1]
+    return g.worker
+  end)
+  if not g.worker then
+    processes.stop(g.pid, STOP_TIMEOUT)
+    error("no nginx worker found")
+  end
+  return g
+end
+
+--- SIGTERM: run.sh stops nginx and every session's agent, and removes its directory.
+local function stop_gateway(g)
+  processes.stop(g.pid, STOP_TIMEOUT)
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+--- One curl reading every url at once (--parallel), each body to /dev/null; returns wall
+-- seconds, having checked that each read a whole body.
+local function curl(urls, headers_file, body_file, out)
+  -- The URLs go in a config file: 128 of them would not fit an argv sandkit's spawn takes.
+  local config = {}
+  for _, url in ipairs(urls) do
+    config[#config + 1] = string.format('url = "%s"\noutput = "/dev/null"', url)
+  end
+  write(out .. ".config", table.concat(config, "\n") .. "\n")
+  os.remove(out)
+  local argv = { "curl", "-sN", "--parallel", "--parallel-immediate", "--parallel-max", tostring(#urls),
+    "-w", "%{http_code} %{size_download}\n", "-H", "@" .. headers_file, "--data-binary", "@" .. body_file,
+    "--config", out .. ".config" }
+  local t0 = common.now()
+  core.reap(assert(core.spawn(argv, { stdout = out })), true)
+  local seconds = common.now() - t0
+  local n = 0
+  for status, size in (common.read_file(out) or ""):gmatch("(%d+) (%d+)\n") do
+    if status ~= "200" or tonumber(size) < math.floor(BYTES * 4 / 3) then
+      error("a stream read " .. status .. " with " .. size .. " bytes")
+    end
+    n = n + 1
+  end
+  if n ~= #urls then error(n .. " of " .. #urls .. " streams ended") end
+  return seconds
+end
+
+local function cpu_sum(pid)
+  local user, sys = common.cpu(pid)
+  return (user or 0) + (sys or 0)
+end
+
+local function run(dir)
+  local g = start_gateway(dir)
+  local ok, result = xpcall(function()
+    local auth = dir .. "/auth"
+    write(auth, "Authorization: Bearer " .. TOKEN .. "\nContent-Type: application/json\n")
+    local sessions = {}
+    for i = 1, math.min(N, SESSIONS) do
+      local p = assert(io.popen("curl -s -X POST -H @" .. auth .. " http://127.0.0.1:" .. g.port .. "/sessions"))
+      local answer = p:read("*a")
+      p:close()
+      sessions[i] = assert(cjson.decode(answer).id, answer)
+    end
+    local argv = { "head", "-c", tostring(BYTES), "/dev/zero" }
+    write(dir .. "/run.json", cjson.encode{ argv = argv, timeout = TIMEOUT })
+    local gateway_urls = {}
+    for i = 1, N do
+      gateway_urls[i] = string.format("http://127.0.0.1:%d/sessions/%s/run", g.port,
+        sessions[(i - 1) % #sessions + 1])
+    end
+    -- Straight from the agent: its port and token from the session's record (run.sh keeps its
+    -- state in a directory of its own under TMPDIR).
+    local state = assert(io.popen("ls -d " .. dir .. "/tmp.*")):read("*l")
+    local session_dir = state .. "/sandkit/sessions/" .. sessions[1]
+    local record = cjson.decode(assert(common.read_file(session_dir .. "/record.json")))
+    local direct_headers = dir .. "/direct-headers"
+    write(direct_headers, "Authorization: Bearer " .. common.read_file(session_dir .. "/token")
+      .. "\nContent-Type: application/json\n")
+    write(dir .. "/exec.json", cjson.encode{ command = argv, timeoutMs = TIMEOUT * 1000 })
+    local direct_url = string.format("http://127.0.0.1:%d/v1/exec", record.port)
+
+    local agents = {}
+    for _, id in ipairs(sessions) do
+      local path = state .. "/sandkit/sessions/" .. id .. "/record.json"
+      agents[#agents + 1] = math.floor(cjson.decode(common.read_file(path)).pid)
+    end
+    local function measured(urls, headers, body)
+      local worker0, agents0 = cpu_sum(g.worker), 0
+      for _, pid in ipairs(agents) do agents0 = agents0 + cpu_sum(pid) end
+      local seconds = curl(urls, headers, body, dir .. "/curl.out")
+      local agents1 = 0
+      for _, pid in ipairs(agents) do agents1 = agents1 + cpu_sum(pid) end
+      return { seconds = seconds, mb_per_s = N * BYTES / seconds / common.MB,
+        worker_cpu = cpu_sum(g.worker) - worker0, agent_cpu = agents1 - agents0 }
+    end
+    local best = {}
+    local rounds = { gateway = {}, direct = {} }
+    local function keep(key, r)
+      table.insert(rounds[key], r.mb_per_s)
+      if not best[key] or r.mb_per_s > best[key].mb_per_s then best[key] = r end
+    end
+    for _ = 1, ROUNDS do
+      keep("gateway", measured(gateway_urls, auth, dir .. "/run.json"))
+      if MODE == "stream" then keep("direct", measured({ direct_url }, direct_headers, dir .. "/exec.json")) end
+    end
+    best.gateway.rounds = rounds.gateway
+    if best.direct then best.direct.rounds = rounds.direct end
+    return { mode = MODE, streams = N, sessions = #sessions, bytes = N * BYTES, gateway = best.gateway,
+      direct = best.direct, worker_rss_peak = common.status_bytes(g.worker, "VmHWM") }
+  end, debug.traceback)
+  stop_gateway(g)
+  if not ok then error(result, 0) end
+  return result
+end
+
+assert(MODE == "stream" or MODE == "fanout", "usage: gateway.lua stream | fanout N")
+local dir = common.out .. "/gateway-" .. MODE .. "-" .. N
+os.execute("rm -rf '" .. dir .. "' && mkdir -p '" .. dir .. "'")
+local result = run(dir)
+os.execute("rm -rf '" .. dir .. "'")
+common.result(result)

@@ -1,0 +1,275 @@
+-- sandkit inside a real nginx worker (worker_processes 1): local sessions made and used from
+-- request handlers (support/nginx_app), never blocking the worker — pings answered while 64
+-- streams run, concurrent commands overlapping, sandkit.run on light threads — and streams that
+-- end with their request: a client that goes away, a handler that leaves its loop, a slow
+-- client holding the command back. Timing bounds here are the behaviour itself.
+
+local cjson = require "cjson"
+local core = require "sandkit.core"
+local socket = require "socket"
+local files = require "support.files"
+local local_state = require "support.local_state"
+local nginx = require "support.nginx"
+local processes = require "support.processes"
+local raw_http = require "support.raw_http"
+
+local LOCATIONS = [[
+    location = /ping { content_by_lua_block { ngx.say("pong") } }
+    location = /create { content_by_lua_block { require("support.nginx_app").create() } }
+    location = /stream { content_by_lua_block { require("support.nginx_app").stream() } }
+    location = /exec { content_by_lua_block { require("support.nginx_app").exec() } }
+    location = /fanout { content_by_lua_block { require("support.nginx_app").fanout() } }
+    location = /leave { content_by_lua_block { require("support.nginx_app").leave_early() } }
+    location = /timer { content_by_lua_block { require("support.nginx_app").in_timer() } }
+    location = /phase {
+      set_by_lua_block $refusal { return require("support.nginx_app").phase_refusal() }
+      return 200 $refusal;
+    }
+]]
+
+local within, alive = processes.within, processes.alive
+
+--- The nearest-rank percentile p (0..1) of a list of numbers.
+local function percentile(list, p)
+  local sorted = {}
+  for i, v in ipairs(list) do sorted[i] = v end
+  table.sort(sorted)
+  return sorted[math.max(1, math.ceil(p * #sorted))]
+end
+
+--- Frames of an NDJSON body as sandkit.ngx writes them, stdout payloads decoded.
+local function ndjson_frames(body)
+  local frames = {}
+  for line in body:gmatch("([^\n]+)\n") do
+    local f = cjson.decode(line)
+    if f.data then f.data = core.b64decode(f.data) end
+    frames[#frames + 1] = f
+  end
+  return frames
+end
+
+describe("sandkit inside an nginx worker", function()
+  local gateway, root, session_id, files_dir
+
+  local function query(extra)
+    return "?root=" .. root .. "&session=" .. tostring(session_id) .. (extra or "")
+  end
+
+  local function post(path, value, extra)
+    return assert(raw_http.request(gateway.port, "POST", path .. query(extra),
+      { body = cjson.encode(value), timeout = 60 }))
+  end
+
+  local function curl(path, value, out, extra)
+    return assert(core.spawn({ "curl", "-sN", "-o", out, "-X", "POST", "--data-binary", cjson.encode(value),
+      gateway.url .. path .. query(extra) }, { setsid = true, env = processes.env() }))
+  end
+
+  before_each(function()
+    root = local_state.new()
+    -- Loading sandkit in the master, before the workers fork, is allowed: it waits for nothing.
+    gateway = nginx.start{ server = LOCATIONS,
+      http = "  lua_check_client_abort on;\n  init_by_lua_block { require 'sandkit' }" }
+    -- Past the output cap an agent drops output instead of holding the command back; with a
+    -- cap above what any command here writes, every byte is delivered.
+    local answer = post("/create", {}, "&output_cap=1073741824")
+    assert.equal(200, answer.status, answer.body .. gateway:error_log())
+    session_id = cjson.decode(answer.body).id
+    files_dir = root .. "/sessions/" .. session_id .. "/files"
+  end)
+
+  after_each(function()
+    if os.getenv("DEBUG_NGINX") then io.stderr:write(gateway:error_log()) end
+    if gateway then gateway:stop() end
+    local_state.clean(root)
+  end)
+
+  it("creates a local session and streams a command's frames, exit status last", function()
+    local answer = post("/stream", { "sh", "-c", "echo one; echo two >&2; exit 3" })
+    assert.equal(200, answer.status)
+    assert.equal("application/x-ndjson", answer.headers["content-type"])
+    local frames = ndjson_frames(answer.body)
+    assert.same({ t = "stdout", seq = 0, data = "one\n" }, frames[1])
+    assert.same({ t = "stderr", seq = 1, data = "two\n" }, frames[2])
+    assert.same({ t = "exit", code = 3, truncated = false }, frames[3])
+  end)
+
+  it("streams server-sent events, the exit status as the last event", function()
+    local answer = post("/stream", { "sh", "-c", "printf 'a b'; exit 4" }, "&format=sse")
+    assert.equal("text/event-stream", answer.headers["content-type"])
+    local first, exit_data = answer.body:match("^(.-\n\n)event: exit\ndata: ([^\n]*)\n\n$")
+    assert.equal("event: stdout\nid: 0\ndata: " .. core.b64encode("a b") .. "\n\n", first)
+    assert.same({ code = 4, truncated = false }, cjson.decode(exit_data))
+  end)
+
+  it("answers pings within 20 ms at the 99th percentile while 64 streams run", function()
+    local n, rounds, line = 64, 200, string.rep("x", 1023) .. "\n"
+    -- Each command copies what the spec writes into its FIFO: the streams carry traffic, and
+    -- they run until the spec closes the FIFOs.
+    local fifos, curls = {}, {}
+    for i = 1, n do
+      assert(files.execute("mkfifo " .. files.shell_quote(files_dir .. "/fifo-" .. i)))
+      curls[i] = curl("/stream", { "sh", "-c", "touch started-" .. i .. "; exec cat fifo-" .. i },
+        files_dir .. "/out-" .. i)
+    end
+    local started = within(30, function()
+      for i = 1, n do
+        if not files.read(files_dir .. "/started-" .. i) then return false end
+      end
+      return true
+    end)
+    assert.is_true(started, "the 64 commands did not start\n" .. gateway:error_log())
+    -- Opened after every curl started, which would otherwise inherit them and keep each FIFO
+    -- open for writing; read and write, so opening never waits for the other end.
+    for i = 1, n do fifos[i] = assert(io.open(files_dir .. "/fifo-" .. i, "r+")) end
+    local latencies = {}
+    for _ = 1, rounds do
+      for i = 1, n do
+        fifos[i]:write(line)
+        fifos[i]:flush()
+      end
+      local t0 = core.now()
+      local pong = assert(raw_http.request(gateway.port, "GET", "/ping"))
+      latencies[#latencies + 1] = core.now() - t0
+      assert.equal("pong\n", pong.body)
+    end
+    for i = 1, n do assert.is_true(alive(curls[i]), "stream " .. i .. " ended before the pings did") end
+    for i = 1, n do fifos[i]:close() end
+    assert.is_true(within(30, function()
+      for i = 1, n do
+        if not core.reap(curls[i]) then return false end
+      end
+      return true
+    end), "the streams did not end")
+    for i = 1, n do
+      local frames = ndjson_frames(assert(files.read(files_dir .. "/out-" .. i)))
+      local bytes = 0
+      for _, f in ipairs(frames) do bytes = bytes + (f.data and #f.data or 0) end
+      assert.equal(rounds * #line, bytes, "stream " .. i .. " lost or repeated bytes")
+      assert.same({ t = "exit", code = 0, truncated = false }, frames[#frames])
+    end
+    local p99 = percentile(latencies, 0.99)
+    assert.is_true(p99 < 0.020, string.format("ping p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+      percentile(latencies, 0.5) * 1000, p99 * 1000, percentile(latencies, 1) * 1000))
+  end)
+
+  it("runs 8 concurrent two-second commands in under 3 s in all", function()
+    local pids = {}
+    local t0 = core.now()
+    for i = 1, 8 do
+      pids[i] = curl("/exec", { "sh", "-c", "sleep 2; echo " .. i }, files_dir .. "/exec-" .. i)
+    end
+    assert.is_true(within(30, function()
+      for i = 1, 8 do
+        if not core.reap(pids[i]) then return false end
+      end
+      return true
+    end))
+    local elapsed = core.now() - t0
+    for i = 1, 8 do
+      local text = assert(files.read(files_dir .. "/exec-" .. i))
+      assert.same({ code = 0, stdout = i .. "\n", stderr = "" }, cjson.decode(text))
+    end
+    assert.is_true(elapsed < 3, string.format("8 concurrent sleeps took %.2f s", elapsed))
+  end)
+
+  it("runs sandkit.run tasks at the same time, on light threads that leave the worker free", function()
+    -- Command i starts, then waits for command i+1 (mod n) and for the spec's `go`: run one
+    -- after another, the first would wait until its timeout.
+    local n, argvs = 3, {}
+    for i = 1, n do
+      argvs[i] = { "sh", "-c", string.format("touch ring-%d; while [ ! -e ring-%d ] || [ ! -e go ]; "
+        .. "do sleep 0.01; done; echo done %d", i, i % n + 1, i) }
+    end
+    local fanout = curl("/fanout", argvs, files_dir .. "/fanout.out")
+    assert.is_true(within(20, function()
+      for i = 1, n do
+        if not files.read(files_dir .. "/ring-" .. i) then return false end
+      end
+      return true
+    end), "the tasks did not all start")
+    -- While the tasks wait, the worker serves other requests.
+    local pong = assert(raw_http.request(gateway.port, "GET", "/ping", { timeout = 2 }))
+    assert.equal("pong\n", pong.body)
+    files.write(files_dir .. "/go", "")
+    assert.is_true(within(20, function() return core.reap(fanout) end))
+    local text = assert(files.read(files_dir .. "/fanout.out"))
+    assert.same({ "done 1\n", "done 2\n", "done 3\n" }, cjson.decode(text))
+  end)
+
+  it("runs a command from a timer, after the request that scheduled it ended", function()
+    local answer = post("/timer", { "sh", "-c", "sleep 0.2; echo from a timer" },
+      "&out=" .. files_dir .. "/timer.out")
+    assert.equal(204, answer.status)
+    assert.is_true(within(10, function() return files.read(files_dir .. "/timer.out") ~= nil end),
+      gateway:error_log())
+    assert.equal("from a timer\n", files.read(files_dir .. "/timer.out"))
+  end)
+
+  --- Starts a command that records its pid and sleeps, through a request to path; returns
+  -- the raw connection (its first frame read) and the command's pid.
+  local function start_sleeper(path, extra)
+    local conn = assert(raw_http.connect(gateway.port))
+    assert(conn:request("POST", path .. query(extra), {},
+      cjson.encode{ "sh", "-c", "echo $$ > sleeper.pid; echo started; exec sleep 60" }))
+    local status = conn:read_head()
+    assert.equal(200, status)
+    local first = assert(conn:next_line())
+    return conn, tonumber(files.read(files_dir .. "/sleeper.pid")), first
+  end
+
+  it("stops the command within a second when the HTTP client goes away", function()
+    local conn, pid, first = start_sleeper("/stream")
+    assert.equal("started\n", ndjson_frames(first .. "\n")[1].data)
+    assert.is_true(alive(pid))
+    conn:close(true)
+    assert.is_true(within(1, function() return not alive(pid) end),
+      "the command outlived its client by a second")
+  end)
+
+  it("stops the command when its handler leaves the loop and closes the iterator", function()
+    local conn, pid = start_sleeper("/leave", "&mode=close")
+    assert.is_true(within(1, function() return not alive(pid) end), "the command outlived its stream")
+    conn:close()
+  end)
+
+  it("stops the command when its handler leaves the loop without closing, as the request ends", function()
+    local conn, pid = start_sleeper("/leave", "&mode=leave")
+    assert.is_true(within(1, function() return not alive(pid) end),
+      "the stream outlived its request")
+    conn:close()
+  end)
+
+  it("holds back a command its HTTP client reads slowly, in bounded worker memory", function()
+    local block = 65536
+    local writer = local_state.writer(block)
+    local conn = assert(raw_http.connect(gateway.port))
+    assert(conn:request("POST", "/stream" .. query(), {}, cjson.encode(writer)))
+    assert.equal(200, (conn:read_head()))
+    local wire = 0
+    local t0 = core.now()
+    while core.now() - t0 < 1.5 do
+      local chunk = assert(conn:read_chunk())
+      wire = wire + #chunk
+      socket.sleep(0.01) -- the slow client: 10 ms per chunk read
+    end
+    local written = tonumber(files.read(files_dir .. "/written")) * block
+    local status = files.read("/proc/" .. gateway:worker_pid() .. "/status")
+    conn:close()
+    -- Base64 makes the wire 4/3 of the payload. Unthrottled, the writer manages hundreds of
+    -- MiB in 1.5 s; held back, it is ahead of the client only by what the buffers between
+    -- hold (the agent's queue, pipes, sockets, nginx's output, the transfer's 128 KiB).
+    local read = wire * 3 / 4
+    assert.is_true(read > 0)
+    assert.is_true(written - read < 32 * 1024 * 1024, string.format(
+      "the command wrote %.0f bytes while the client read %.0f", written, read))
+    local peak = tonumber(status:match("VmHWM:%s*(%d+) kB")) * 1024
+    assert.is_true(peak < 64 * 1024 * 1024, "the worker's peak RSS was " .. peak .. " bytes")
+  end)
+
+  it("refuses to wait in a phase without cosockets, naming the phase, and starts nothing", function()
+    local answer = assert(raw_http.request(gateway.port, "GET", "/phase" .. query()))
+    assert.matches("cannot wait in nginx's set phase", answer.body, 1, true)
+    assert.equal(1, #core.listdir(root .. "/sessions"), "only the spec's own session exists")
+  end)
+end)

@@ -1,0 +1,89 @@
+--- Processes and ports for the specs (and bench/gateway.lua) that start servers of their own:
+-- every wait bounded, every process of ours ended.
+--
+--   processes.within(seconds, pred)       -- polls pred; true once it held, false at the bound
+--   processes.free_port()                 -- a port nothing listens on, for a server to bind
+--   processes.listening(port, pid, s)     -- true once something accepts on port; false when
+--                                            pid ended first, or at the bound
+--   processes.alive(pid), processes.children(pid)
+--   processes.stop(pid, s)                -- SIGTERM, then SIGKILL past the bound; reaps it
+--   processes.env(extra, sanitized)       -- an environment for a child: PATH and extra, and
+--                                            with `sanitized` the sanitizer runtime the suite
+--                                            runs under (make check-asan preloads it)
+
+local core = require "sandkit.core"
+local socket = require "socket"
+local files = require "support.files"
+
+local processes = {}
+
+--- How often a bounded wait looks again: far below any bound it serves.
+local POLL = 0.01
+
+function processes.within(seconds, pred)
+  local deadline = core.now() + seconds
+  repeat
+    if pred() then return true end
+    socket.sleep(POLL)
+  until core.now() > deadline
+  return pred() and true or false
+end
+
+function processes.free_port()
+  local s = assert(socket.bind("127.0.0.1", 0))
+  local _, port = s:getsockname()
+  s:close()
+  return tonumber(port)
+end
+
+function processes.listening(port, pid, seconds)
+  local up = false
+  processes.within(seconds, function()
+    local c = socket.tcp()
+    c:settimeout(1)
+    up = c:connect("127.0.0.1", port) and true or false
+    c:close()
+    return up or core.reap(pid)
+  end)
+  return up
+end
+
+--- A process is gone once it is absent or a zombie (dead, waiting for whoever reaps it).
+function processes.alive(pid)
+  local stat = files.read("/proc/" .. pid .. "/stat")
+  local state = stat and stat:match("^%d+ %b() (%a)")
+  return state ~= nil and state ~= "Z" and state ~= "X"
+end
+
+function processes.children(pid)
+  local found = {}
+  for _, name in ipairs(core.listdir("/proc") or {}) do
+    local stat = name:match("^%d+$") and files.read("/proc/" .. name .. "/stat")
+    if stat and tonumber(stat:match("^%d+ %b() %a (%d+)")) == pid then found[#found + 1] = tonumber(name) end
+  end
+  return found
+end
+
+--- Sanitizer settings a child needs to load the C module built with them; other programs
+-- (curl, Chromium) must not get the preloaded runtime, which breaks them.
+local SANITIZER_ENV = { "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" }
+
+function processes.env(extra, sanitized)
+  local env = { PATH = os.getenv("PATH") }
+  if sanitized then
+    for _, name in ipairs(SANITIZER_ENV) do env[name] = os.getenv(name) end
+  end
+  for k, v in pairs(extra or {}) do env[k] = v end
+  return env
+end
+
+--- Ends a child of ours. Returns true when SIGTERM was enough.
+function processes.stop(pid, seconds)
+  core.kill(pid, core.SIGTERM)
+  if processes.within(seconds, function() return core.reap(pid) end) then return true end
+  core.kill(pid, core.SIGKILL)
+  core.reap(pid, true)
+  return false
+end
+
+return processes

@@ -1,0 +1,998 @@
+--- The agent protocol client (docs/protocol.md §4) against fake agents that send exact bytes
+-- over real sockets, as one table of cases that each transport runs: spec/protocol_spec.lua
+-- over libcurl, spec/nginx_protocol_spec.lua over cosockets inside a real nginx. Every
+-- failure case of the original protocol client's tests is here with the same meaning.
+--
+-- A case is { group, name, route, options, between, act, check }:
+--   route    the fake agent's answer to every request but health: a Lua function expression
+--            (req, conn) run in the fake server's process, with `respond` in scope
+--   options  sandbox options on top of the short timeouts below
+--   between  optional function(server), run in the spec's process once the session is open
+--   act      function(session, h) run where the transport runs (the spec's process, or an
+--            nginx worker); returns plain data (h.plain turns errors into tables)
+--   check    function(result, server) run in the spec's process with busted's asserts; the
+--            result has made a JSON round trip on both transports, so both see the same shapes
+-- This module is loaded inside nginx too: nothing here may need busted itself.
+
+local core = require "sandkit.core"
+local sandkit = require "sandkit"
+local cjson = require "cjson"
+-- busted's assert is luassert; a module required by a spec does not see the spec's globals.
+local assert = require "luassert"
+
+local protocol_cases = {}
+
+--- Timeouts short enough that a stall is exercised in a fraction of a second.
+protocol_cases.HEADER_TIMEOUT = 0.3
+protocol_cases.ERROR_BODY_TIMEOUT = 0.3
+
+--- A sandkit error as plain data; anything else as it is.
+local function plain(v)
+  if not sandkit.errors.is_error(v) then return v end
+  return { is_error = true, code = v.code, retryable = v.retryable, failure = v.failure,
+    status = v.status, sent = v.sent, path = v.path, field = v.field, reason = v.reason,
+    operation = v.operation, message = v.message, text = tostring(v), cause = plain(v.cause) }
+end
+protocol_cases.plain = plain
+
+--- Every item a run loop yields: frames, then the error that ended it, if any.
+local function collect(session, argv, opts)
+  local items = {}
+  local frames = session:run(argv or { "true" }, opts or { timeout = 10 })
+  local ok, err = pcall(function()
+    for frame in frames do items[#items + 1] = frame end
+  end)
+  frames:close()
+  if not ok then items[#items + 1] = plain(err) end
+  return items
+end
+
+local helpers = { plain = plain, collect = collect, now = core.now }
+
+--- A case's option with this value is left out, so the sandbox's default applies.
+protocol_cases.UNSET = setmetatable({}, { __tostring = function() return "unset" end })
+
+--- Opens a session on the fake agent at url through the public API (the agent provider).
+function protocol_cases.open(url, options)
+  local sb_options = { provider = "agent", url = url, token = "test-token",
+    header_timeout = protocol_cases.HEADER_TIMEOUT,
+    error_body_timeout = protocol_cases.ERROR_BODY_TIMEOUT, grace = 1 }
+  for k, v in pairs(options or {}) do
+    if v == protocol_cases.UNSET then sb_options[k] = nil else sb_options[k] = v end
+  end
+  local sandbox = assert(sandkit.sandbox(sb_options))
+  return assert(sandbox:create{ id = "s1" })
+end
+
+--- Starts the fake agent of a case: health answers ready, the route answers the rest.
+function protocol_cases.fake_agent(route)
+  return require("support.fake_http").start("local respond = require 'support.respond'\n"
+    .. "return respond.agent(" .. route .. ")\n")
+end
+
+--- Declares every case as a test, grouped as the table groups them. `busted` holds busted's
+-- describe, it and after_each (a module does not see a spec's globals); run(i, case, server)
+-- opens a session on the case's fake agent where the transport under test runs, runs the
+-- case's `between`, then its act, and returns protocol_cases.act's text.
+function protocol_cases.declare(busted, run)
+  local list, by_name = {}, {}
+  for i, c in ipairs(protocol_cases.cases) do
+    if not by_name[c.group] then
+      by_name[c.group] = { name = c.group, indexes = {} }
+      list[#list + 1] = by_name[c.group]
+    end
+    table.insert(by_name[c.group].indexes, i)
+  end
+  for _, group in ipairs(list) do
+    busted.describe(group.name, function()
+      local server
+      busted.after_each(function()
+        if server then server:stop() end
+        server = nil
+      end)
+      for _, i in ipairs(group.indexes) do
+        local c = protocol_cases.cases[i]
+        busted.it(c.name, function()
+          server = protocol_cases.fake_agent(c.route)
+          c.check(protocol_cases.result(run(i, c, server)), server)
+        end)
+      end
+    end)
+  end
+end
+
+--- Runs case number i's act on session and returns its result as JSON text.
+function protocol_cases.act(i, session)
+  return cjson.encode({ result = protocol_cases.cases[i].act(session, helpers) })
+end
+
+--- The result of protocol_cases.act, back as data.
+function protocol_cases.result(text)
+  return cjson.decode(text).result
+end
+
+local cases = {}
+protocol_cases.cases = cases
+
+local group
+local function case(name, t)
+  t.group, t.name = group, name
+  cases[#cases + 1] = t
+end
+
+local function items_of(session) return collect(session) end
+
+local function exec_error(session)
+  local result, err = session:exec({ "true" }, { timeout = 10 })
+  return { result = result, err = plain(err) }
+end
+
+local function found(text, needle) return text:find(needle, 1, true) ~= nil end
+
+-- The exec stream -------------------------------------------------------------------------------
+
+group = "the exec stream"
+
+case("decodes frames in order with a real exit code", {
+  route = [[function(req, conn)
+    respond.frames(conn, {
+      '{"t":"stdout","seq":0,"data":"aGk="}\n',
+      '{"t":"stderr","seq":1,"data":"b29wcw=="}\n',
+      '{"t":"exit","code":7,"truncated":false}\n' })
+  end]],
+  act = items_of,
+  check = function(items)
+    assert.equal(3, #items)
+    assert.same({ type = "stdout", seq = 0, data = "hi" }, items[1])
+    assert.same({ type = "stderr", seq = 1, data = "oops" }, items[2])
+    assert.same({ type = "exit", code = 7, truncated = false }, items[3])
+  end,
+})
+
+case("reassembles a frame split across chunks", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"stdo', 'ut","seq":0,"data":"aGk="}\n{"t":"ex',
+      'it","code":0,"truncated":false}\n' }, 0.02)
+  end]],
+  act = items_of,
+  check = function(items)
+    assert.equal(2, #items, "a split frame must not become two frames or an error")
+    assert.same({ type = "stdout", seq = 0, data = "hi" }, items[1])
+    assert.same({ type = "exit", code = 0, truncated = false }, items[2])
+  end,
+})
+
+case("reads a frame line longer than the transfer's buffer, arriving in small pieces", {
+  -- 200 KiB of payload is a line of about 273 KB: longer than the 128 KiB a transfer holds,
+  -- so the line must be handed to the decoder while it is still arriving. ("zzz" is "enp6".)
+  route = [[function(req, conn)
+    local line = '{"t":"stdout","seq":0,"data":"' .. string.rep("enp6", 68267) .. '"}\n'
+    local chunks = {}
+    for i = 1, #line, 7000 do chunks[#chunks + 1] = line:sub(i, i + 6999) end
+    chunks[#chunks + 1] = '{"t":"exit","code":0}\n'
+    respond.frames(conn, chunks)
+  end]],
+  act = items_of,
+  check = function(items)
+    assert.equal(2, #items)
+    assert.equal(204801, #items[1].data)
+    assert.equal(string.rep("z", 204801), items[1].data)
+    assert.same({ type = "exit", code = 0, truncated = false }, items[2])
+  end,
+})
+
+case("tolerates CRLF line ends, unknown fields and a missing truncated", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"stdout","seq":0,"data":"aGk=","extra":{"a":[1,2]}}\r\n\r\n',
+      '{"t":"exit","code":0}\r\n' })
+  end]],
+  act = items_of,
+  check = function(items)
+    assert.same({ type = "stdout", seq = 0, data = "hi" }, items[1])
+    assert.same({ type = "exit", code = 0, truncated = false }, items[2])
+  end,
+})
+
+case("leaves the outcome unknown when a frame arrives but does not decode", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"stdout","seq":0,"data":"!!not base64!!"}\n' })
+  end]],
+  act = items_of,
+  check = function(items)
+    local err = items[1]
+    assert.is_true(err.is_error)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", err.code)
+    assert.is_false(err.retryable, "the command ran; a repeat would run it twice")
+    assert.is_true(found(err.text, "base64"))
+  end,
+})
+
+case("leaves the outcome unknown when a frame does not parse", {
+  route = [[function(req, conn) respond.frames(conn, { '{not json at all}\n' }) end]],
+  act = items_of,
+  check = function(items)
+    local err = items[1]
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", err.code)
+    assert.is_false(err.retryable)
+    assert.is_true(found(err.text, "did not parse"))
+    assert.equal("UNEXPECTED_RESPONSE_FORMAT", err.cause.code)
+  end,
+})
+
+for what, line in pairs{ type = '{"t":"error","t":"exit","code":0}\n', code = '{"t":"exit","code":1,"code":0}\n' } do
+  case("leaves the outcome unknown when a frame gives a member twice (its " .. what .. ")", {
+    route = "function(req, conn) respond.frames(conn, { " .. string.format("%q", line) .. " }) end",
+    act = items_of,
+    check = function(items)
+      assert.equal(1, #items, "neither reading of the frame is delivered")
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
+      assert.is_false(items[1].retryable)
+      assert.is_true(found(items[1].text, "appears twice"), items[1].text)
+    end,
+  })
+end
+
+--- A failure mid-chunk ends the stream there: the exit frame behind it never surfaces.
+local function only_the_failure(items)
+  assert.equal(1, #items, "the exit frame must not follow the failure")
+  assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
+end
+
+case("ends the stream mid-chunk at an unestablished outcome, delivering no later exit", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{not json at all}\n{"t":"exit","code":0,"truncated":false}\n' })
+  end]],
+  act = items_of,
+  check = only_the_failure,
+})
+
+case("ends the stream mid-chunk at a decode failure, delivering no later exit", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"stdout","seq":0,"data":"!!"}\n{"t":"exit","code":0,"truncated":false}\n' })
+  end]],
+  act = items_of,
+  check = only_the_failure,
+})
+
+case("reports a stream without a terminal frame as an unknown outcome, after its output", {
+  route = [[function(req, conn) respond.frames(conn, { '{"t":"stdout","seq":0,"data":"aGk="}\n' }) end]],
+  act = items_of,
+  check = function(items)
+    assert.equal(2, #items)
+    assert.same({ type = "stdout", seq = 0, data = "hi" }, items[1], "the stdout frame still arrives")
+    local err = items[2]
+    assert.is_true(found(err.text, "without a terminal frame"))
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", err.code)
+    assert.is_false(err.retryable)
+  end,
+})
+
+case("does not count a final line without its newline as the terminal frame", {
+  route = [[function(req, conn) respond.frames(conn, { '{"t":"exit","code":0}' }) end]],
+  act = items_of,
+  check = function(items)
+    assert.equal(1, #items)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
+  end,
+})
+
+case("surfaces an error frame as an error, not a silent end", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"error","code":"deadlineExceeded","message":"exceeded its 300ms deadline"}\n' })
+  end]],
+  act = items_of,
+  check = function(items)
+    assert.equal(1, #items)
+    local err = items[1]
+    assert.equal("SANDBOX_COMMAND_FAILED", err.code)
+    assert.equal("deadlineExceeded", err.failure)
+    assert.is_true(found(err.text, "deadlineExceeded"))
+    assert.is_true(found(err.text, "exceeded its 300ms deadline"))
+  end,
+})
+
+case("reports a body that fails mid-way as an unknown outcome", {
+  route = [[function(req, conn)
+    respond.chunked_start(conn, "200 OK")
+    respond.chunk(conn, '{"t":"stdout","seq":0,"data":"aGk="}\n')
+    conn:close()
+  end]],
+  act = items_of,
+  check = function(items)
+    assert.same({ type = "stdout", seq = 0, data = "hi" }, items[1])
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[2].code)
+    assert.is_true(found(items[2].text, "the output stream failed"))
+  end,
+})
+
+case("does not cut off a slow body after prompt headers", {
+  -- Each frame comes after a pause twice the header bound.
+  route = string.format([[function(req, conn)
+    respond.frames(conn, { '{"t":"stdout","seq":0,"data":"aGk="}\n',
+      '{"t":"exit","code":0,"truncated":false}\n' }, %g)
+  end]], 2 * protocol_cases.HEADER_TIMEOUT),
+  act = items_of,
+  check = function(items)
+    assert.equal(2, #items, "every frame arrived")
+    assert.same({ type = "exit", code = 0, truncated = false }, items[2])
+  end,
+})
+
+case("fails an open stream that outlives the command's timeout plus the grace", {
+  route = [[function(req, conn)
+    respond.chunked_start(conn, "200 OK")
+    respond.chunk(conn, '{"t":"stdout","seq":0,"data":"aGk="}\n')
+    conn:sleep(30)
+  end]],
+  options = { grace = 0.3 },
+  act = function(session, h)
+    local started = h.now()
+    local items = h.collect(session, { "sleep", "600" }, { timeout = 0.2 })
+    return { items = items, elapsed = h.now() - started }
+  end,
+  check = function(r)
+    assert.same({ type = "stdout", seq = 0, data = "hi" }, r.items[1])
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.items[2].code)
+    assert.is_true(found(r.items[2].text, "no terminal frame arrived within"))
+    -- The bound is the behaviour: timeout + grace is 0.5 s; the agent would stall for 30.
+    assert.is_true(r.elapsed < 5, "refused at the bound, not at the agent's leisure")
+  end,
+})
+
+case("sends the argv, the timeout in milliseconds, cwd and env", {
+  route = [[function(req, conn) respond.frames(conn, { '{"t":"exit","code":0}\n' }) end]],
+  act = function(session, h)
+    return h.collect(session, { "sh", "-c", "echo hi" }, { timeout = 2.5, cwd = "/app", env = { K = "V" } })
+  end,
+  check = function(_, server)
+    local sent = cjson.decode(server:requests_to("/v1/exec")[1].body)
+    assert.same({ "sh", "-c", "echo hi" }, sent.command)
+    assert.equal(2500, sent.timeoutMs)
+    assert.equal("/app", sent.cwd)
+    assert.same({ K = "V" }, sent.env)
+    assert.equal("Bearer test-token", server:requests_to("/v1/exec")[1].headers.authorization)
+  end,
+})
+
+case("ends once its iterator is closed, without raising", {
+  route = [[function(req, conn)
+    respond.chunked_start(conn, "200 OK")
+    respond.chunk(conn, '{"t":"stdout","seq":0,"data":"aGk="}\n')
+    conn:sleep(30)
+  end]],
+  act = function(session)
+    local frames = session:run({ "yes" }, { timeout = 60 })
+    local first = frames()
+    frames:close()
+    local ok, after = pcall(frames)
+    return { first = first, ok = ok, after = plain(after) }
+  end,
+  check = function(r)
+    assert.same({ type = "stdout", seq = 0, data = "hi" }, r.first)
+    assert.is_true(r.ok, "a closed iterator ends, it does not raise")
+    assert.is_nil(r.after)
+  end,
+})
+
+-- An exec answer --------------------------------------------------------------------------------
+
+group = "an exec answer"
+
+case("that is a bodyless 502 is not the agent refusing but an unknown outcome", {
+  route = [[function(req, conn) respond.status(conn, "502 Bad Gateway", "") end]],
+  act = exec_error,
+  check = function(r)
+    assert.is_nil(r.result)
+    assert.is_false(found(r.err.text, "agentRefused"), "a proxy 502 is not the agent refusing")
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_false(r.err.retryable)
+  end,
+})
+
+case("that is a 500 with a body is an unknown outcome that keeps the body's text", {
+  route = [[function(req, conn) respond.status(conn, "500 Internal Server Error", "spawn failed: ENOMEM") end]],
+  act = exec_error,
+  check = function(r)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_true(found(r.err.text, "spawn failed: ENOMEM"))
+  end,
+})
+
+case("that is a 504 with an HTML page is an unknown outcome and not retryable", {
+  route = [[function(req, conn)
+    respond.status(conn, "504 Gateway Time-out", "<html><body>504 Gateway Time-out</body></html>", "text/html")
+  end]],
+  act = exec_error,
+  check = function(r)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_false(r.err.retryable, "the command may still be running behind the gateway")
+  end,
+})
+
+case("that is a 400 is the agent answering", {
+  route = [[function(req, conn) respond.status(conn, "400 Bad Request", "PATH_REFUSED: Path '/..' refused") end]],
+  act = exec_error,
+  check = function(r)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("agentRefused", r.err.failure)
+    assert.equal(400, r.err.status)
+    assert.is_true(found(r.err.text, "PATH_REFUSED: Path '/..' refused"))
+  end,
+})
+
+local REDIRECT = [[function(req, conn)
+  if req.path == "/elsewhere" then return respond.frames(conn, { '{"t":"exit","code":0}\n' }) end
+  respond.raw(conn, "HTTP/1.1 307 Temporary Redirect\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n")
+end]]
+
+case("that is a redirect is not followed, and is the agent answering", {
+  route = REDIRECT,
+  act = exec_error,
+  check = function(r, server)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("agentRefused", r.err.failure)
+    assert.is_false(r.err.retryable, "asking again gets the same redirect")
+    assert.equal(307, r.err.status)
+    assert.equal(0, #server:requests_to("/elsewhere"), "the redirect was followed")
+    assert.equal(1, #server:requests_to("/v1/exec"))
+  end,
+})
+
+case("to a file read that is a redirect is not followed, and is the agent answering", {
+  route = REDIRECT,
+  act = function(session)
+    local bytes, err = session:read_file("/a.txt")
+    return { bytes = bytes, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_nil(r.bytes)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("agentRefused", r.err.failure)
+    assert.is_false(r.err.retryable, "asking again gets the same redirect")
+    assert.equal(0, #server:requests_to("/elsewhere"), "the redirect was followed")
+  end,
+})
+
+for _, status in ipairs{ "301 Moved Permanently", "302 Found" } do
+  case("that is a " .. status .. " is the agent answering, for a command and a mkdir alike", {
+    route = string.format([[function(req, conn)
+      respond.raw(conn, "HTTP/1.1 %s\r\nLocation: http://127.0.0.1:1/\r\nContent-Length: 5\r\n\r\nmoved")
+    end]], status),
+    act = function(session)
+      local _, mkdir_err = session:mkdir("/d")
+      local _, exec_err = session:exec({ "true" }, { timeout = 10 })
+      return { plain(mkdir_err), plain(exec_err) }
+    end,
+    check = function(errs)
+      for _, err in ipairs(errs) do
+        assert.equal("SANDBOX_COMMAND_FAILED", err.code, err.operation)
+        assert.equal("agentRefused", err.failure)
+        assert.is_false(err.retryable, "asking again gets the same redirect")
+        assert.equal(tonumber(status:match("^%d+")), err.status)
+      end
+    end,
+  })
+end
+
+-- A request the agent does not answer -----------------------------------------------------------
+
+group = "a request the agent does not answer"
+
+local STALL = [[function(req, conn) conn:sleep(60) end]]
+
+case("is refused within the bound, saying the agent did not answer", {
+  route = STALL,
+  act = function(session, h)
+    local started = h.now()
+    local r = exec_error(session)
+    r.elapsed = h.now() - started
+    return r
+  end,
+  check = function(r)
+    assert.is_nil(r.result)
+    -- The agent would answer after 60 s; refusing near the 0.3 s bound is the property.
+    assert.is_true(r.elapsed < 3, "refused at the bound")
+    assert.is_true(found(r.err.text, "did not answer"))
+  end,
+})
+
+case("is not retryable for runCommand: the command may have started", {
+  route = STALL,
+  act = exec_error,
+  check = function(r)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_false(r.err.retryable)
+    assert.is_true(found(r.err.text, "did not answer"))
+    assert.is_true(found(r.err.text, "may have taken effect"))
+  end,
+})
+
+case("stays retryable for a file read, which is idempotent", {
+  route = STALL,
+  act = function(session)
+    local bytes, err = session:read_file("/a.txt")
+    return { bytes = bytes, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.bytes)
+    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    assert.is_true(r.err.retryable)
+    assert.is_true(found(r.err.text, "did not answer"))
+  end,
+})
+
+case("whose connection drops before any headers is a runCommand that is not retryable", {
+  route = [[function(req, conn) conn:close() end]],
+  act = exec_error,
+  check = function(r)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_false(r.err.retryable)
+    assert.is_true(found(r.err.text, "may have taken effect"))
+  end,
+})
+
+case("is delivered exactly once even when its pooled connection died", {
+  -- Health leaves a pooled keep-alive connection; the agent then reads the exec and closes
+  -- without answering. A client that reused the pooled connection would have libcurl send
+  -- the exec a second time on a fresh one.
+  route = [[function(req, conn) conn:close() end]],
+  act = exec_error,
+  check = function(r, server)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.equal(1, #server:requests_to("/v1/exec"), "the command must reach the agent once")
+  end,
+})
+
+case("on a closed connection is reported as never reached when nothing listens", {
+  route = [[function(req, conn) end]],
+  between = function(server) server:stop() end,
+  act = function(session)
+    local bytes, err = session:read_file("/a.txt")
+    return { bytes = bytes, err = plain(err) }
+  end,
+  check = function(r)
+    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    assert.is_false(r.err.sent)
+    assert.is_true(found(r.err.text, "never reached the agent"))
+  end,
+})
+
+-- A zero timeout --------------------------------------------------------------------------------
+
+group = "a zero timeout"
+
+local OK = [[function(req, conn) respond.status(conn, "200 OK", "") end]]
+
+case("is refused locally and sends nothing", {
+  route = OK,
+  act = function(session)
+    local seen = {}
+    for _, timeout in ipairs({ 0, -1, 0.0004 }) do
+      local result, err = session:exec({ "true" }, { timeout = timeout })
+      local job, jerr = session:start_job({ "true" }, { timeout = timeout })
+      seen[#seen + 1] = { result = result, err = plain(err), job = job and job.id, jerr = plain(jerr) }
+    end
+    return seen
+  end,
+  check = function(seen, server)
+    assert.equal(3, #seen)
+    for _, s in ipairs(seen) do
+      assert.is_nil(s.result)
+      assert.equal("INVALID_INPUT", s.err.code)
+      assert.equal("timeout", s.err.field)
+      assert.is_true(found(s.err.text, "non-zero timeout"))
+      assert.is_nil(s.job)
+      assert.equal("INVALID_INPUT", s.jerr.code)
+    end
+    assert.equal(0, #server:requests_to("/v1/exec"))
+    assert.equal(0, #server:requests_to("/v1/jobs/start"))
+  end,
+})
+
+case("is the refusal a command without any timeout gets too", {
+  route = OK,
+  act = function(session)
+    local _, err = session:exec({ "true" })
+    return plain(err)
+  end,
+  check = function(err, server)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.is_true(found(err.message, "needs a timeout in seconds"), err.message)
+    assert.equal(0, #server:requests_to("/v1/exec"))
+  end,
+})
+
+-- Jobs ------------------------------------------------------------------------------------------
+
+group = "jobs"
+
+case("start, poll from their cursor and cancel", {
+  route = [[function(req, conn)
+    local cjson = require "cjson"
+    if req.path == "/v1/jobs/start" then return respond.json(conn, "200 OK", { jobId = "j1" }) end
+    if req.path == "/v1/jobs/cancel" then return respond.json(conn, "200 OK", {}) end
+    local body = cjson.decode(req.body)
+    if body.sinceSeq == cjson.null then
+      respond.json(conn, "200 OK", { running = true,
+        frames = { { t = "stdout", seq = 0, data = "aGk=" } } })
+    else
+      respond.json(conn, "200 OK", { running = false, frames = {}, exitCode = 7, truncated = false })
+    end
+  end]],
+  act = function(session)
+    local job = assert(session:start_job({ "/bin/sleep", "600" }, { timeout = 600 }))
+    local first = assert(job:poll())
+    local second = assert(job:poll(first.next))
+    return { id = job.id, first = first, second = second, cancelled = job:cancel() }
+  end,
+  check = function(r, server)
+    assert.equal("j1", r.id)
+    assert.is_true(r.first.running)
+    assert.same({ { type = "stdout", seq = 0, data = "hi" } }, r.first.frames, "base64 is decoded")
+    assert.is_nil(r.first.exit)
+    assert.is_nil(r.first.error)
+    assert.equal(0, r.first.next, "the page names the cursor for the next poll")
+    assert.is_false(r.second.running)
+    assert.equal(0, #r.second.frames, "nothing follows the last frame")
+    assert.equal(0, r.second.next, "a page without frames keeps the cursor it was given")
+    assert.same({ code = 7, truncated = false }, r.second.exit, "the ending is the envelope's")
+    assert.is_true(r.cancelled)
+    local cursors = {}
+    for _, req in ipairs(server:requests_to("/v1/jobs/poll")) do
+      cursors[#cursors + 1] = cjson.decode(req.body).sinceSeq
+    end
+    assert.same({ cjson.null, 0 }, cursors,
+      "the caller's cursor has to reach the agent, or every poll replays the whole output")
+  end,
+})
+
+case("whose start meets a server error leave the outcome unknown", {
+  route = [[function(req, conn) respond.status(conn, "500 Internal Server Error", "spawn failed") end]],
+  act = function(session)
+    local job, err = session:start_job({ "/bin/sleep", "600" }, { timeout = 600 })
+    return { job = job and job.id, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.job)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_false(r.err.retryable, "the agent may have taken the command")
+    assert.is_true(found(r.err.text, "sandbox.jobStart"))
+  end,
+})
+
+case("whose poll meets a server error stay retryable", {
+  route = [[function(req, conn) respond.status(conn, "503 Service Unavailable", "") end]],
+  act = function(session)
+    local page, err = session:job("j1"):poll(4)
+    return { page = page, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.page)
+    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    assert.is_true(r.err.retryable, "the job is untouched")
+  end,
+})
+
+case("whose poll body ends early stay retryable", {
+  route = [[function(req, conn)
+    respond.chunked_start(conn, "200 OK", "application/json")
+    respond.chunk(conn, '{"running":tr')
+    conn:close()
+  end]],
+  act = function(session)
+    local page, err = session:job("j1"):poll()
+    return { page = page, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.page)
+    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    assert.is_true(r.err.retryable, "polling again costs nothing")
+  end,
+})
+
+case("whose cancel is refused hear the agent's answer, its code as err.reason", {
+  route = [[function(req, conn) respond.status(conn, "404 Not Found", "JOB_NOT_FOUND: no job j1") end]],
+  act = function(session)
+    local ok, err = session:job("j1"):cancel()
+    return { ok = ok, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.ok)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("JOB_NOT_FOUND", r.err.reason)
+    assert.is_true(found(r.err.text, "JOB_NOT_FOUND"))
+  end,
+})
+
+case("whose start names an id may be resent only when the agent promises idempotency", {
+  route = [[function(req, conn) conn:close() end]],
+  act = function(session)
+    local _, err = session:start_job({ "true" }, { timeout = 10, id = "build-1" })
+    local _, anonymous = session:start_job({ "true" }, { timeout = 10 })
+    return { err = plain(err), anonymous = plain(anonymous) }
+  end,
+  check = function(r, server)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_true(r.err.retryable, "the agent advertised jobIdempotency and the start named its job")
+    assert.is_false(r.anonymous.retryable, "an anonymous start could run twice")
+    assert.equal("build-1", cjson.decode(server:requests_to("/v1/jobs/start")[1].body).jobId)
+  end,
+})
+
+case("deliver their frames once each and end with the exit frame", {
+  route = [[function(req, conn)
+    local cjson = require "cjson"
+    local since = cjson.decode(req.body).sinceSeq
+    local all = { { t = "stdout", seq = 0, data = "b25l" }, { t = "stderr", seq = 1, data = "dHdv" },
+      { t = "stdout", seq = 3, data = "Zm91cg==" } }
+    local frames = {}
+    for _, f in ipairs(all) do
+      if since == cjson.null or f.seq > since then frames[#frames + 1] = f end
+    end
+    if since == cjson.null then
+      respond.json(conn, "200 OK", { running = true, frames = { all[1], all[2] } })
+    else
+      respond.json(conn, "200 OK", { running = false, frames = frames, exitCode = 0, truncated = true })
+    end
+  end]],
+  act = function(session)
+    local seen = {}
+    for frame in session:job("j1"):frames{ interval = 0.01 } do seen[#seen + 1] = frame end
+    return seen
+  end,
+  check = function(seen)
+    assert.same({ { type = "stdout", seq = 0, data = "one" }, { type = "stderr", seq = 1, data = "two" },
+      { type = "stdout", seq = 3, data = "four" }, { type = "exit", code = 0, truncated = true } }, seen)
+  end,
+})
+
+-- Polling the same cursor again returns the same frame: a retry would loop for ever.
+for what, frame in pairs{ ["bad base64"] = '{"t":"stdout","seq":0,"data":"!!not base64!!"}',
+    ["an unknown type"] = '{"t":"stdin","seq":0,"data":"aGk="}', ["no seq"] = '{"t":"stdout","data":"aGk="}' } do
+  case("whose poll carries a frame that cannot be read leave the outcome unknown (" .. what .. ")", {
+    route = string.format([[function(req, conn)
+      respond.status(conn, "200 OK", '{"running":true,"frames":[%s]}', "application/json")
+    end]], frame),
+    act = function(session)
+      local page, err = session:job("j1"):poll()
+      return { page = page, err = plain(err) }
+    end,
+    check = function(r)
+      assert.is_nil(r.page)
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+      assert.is_false(r.err.retryable)
+      assert.equal("sandbox.jobPoll", r.err.operation)
+    end,
+  })
+end
+
+case("whose poll carries an exit frame take it as the job's ending", {
+  route = [[function(req, conn)
+    respond.status(conn, "200 OK", '{"running":false,"frames":[{"t":"stdout","seq":0,"data":"aGk="},'
+      .. '{"t":"exit","code":3,"truncated":true}]}', "application/json")
+  end]],
+  act = function(session)
+    local page = assert(session:job("j1"):poll())
+    local seen = {}
+    for frame in session:job("j1"):frames() do seen[#seen + 1] = frame end
+    return { page = page, seen = seen }
+  end,
+  check = function(r)
+    assert.same({ { type = "stdout", seq = 0, data = "hi" } }, r.page.frames)
+    assert.same({ code = 3, truncated = true }, r.page.exit)
+    assert.same({ { type = "stdout", seq = 0, data = "hi" }, { type = "exit", code = 3, truncated = true } },
+      r.seen)
+  end,
+})
+
+case("whose poll carries an error frame fail with it", {
+  route = [[function(req, conn)
+    respond.status(conn, "200 OK", '{"running":false,"frames":[{"t":"error","code":"timeoutExceeded",'
+      .. '"message":"over its 100ms"}]}', "application/json")
+  end]],
+  act = function(session)
+    local _, err = session:job("j1"):poll()
+    return plain(err)
+  end,
+  check = function(err)
+    assert.equal("SANDBOX_COMMAND_FAILED", err.code)
+    assert.equal("timeoutExceeded", err.failure)
+    assert.is_true(found(err.text, "over its 100ms"), err.text)
+  end,
+})
+
+case("that end in an error raise it after delivering their output", {
+  route = [[function(req, conn)
+    respond.json(conn, "200 OK", { running = false, frames = { { t = "stdout", seq = 0, data = "aGk=" } },
+      error = { code = "timeoutExceeded", message = "exceeded its 100ms timeout" } })
+  end]],
+  act = function(session)
+    local seen = {}
+    local ok, err = pcall(function()
+      for frame in session:job("j1"):frames() do seen[#seen + 1] = frame end
+    end)
+    return { ok = ok, seen = seen, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_false(r.ok)
+    assert.same({ { type = "stdout", seq = 0, data = "hi" } }, r.seen)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("timeoutExceeded", r.err.failure)
+  end,
+})
+
+-- Files -----------------------------------------------------------------------------------------
+
+group = "files"
+
+case("are written one PUT per path in sorted order, stopping at the first failure", {
+  route = [[function(req, conn)
+    local body = require("cjson").decode(req.body)
+    if body.path == "/b" then return respond.status(conn, "400 Bad Request", "PATH_REFUSED: no") end
+    respond.status(conn, "204 No Content", "")
+  end]],
+  act = function(session)
+    local ok, err = session:write_files{ ["/c"] = "3", ["/a"] = "1", ["/b"] = "2" }
+    return { ok = ok, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_nil(r.ok)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("/b", r.err.path)
+    local paths = {}
+    for _, req in ipairs(server:requests_to("/v1/files")) do paths[#paths + 1] = cjson.decode(req.body).path end
+    assert.same({ "/a", "/b" }, paths)
+  end,
+})
+
+case("are read back as bytes, binary-safe", {
+  route = [[function(req, conn) respond.json(conn, "200 OK", { contentsBase64 = "AAEC/w==" }) end]],
+  act = function(session) return { bytes = core.b64encode(assert(session:read_file("/bin.dat"))) } end,
+  check = function(r, server)
+    assert.equal("\0\1\2\255", core.b64decode(r.bytes))
+    assert.equal("path=/bin.dat", server:requests_to("/v1/files")[1].query)
+  end,
+})
+
+case("read back with bad base64 are an unexpected format, naming the field", {
+  route = [[function(req, conn) respond.json(conn, "200 OK", { contentsBase64 = "a" }) end]],
+  act = function(session)
+    local _, err = session:read_file("/x")
+    return plain(err)
+  end,
+  check = function(err)
+    assert.equal("UNEXPECTED_RESPONSE_FORMAT", err.code)
+    assert.is_true(found(err.text, "contentsBase64"))
+  end,
+})
+
+-- An error body ---------------------------------------------------------------------------------
+
+group = "an error body"
+
+local OPERATIONS = {
+  { "sandbox.runCommand", function(s) return s:exec({ "true" }, { timeout = 10 }) end },
+  { "sandbox.jobStart", function(s) return s:start_job({ "true" }, { timeout = 10 }) end },
+  { "sandbox.readFile", function(s) return s:read_file("/x") end },
+}
+
+--- One case per operation: the body `route` (a format string taking the status line) sends is
+-- no answer, so the outcome is unknown for what may start a command and retryable for a read.
+local function error_body(name, route, status_line, expect_text)
+  for _, op in ipairs(OPERATIONS) do
+    case(name .. " (" .. status_line .. ", " .. op[1] .. ")", {
+      route = string.format(route, status_line),
+      act = function(session, h)
+        local started = h.now()
+        local result, err = op[2](session)
+        return { result = result and true, err = plain(err), elapsed = h.now() - started }
+      end,
+      check = function(r)
+        assert.is_nil(r.result)
+        local idempotent = op[1] == "sandbox.readFile"
+        assert.equal(idempotent and "SANDBOX_UNREACHABLE" or "SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+        assert.equal(idempotent, r.err.retryable)
+        assert.is_true(found(r.err.text, expect_text), r.err.text)
+        -- The server would keep the body open for 60 s: giving up near the 0.3 s bound is the
+        -- behaviour under test.
+        assert.is_true(r.elapsed < 3, op[1] .. " was held for " .. r.elapsed .. "s")
+      end,
+    })
+  end
+end
+
+for _, status in ipairs({ "401 Unauthorized", "403 Forbidden", "404 Not Found", "500 Internal Server Error" }) do
+  error_body("longer than 4096 bytes is not an answer, whatever its status", [[function(req, conn)
+    respond.raw(conn, "HTTP/1.1 %s\r\nContent-Length: 100000\r\n\r\n" .. string.rep("x", 4097))
+    conn:sleep(60)
+  end]], status, "4096")
+end
+
+for _, status in ipairs({ "403 Forbidden", "500 Internal Server Error" }) do
+  error_body("that stalls is not an answer, and says its body stalled", [[function(req, conn)
+    respond.raw(conn, "HTTP/1.1 %s\r\nContent-Length: 100\r\n\r\npartial error")
+    conn:sleep(60)
+  end]], status, "body")
+end
+
+error_body("of a 404 that never finishes is not an answer, stalled", [[function(req, conn)
+  respond.raw(conn, "HTTP/1.1 %s\r\nContent-Length: 100\r\n\r\nPATH_NOT_FOUND:")
+  conn:sleep(60)
+end]], "404 Not Found", "stalled")
+
+error_body("of a 404 cut short is not an answer", [[function(req, conn)
+  respond.raw(conn, "HTTP/1.1 %s\r\nContent-Length: 100\r\n\r\nPATH_NOT_FOUND:")
+  conn:close()
+end]], "404 Not Found", "could not be read")
+
+error_body("sent chunked and longer than 4096 bytes is not an answer", [[function(req, conn)
+  respond.raw(conn, "HTTP/1.1 %s\r\nTransfer-Encoding: chunked\r\n\r\n")
+  respond.chunk(conn, string.rep("x", 3000))
+  respond.chunk(conn, string.rep("y", 3000))
+  conn:sleep(60)
+end]], "500 Internal Server Error", "4096")
+
+local STALLED_403 = [[function(req, conn)
+  respond.raw(conn, "HTTP/1.1 403 Forbidden\r\nContent-Length: 100\r\n\r\npartial")
+  conn:sleep(60)
+end]]
+
+local function timed_mkdir(session, h)
+  local started = h.now()
+  local ok, err = session:mkdir("/d")
+  return { ok = ok, err = plain(err), elapsed = h.now() - started }
+end
+
+case("is bounded by the sandbox's header timeout when that is shorter than the default", {
+  route = STALLED_403,
+  options = { header_timeout = 0.5, error_body_timeout = protocol_cases.UNSET },
+  act = timed_mkdir,
+  check = function(r)
+    assert.is_nil(r.ok)
+    assert.is_true(found(r.err.text, "stalled: not complete within 0.5s"), r.err.text)
+    assert.is_true(r.elapsed < 3, "a stalled 403 body held the caller " .. r.elapsed .. "s")
+  end,
+})
+
+case("is bounded by error_body_timeout when it is given", {
+  route = STALLED_403,
+  options = { header_timeout = 0.5, error_body_timeout = 0.2 },
+  act = timed_mkdir,
+  check = function(r)
+    assert.is_nil(r.ok)
+    assert.is_true(found(r.err.text, "within 0.2s"), r.err.text)
+  end,
+})
+
+-- Capabilities ----------------------------------------------------------------------------------
+
+group = "capabilities of the agent provider"
+
+case("refuse what it cannot do without sending anything", {
+  route = OK,
+  act = function(session)
+    local codes = {}
+    for _, call in ipairs({
+      function() return session:preview(8080) end,
+      function() return session:pause() end,
+      function() return session:resume() end,
+      function() return session:snapshot() end,
+      function() return session.sandbox:list() end,
+      function() return session:terminate() end,
+    }) do
+      local ok, err = call()
+      codes[#codes + 1] = { ok = ok, code = err and err.code }
+    end
+    return codes
+  end,
+  check = function(codes, server)
+    assert.equal(6, #codes)
+    for _, c in ipairs(codes) do
+      assert.is_nil(c.ok)
+      assert.equal("OPERATION_NOT_SUPPORTED", c.code)
+    end
+    assert.equal(0, #server:requests() - #server:requests_to("/v1/health"), "a refusal costs no request")
+  end,
+})
+
+return protocol_cases
