@@ -11,6 +11,7 @@ local files = require "support.files"
 local local_state = require "support.local_state"
 local nginx = require "support.nginx"
 local processes = require "support.processes"
+local agent_process = require "support.agent_process"
 local raw_http = require "support.raw_http"
 
 local LOCATIONS = [[
@@ -206,36 +207,41 @@ describe("sandkit inside an nginx worker", function()
     assert.equal("from a timer\n", files.read(files_dir .. "/timer.out"))
   end)
 
-  --- Starts a command that records its pid and sleeps, through a request to path; returns
-  -- the raw connection (its first frame read) and the command's pid.
+  --- Starts a command that sleeps, through a request to path; returns the raw connection (its
+  -- first frame read) and a function telling whether the command still runs. The agent runs
+  -- commands in a PID namespace of their own, so the command's `$$` is not a host pid: it is
+  -- found by its argv, made unique here (the shell's and then sleep's both hold it).
   local function start_sleeper(path, extra)
+    local nap = string.format("60.%08d", math.random(0, 99999999))
     local conn = assert(raw_http.connect(gateway.port))
     assert(conn:request("POST", path .. query(extra), {},
-      cjson.encode{ "sh", "-c", "echo $$ > sleeper.pid; echo started; exec sleep 60" }))
+      cjson.encode{ "sh", "-c", "echo started; exec sleep " .. nap }))
     local status = conn:read_head()
     assert.equal(200, status)
     local first = assert(conn:next_line())
-    return conn, tonumber(files.read(files_dir .. "/sleeper.pid")), first
+    return conn, function() return #agent_process.processes{ nap } > 0 end, first
   end
 
   it("stops the command within a second when the HTTP client goes away", function()
-    local conn, pid, first = start_sleeper("/stream")
+    local conn, running, first = start_sleeper("/stream")
     assert.equal("started\n", ndjson_frames(first .. "\n")[1].data)
-    assert.is_true(alive(pid))
+    assert.is_true(running(), "the command runs while its client reads")
     conn:close(true)
-    assert.is_true(within(1, function() return not alive(pid) end),
+    assert.is_true(within(1, function() return not running() end),
       "the command outlived its client by a second")
   end)
 
+  -- In the two below the handler leaves right after the first frame, so the command may be gone
+  -- before the spec looks: that it started is what the "started" frame proves.
   it("stops the command when its handler leaves the loop and closes the iterator", function()
-    local conn, pid = start_sleeper("/leave", "&mode=close")
-    assert.is_true(within(1, function() return not alive(pid) end), "the command outlived its stream")
+    local conn, running = start_sleeper("/leave", "&mode=close")
+    assert.is_true(within(1, function() return not running() end), "the command outlived its stream")
     conn:close()
   end)
 
   it("stops the command when its handler leaves the loop without closing, as the request ends", function()
-    local conn, pid = start_sleeper("/leave", "&mode=leave")
-    assert.is_true(within(1, function() return not alive(pid) end),
+    local conn, running = start_sleeper("/leave", "&mode=leave")
+    assert.is_true(within(1, function() return not running() end),
       "the stream outlived its request")
     conn:close()
   end)

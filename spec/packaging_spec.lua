@@ -54,8 +54,8 @@ describe("the build", function()
   end)
 
   it("refuses PUC Lua 5.1 at require, in one sentence", function()
-    local _, err, status = local_state.sh("lua5.1 -e " .. q("package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path;"
-      .. " require 'sandkit'"))
+    local _, err, status = local_state.sh("lua5.1 -e "
+      .. q("package.path = 'lua/?.lua;lua/?/init.lua;' .. package.path; require 'sandkit'"))
     assert.are_not.equal(0, status)
     assert.matches("sandkit needs Lua 5.4 or LuaJIT 2.1, not PUC Lua 5.1", err, 1, true)
   end)

@@ -90,7 +90,7 @@ end
 function app.fanout()
   local argvs = body_json()
   local session = session_of(local_sandbox())
-  local out, err = sandkit.run(function()
+  local ok, out = sandkit.run(function()
     local tasks = {}
     for i, argv in ipairs(argvs) do
       tasks[i] = sandkit.spawn(function() return session:exec(argv, { timeout = 60 }) end)
@@ -99,7 +99,7 @@ function app.fanout()
     for i, task in ipairs(tasks) do all[i] = assert(task:join()).stdout end
     return all
   end)
-  if not out then return fail(500, tostring(err)) end
+  if not ok then return fail(500, tostring(out)) end
   reply(out)
 end
 

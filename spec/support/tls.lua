@@ -47,7 +47,8 @@ function tls.issue(dir, ca, name, sans, usage, subject)
     "extendedKeyUsage=" .. (usage == "client" and "clientAuth" or "serverAuth") }
   if sans then ext[#ext + 1] = "subjectAltName=" .. table.concat(sans, ",") end
   files.write(dir .. "/" .. name .. ".ext", table.concat(ext, "\n") .. "\n")
-  tls.run(dir, "openssl req " .. EC .. " -keyout " .. name .. ".key -out " .. name .. ".csr -subj '" .. (subject or "/CN=" .. name) .. "'")
+  tls.run(dir, "openssl req " .. EC .. " -keyout " .. name .. ".key -out " .. name .. ".csr -subj '"
+    .. (subject or "/CN=" .. name) .. "'")
   tls.run(dir, "openssl x509 -req -in " .. name .. ".csr -CA " .. ca .. ".crt -CAkey " .. ca .. ".key -set_serial "
     .. math.random(1, 2 ^ 30) .. " -days 1 -extfile " .. name .. ".ext -out " .. name .. ".crt")
 end
