@@ -55,13 +55,14 @@ end
 local function shell_line(command)
   local p = io.popen(command .. " 2>/dev/null")
   if not p then return nil end
-  local out = p:read("l")
+  local out = p:read("*l")
   p:close()
   return out
 end
 
 local function have(program)
-  return os.execute("command -v " .. program .. " >/dev/null 2>&1") == true
+  local status = os.execute("command -v " .. program .. " >/dev/null 2>&1")
+  return status == true or status == 0 -- Lua 5.4 says true, LuaJIT 0
 end
 
 local function machine()

@@ -223,7 +223,7 @@ describe("sandkit-agent under abuse", function()
       -- after the eighth, nothing is left for accept().
       local in_use = #core.listdir("/proc/" .. A.pid .. "/fd")
       local limit = in_use + 8 * 3 + 1
-      assert(os.execute(string.format("prlimit --pid %d --nofile=%d:%d", A.pid, limit, limit)))
+      assert(files.execute(string.format("prlimit --pid %d --nofile=%d:%d", A.pid, limit, limit)))
       for i = 1, 8 do
         local res = A:start_job({ command = { "sleep", "3" }, timeoutMs = 60000, jobId = "fd" .. i })
         assert.are.equal(200, res.status)
@@ -268,7 +268,7 @@ describe("sandkit-agent under abuse", function()
     it("hold a bounded amount per connection for file reads", function()
       local A = assert(start_agent())
       finally(function() A:stop() end)
-      assert(os.execute("head -c 16777216 /dev/urandom > " .. files.shell_quote(A.root .. "/big")))
+      assert(files.execute("head -c 16777216 /dev/urandom > " .. files.shell_quote(A.root .. "/big")))
       local before = vm_rss_kb(A.pid)
       local conns = {}
       for i = 1, 8 do

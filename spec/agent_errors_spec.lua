@@ -10,11 +10,7 @@ local files = require "support.files"
 local start_agent, check_stream = agent_process.start_agent, agent_process.check_stream
 local shell_quote = files.shell_quote
 
---- True when the command exited 0 (os.execute says so as true on Lua 5.4, as 0 on LuaJIT).
-local function sh(cmd)
-  local r = os.execute(cmd)
-  return r == true or r == 0
-end
+local sh = files.execute
 
 local am_root = agent_process.am_root
 

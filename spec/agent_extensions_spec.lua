@@ -96,7 +96,7 @@ describe("sandkit-agent extensions", function()
 
     it("takes a chunked body and replaces a file keeping its mode", function()
       write_file(A.root .. "/script.sh", "old")
-      assert(os.execute("chmod 0750 " .. shell_quote(A.root .. "/script.sh")))
+      assert(files.execute("chmod 0750 " .. shell_quote(A.root .. "/script.sh")))
       local c = assert(raw.connect(A.port))
       assert(c:send("PUT /v1/files/raw?path=script.sh HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
         .. A.token .. "\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nnew\r\n4;ext=1\r\n, ok\r\n0\r\n\r\n"))

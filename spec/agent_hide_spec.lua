@@ -8,7 +8,7 @@ local files = require "support.files"
 local start_agent, check_stream = agent_process.start_agent, agent_process.check_stream
 
 local function bwrap_works()
-  return os.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null") == true
+  return files.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null")
 end
 
 describe("sandkit-agent --hide", function()

@@ -156,14 +156,14 @@ local function start_agent(opts)
   assert(AGENT, "set SANDKIT_AGENT to the sandkit-agent binary")
   local dir = tmpdir()
   local root = dir .. "/root"
-  assert(os.execute("mkdir " .. shell_quote(root)))
+  assert(files.execute("mkdir " .. shell_quote(root)))
   local token = new_token()
   local token_file = dir .. "/token"
   write_file(token_file, token .. "\n")
   local log = dir .. "/agent.log"
   if opts.shared then
     write_file(log, "")
-    assert(os.execute("chmod 755 " .. shell_quote(dir) .. " && chmod 777 " .. shell_quote(root)
+    assert(files.execute("chmod 755 " .. shell_quote(dir) .. " && chmod 777 " .. shell_quote(root)
       .. " && chmod 644 " .. shell_quote(token_file) .. " && chmod 666 " .. shell_quote(log)))
   end
   local args = { "--root", root, "--ready-fd", "3", "--log", "debug" }

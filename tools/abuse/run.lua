@@ -126,7 +126,7 @@ attacks[#attacks + 1] = { name = "junk on streaming connections (at most 200 str
 
 attacks[#attacks + 1] = { name = "unread replies: 60 reads of a 16 MiB file, 60 polls of 8 MiB of output",
   setup = function(st)
-    assert(os.execute("head -c 16777216 /dev/urandom > " .. files.shell_quote(A.root .. "/big")))
+    assert(files.execute("head -c 16777216 /dev/urandom > " .. files.shell_quote(A.root .. "/big")))
     local _, started = A:start_job({ command = { "sh", "-c",
       "head -c 4194304 /dev/urandom; head -c 4194304 /dev/urandom >&2" }, timeoutMs = 60000 })
     A:poll_until_done(started.jobId, 30)
