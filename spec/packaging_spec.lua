@@ -121,6 +121,30 @@ describe("a source rock", function()
     assert.equal(0, status, err)
     assert.equal("from-the-rock\n", out)
   end)
+
+  it("installs for LuaJIT and OpenResty into the 5.1 tree, its command run by LuaJIT", function()
+    local build = dir .. "/build"
+    local out, err, status = local_state.sh(CLEAN_ENV .. "make rock BUILD=" .. q(build))
+    assert.equal(0, status, out .. err)
+    -- The README's steps: LuaRocks told once that its 5.1 interpreter is LuaJIT, then the rock.
+    local home, tree = dir .. "/home", dir .. "/tree51"
+    assert(core.mkdir(home, 448))
+    assert(core.mkdir(home .. "/.luarocks", 448))
+    local as_user = "cd " .. q(dir) .. " && " .. CLEAN_ENV .. "HOME=" .. q(home) .. " "
+    local log
+    log, err, status = local_state.sh(as_user .. "luarocks --lua-version=5.1 config --scope=user "
+      .. "lua_interpreter luajit && " .. CLEAN_ENV .. "HOME=" .. q(home) .. " luarocks --lua-version=5.1 install"
+      .. " --tree=" .. q(tree) .. " --deps-mode=none --only-server=" .. q(dir .. "/no-server") .. " "
+      .. q(build .. "/sandkit-scm-1.src.rock") .. " 2>&1")
+    assert.equal(0, status, log .. err)
+    assert.truthy(files.read(tree .. "/lib/lua/5.1/sandkit/core.so"), "the C core is in the 5.1 tree")
+    local paths = "eval \"$(luarocks --lua-version=5.1 path --tree=" .. q(tree) .. ")\""
+    out, err, status = local_state.sh(as_user .. "env -u SANDKIT_AGENT -u LUA_PATH -u LUA_CPATH sh -c "
+      .. q(paths .. " && sandkit --root " .. q(dir .. "/state") .. " run -- sh -c 'echo from-luajit; exit 3'"))
+    assert.equal(3, status, err)
+    assert.equal("from-luajit\n", out)
+    assert.truthy(files.read(tree .. "/bin/sandkit"):find("luajit", 1, true), "the wrapper runs LuaJIT")
+  end)
 end)
 
 describe("without lua-cjson", function()
