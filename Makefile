@@ -1,7 +1,8 @@
 # sandkit — build, test and install.
 #
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
-#   make                     builds build/<lua>/sandkit/core.so and build/sandkit-agent
+#   make                     builds build/<lua>/sandkit/core.so (for Lua 5.4 and for LuaJIT) and
+#                            build/sandkit-agent
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
 #                            under Lua 5.4 and under LuaJIT (test and test-luajit)
 #   make rock                packs build/sandkit-scm-1.src.rock from the files git tracks
@@ -10,6 +11,7 @@
 #   make bench               runs the benchmarks in bench/
 #   make fuzz                runs every libFuzzer target in tools/fuzz/
 #   make abuse               attacks a real agent (tools/abuse/) and reports what it cost
+#   make soak                a thousand commands, clients killed mid-stream, leaks counted (tools/soak/)
 #   make install             PREFIX=/usr/local, DESTDIR honoured
 #   make LUA_PC=luajit       builds the C core against LuaJIT 2.1's headers (install: the 5.1 tree,
 #                            which is where OpenResty and LuaJIT look)

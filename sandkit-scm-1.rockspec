@@ -8,8 +8,9 @@ description = {
   summary = "Run commands and move files in sandboxes, streaming output frame by frame",
   detailed = [[
     sandkit drives sandboxes — local ones served by its own sandkit-agent, and remote ones on
-    AWS Lambda MicroVMs and Azure — through the sandbox agent protocol. Output streams through a
-    coroutine-friendly iterator with bounded memory; errors say whether a retry is safe.
+    AWS Lambda MicroVMs, Azure and Kubernetes — through the sandbox agent protocol. Output
+    streams through a coroutine-friendly iterator with bounded memory, also inside
+    OpenResty/nginx without blocking a worker; errors say whether a retry is safe.
     Installs the `sandkit` command and the `sandkit-agent` server.
   ]],
   license = "MIT",

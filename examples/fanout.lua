@@ -7,34 +7,24 @@ local sandkit = require "sandkit"
 local n = tonumber(arg and arg[1]) or 8
 local sandbox = assert(sandkit.sandbox{ provider = "local" })
 
---- Writes complete lines with a prefix, keeping a partial line until its end arrives.
-local function line_writer(prefix)
-  local partial = ""
-  return function(data, flush)
-    partial = partial .. data
-    for line in partial:gmatch("([^\n]*)\n") do io.write(prefix, line, "\n") end
-    partial = partial:match("([^\n]*)$")
-    if flush and partial ~= "" then
-      io.write(prefix, partial, "\n")
-      partial = ""
-    end
-  end
-end
-
 local _, codes = assert(sandkit.run(function()
   local tasks = {}
   for i = 1, n do
     tasks[i] = sandkit.spawn(function()
       local session = assert(sandbox:create{})
-      local write = line_writer(string.format("[shard %2d] ", i))
+      local prefix = string.format("[shard %2d] ", i)
       local code
-      -- Each shard prints a few lines at its own pace and exits with its own status.
-      local argv = { "sh", "-c", string.format(
-        "for step in 1 2 3; do echo step $step of shard %d; sleep 0.0%d; done; exit %d", i, i % 10, i % 3) }
-      for frame in session:run(argv, { timeout = 60 }) do
-        if frame.type == "exit" then code = frame.code else write(frame.data) end
+      -- Each shard prints a few lines at its own pace and exits with its own status; the last
+      -- line has no newline. `lines = true` hands over one whole line per frame, that one too.
+      local argv = { "sh", "-c", string.format("for step in 1 2 3; do echo step $step of shard %d; "
+        .. "sleep 0.0%d; done; printf 'done'; exit %d", i, i % 10, i % 3) }
+      for frame in session:run(argv, { timeout = 60, lines = true }) do
+        if frame.type == "exit" then
+          code = frame.code
+        else
+          io.write(prefix, frame.data, frame.data:sub(-1) == "\n" and "" or "\n")
+        end
       end
-      write("", true)
       sandbox:terminate(session.id)
       return code
     end)

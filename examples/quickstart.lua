@@ -1,11 +1,13 @@
 --- A tour of sandkit on this machine: a local session, a file in, a command that reads it with
--- its output streamed as it comes, a detached job, and reattaching to that job by id.
---   make demo      (or: lua5.4 examples/quickstart.lua, with sandkit installed)
+-- its output streamed as it comes, a loop left early, a file larger than one request carries,
+-- a detached job, and reattaching to that job by id.
+--   make demo      (or: lua5.4 examples/quickstart.lua, or luajit, with sandkit installed)
 
 local sandkit = require "sandkit"
 
 local sandbox = assert(sandkit.sandbox{ provider = "local" })
-local session = assert(sandbox:create{})
+-- A lifetime bounds how long the session outlives this script should it die before the end.
+local session = assert(sandbox:create{ lifetime = 600 })
 print(("session %s is %s"):format(session.id, session.state))
 
 -- Paths are relative to the session's own root, even with a leading '/'.
@@ -25,6 +27,32 @@ end
 -- The same, collected: at most max_output bytes kept per stream.
 local result = assert(session:exec({ "uname", "-sr" }, { timeout = 10 }))
 io.write("uname: ", result.stdout)
+
+-- Leaving a loop early closes the connection, which stops the command. Lua 5.4 closes the
+-- iterator when the loop ends; LuaJIT cannot, so it is closed here by hand (closing twice is
+-- harmless), on the path where the loop raised too.
+local frames = session:run({ "sh", "-c", "echo ready; sleep 30" }, { timeout = 60 })
+local ok, err = pcall(function()
+  for frame in frames do
+    if frame.type == "stdout" and frame.data:find("ready", 1, true) then break end
+  end
+end)
+frames:close()
+if not ok then error(err, 0) end
+print("left a 30-second command at its first line")
+
+-- Files of any size move in bounded memory: here 48 MiB, more than one request may carry,
+-- from a function that makes the bytes and into one that counts them.
+local size, chunk = 48 * 1024 * 1024, string.rep("sandkit\n", 8192)
+local made = 0
+local sent = assert(session:write_file_from("/data/big.bin", function()
+  if made >= size then return nil end
+  made = made + #chunk
+  return chunk
+end))
+local received = assert(session:read_file_to("/data/big.bin", function() end))
+print(("moved %d MiB in and %d MiB back out"):format(math.floor(sent / 1048576),
+  math.floor(received / 1048576)))
 
 -- A job outlives the connection that started it; anyone holding its id can read it.
 local job = assert(session:start_job({ "sh", "-c", "echo building; sleep 0.5; echo done" },

@@ -236,6 +236,16 @@ describe("files against an agent without rawFiles", function()
     os.remove(dst)
   end)
 
+  it("go into a writer that returns nothing, as they do with rawFiles", function()
+    assert(session:write_files{ ["/w"] = "some bytes" })
+    local parts = {}
+    assert.equal(10, assert(session:read_file_to("/w", function(bytes) parts[#parts + 1] = bytes end)))
+    assert.equal("some bytes", table.concat(parts))
+    local got, err = session:read_file_to("/w", function() return nil, "disk full" end)
+    assert.is_nil(got)
+    assert.matches("disk full", err.message, 1, true)
+  end)
+
   it("over 32 MiB are refused, the error saying the agent lacks rawFiles", function()
     local big = string.rep("x", 32 * 1024 * 1024 + 1)
     local sent, err = session:write_file_from("/big", function()

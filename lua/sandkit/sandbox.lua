@@ -466,7 +466,8 @@ function session_mt:read_file_to(path, sink, opts)
     bytes, err = ops(conn).read_file(conn, path)
     if bytes then
       local ok, werr = dst.write(bytes)
-      if ok then
+      -- As protocol.read_file_raw reads a writer: false, or nil with an error, stops it.
+      if ok ~= false and (ok ~= nil or werr == nil) then
         done = #bytes
         if topts.progress then topts.progress(done, done) end
       else

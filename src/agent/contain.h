@@ -27,12 +27,12 @@
 /*
  * Before any other process is started: moves the agent's future children into a fresh PID
  * namespace and starts its keeper. 0 when commands are contained; -1 with a sentence in why
- * when they cannot be (the agent then runs them as before).
+ * when they cannot be (the agent then runs them uncontained).
  */
 int contain_start(char *why, size_t whysz);
 
 /* After the event loop exists: watches the keeper, so that if something kills it (which kills
- * every command with it) the next command gets a namespace and a keeper again. */
+ * every command with it) the agent stops rather than run commands it could no longer contain. */
 int contain_watch(void);
 
 /* 1 when the keeper was killed while the agent served, which stopped the agent. */

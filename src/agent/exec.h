@@ -1,5 +1,5 @@
 /*
- * exec.h — commands as child processes (docs/protocol.md §3.3 "Execution semantics") and the
+ * exec.h — commands as child processes (docs/protocol.md §3.3, docs/agent.md "Execution") and the
  * NDJSON frames their output becomes.
  *
  * A command is one process group led by the child the agent starts. Its stdout and stderr are

@@ -1,6 +1,7 @@
 /*
- * files.h — GET/PUT /v1/files and POST /v1/mkdir (docs/protocol.md §3.5), every path confined by
- * paths.h. Sizes are limited to AGENT_FILE_MAX in both directions, on the descriptor.
+ * files.h — GET/PUT /v1/files, their raw-bytes siblings /v1/files/raw and POST /v1/mkdir
+ * (docs/protocol.md §3.5, §6), every path confined by paths.h. The JSON routes are limited to
+ * AGENT_FILE_MAX in both directions, on the descriptor; the raw ones have no size limit.
  */
 #ifndef SANDKIT_AGENT_FILES_H
 #define SANDKIT_AGENT_FILES_H

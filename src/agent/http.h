@@ -88,9 +88,9 @@ size_t http_reply_queued(const struct http_request *req);
 void http_reply_watch(struct http_request *req, void (*drain)(void *ctx), void (*gone)(void *ctx),
 		      void *ctx);
 
-/* Per connection: what a streaming producer queues before waiting for the caller. 256 KiB keeps
+/* Per connection: what a streaming producer queues before waiting for the caller. 128 KiB keeps
  * a loopback stream at full speed (the kernel's socket buffer holds far more) while a thousand
- * stalled readers cost 256 MiB at most. */
+ * stalled readers cost 128 MiB at most. */
 #define HTTP_OUTPUT_HIGH (128 * 1024)
 #define HTTP_OUTPUT_LOW (32 * 1024)
 
