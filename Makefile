@@ -61,9 +61,11 @@ LUA_NAME := $(patsubst lua50%,lua5.%,$(shell printf '\043include <lua.h>\n\043if
   | $(CC) $(LUA_CFLAGS) -E -P -x c - 2>/dev/null | sed -n 's/^SANDKIT_LUA //p' | tr -d ' '))
 MODDIR := $(BUILD)/$(or $(LUA_NAME),$(LUA_PC))
 # nginx's Lua module runs LuaJIT, so the nginx specs and gateways need the C module built for it
-# too, whatever this build is for (a LuaRocks build makes only the one it was asked for).
+# too, whatever this build is for (a LuaRocks build makes only the one it was asked for). A
+# machine without LuaJIT's headers builds for its own Lua alone.
 JIT_MODDIR := $(BUILD)/luajit
-JIT_CORE := $(if $(LUA_INCDIR)$(IS_LUAJIT),,jit-core)
+HAVE_LUAJIT := $(shell $(PKG_CONFIG) --exists luajit && echo yes)
+JIT_CORE := $(if $(LUA_INCDIR)$(IS_LUAJIT),,$(if $(HAVE_LUAJIT),jit-core))
 
 CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
             src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \

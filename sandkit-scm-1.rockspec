@@ -31,7 +31,7 @@ dependencies = {
 external_dependencies = {
   CURL = { library = "curl" },
   OPENSSL = { header = "openssl/evp.h", library = "crypto" },
-  LIBEVENT = { header = "event2/http.h", library = "event" },
+  LIBEVENT = { header = "event2/bufferevent.h", library = "event" },
 }
 build = {
   type = "make",

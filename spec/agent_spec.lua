@@ -842,6 +842,15 @@ describe("sandkit-agent start-up and shutdown", function()
     os.execute("rm -rf " .. shell_quote(dir))
   end)
 
+  it("refuses an output cap of 0, which an exec's outputCap takes to mean no cap", function()
+    local a, log, status = start_agent{ args = { "--output-cap", "0" } }
+    assert.is_nil(a)
+    assert.equal(2, status)
+    assert.truthy(log:find("--output-cap must be at least 1 byte", 1, true), log)
+    a = assert(start_agent{ args = { "--output-cap", "1" } })
+    a:stop()
+  end)
+
   it("kills every running command's group on SIGTERM and exits 0", function()
     local S = assert(start_agent())
     finally(function() S:stop() end)

@@ -5,7 +5,8 @@ local local_state = require "support.local_state"
 
 describe("the examples", function()
   it("never reach into sandkit.core", function()
-    for _, name in ipairs{ "agent_provider.lua", "fanout.lua", "quickstart.lua" } do
+    for _, name in ipairs{ "agent_provider.lua", "fanout.lua", "quickstart.lua", "kubernetes.lua",
+        "openresty/gateway.lua" } do
       local source = assert(files.read("examples/" .. name))
       assert.is_nil(source:find("sandkit.core", 1, true), name)
     end

@@ -709,7 +709,11 @@ local function parse(args, pflags, provider)
     end
     i = i + 1
   end
-  if pending_job then return nil, "job needs start, poll or cancel", BY_NAME["job start"] end
+  if pending_job then
+    -- `job --help` asks what `help job` does; anything else lacks the job's own command.
+    if not p.opts.help then return nil, "job needs start, poll or cancel", BY_NAME["job start"] end
+    command = BY_NAME["job start"]
+  end
   p.command = command
   return p
 end

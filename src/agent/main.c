@@ -72,7 +72,7 @@ static const char usage_text[] =
 	"                                                 kid:BASE64[,kid:BASE64...], each the raw\n"
 	"                                                 32-byte Ed25519 key in standard base64\n"
 	"  --output-cap BYTES     SANDKIT_AGENT_OUTPUT_CAP  output kept per stream per command\n"
-	"                                                 (default 4194304, at most 1073741824)\n"
+	"                                                 (default 4194304, from 1 to 1073741824)\n"
 	"  --max-connections N    SANDKIT_AGENT_MAX_CONNECTIONS  connections served at once\n"
 	"                                                 (default 256; lowered to what the\n"
 	"                                                 descriptor limit allows)\n"
@@ -320,6 +320,10 @@ static void configure(int argc, char **argv)
 	configure_auth(&o, no_auth);
 	c->output_cap = o.output_cap ? parse_u64("--output-cap", o.output_cap, OUTPUT_CAP_MAX)
 				     : AGENT_DEFAULT_OUTPUT_CAP;
+	/* The cap also bounds what a job keeps for its polls, so "no cap" is not the agent's to
+	 * grant; and 0 means "no cap" in an exec's outputCap, so it must not mean the opposite here. */
+	if (c->output_cap == 0)
+		die("--output-cap must be at least 1 byte (an exec asks for no cap with outputCap 0)");
 	c->max_connections = o.max_connections
 		? (unsigned)parse_u64("--max-connections", o.max_connections, MAX_CONNECTIONS_MAX)
 		: HTTP_DEFAULT_MAX_CONNECTIONS;
