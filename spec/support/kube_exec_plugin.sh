@@ -5,7 +5,7 @@
 # apiVersion it was asked for whose token is exec-token-<run> (expiring at $FAKE_EXEC_EXPIRES
 # when that is set). With $FAKE_EXEC_FAIL set it says so on stderr and exits 1; with
 # $FAKE_EXEC_FLOOD it writes that many bytes instead; with $FAKE_EXEC_SLEEP it sleeps first; with
-# $FAKE_EXEC_HOLD it answers only once that file exists.
+# $FAKE_EXEC_HOLD it answers only once that file exists (or $FAKE_EXEC_DIR is gone).
 set -eu
 dir=$FAKE_EXEC_DIR
 n=$(( $(cat "$dir/exec-runs" 2>/dev/null || echo 0) + 1 ))
@@ -16,7 +16,9 @@ if [ -n "${FAKE_EXEC_SLEEP:-}" ]; then
 	sleep "$FAKE_EXEC_SLEEP"
 fi
 if [ -n "${FAKE_EXEC_HOLD:-}" ]; then
-	while [ ! -e "$FAKE_EXEC_HOLD" ]; do sleep 0.01; done
+	# Bounded by the cluster's life too: a spec that failed before writing the file removes the
+	# directory as it stops the cluster.
+	while [ ! -e "$FAKE_EXEC_HOLD" ] && [ -d "$dir" ]; do sleep 0.01; done
 fi
 if [ -n "${FAKE_EXEC_FLOOD:-}" ]; then
 	head -c "$FAKE_EXEC_FLOOD" /dev/zero | tr '\0' x
