@@ -157,9 +157,9 @@ describe("inside nginx, the kubernetes provider", function()
     roundtrip("ngx-named", { transport = "apiserver",
       kubeconfig = cluster:kubeconfig{ user = "cert_data", tls_server_name = true } })
     local proxied = 0
-    for i, e in ipairs(cluster:log_entries()) do
+    for _, e in ipairs(cluster:log_entries()) do
       if e.request and e.request > before then
-        assert.equal(kube_cluster.SERVER_NAME, e.sni, "request " .. i .. " was sent with another SNI")
+        assert.equal(kube_cluster.SERVER_NAME, e.sni, "request " .. e.request .. " was sent with another SNI")
         assert.equal(kube_cluster.CLIENT_CN, e.user)
       end
     end
