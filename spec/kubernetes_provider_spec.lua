@@ -415,6 +415,24 @@ describe("a kubernetes sandbox under faults", function()
     assert.equal("2", files.read(cluster.dir .. "/exec-runs"):match("%d+"))
   end)
 
+  it("runs the exec plugin once for sandkit.run tasks that need its credential at the same time", function()
+    start{ tokens = { ["exec-token-1"] = "exec-user" } }
+    local sb = assert(cluster:sandbox{ kubeconfig = cluster:kubeconfig{ user = "exec" } })
+    local ok, states = sandkit.run(function()
+      local tasks = {}
+      for i = 1, 4 do tasks[i] = sandkit.spawn(function() return sb:get("none-" .. i) end) end
+      local out = {}
+      for i, task in ipairs(tasks) do
+        local session, err = task:join()
+        out[i] = session and session.state or (err and err.message) or "absent"
+      end
+      return out
+    end)
+    assert(ok, states)
+    assert.same({ "absent", "absent", "absent", "absent" }, states)
+    assert.equal("start\n", files.read(cluster.dir .. "/exec-starts"), "the plugin ran once")
+  end)
+
   it("lists by following continue across pages that hold fewer claims than the limit", function()
     local sb = start{ faults = { page_size = 1 } }
     for i = 1, 3 do assert(sb:create{ id = "page-" .. i }) end

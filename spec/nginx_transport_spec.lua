@@ -1,7 +1,8 @@
 -- The cosocket transport's own rules, from inside a real nginx worker (support/nginx_app's
 -- /exchange runs http.exchange there): TLS always verified — by IP address, by
--- tls_server_name, with a client certificate — proxies refused, connections pooled only for
--- idempotent requests, and every bound on what a server sends.
+-- tls_server_name, against a request's own CA too, with a client certificate — proxies
+-- refused, connections pooled only for idempotent requests, and every bound on what a server
+-- sends.
 
 local cjson = require "cjson"
 local fake_http = require "support.fake_http"
@@ -105,6 +106,30 @@ describe("the cosocket transport", function()
       assert.equal("sni=localhost client=NONE ", good.body)
       assert.equal("refused", wrong.failure.kind)
       assert.matches("host mismatch", wrong.failure.detail, 1, true)
+    end)
+
+    it("verifies a request's own CA (ca_pem, ca_file) on top of nginx's, pooling by the CA verified", function()
+      local ca, other = files.read(gateway.dir .. "/ca.crt"), files.read(gateway.dir .. "/other.crt")
+      local answers = exchange({ method = "GET", url = tls_url("good"), ca_pem = ca },
+        -- The same origin, the connection above idle in the pool: a request trusting another CA
+        -- must not be handed a connection verified against the first.
+        { method = "GET", url = tls_url("good"), ca_pem = other },
+        { method = "GET", url = tls_url("good"), ca_file = gateway.dir .. "/ca.crt" },
+        { method = "GET", url = tls_url("good"), ca_file = gateway.dir .. "/other.crt" },
+        { method = "GET", url = tls_url("good"), ca_file = gateway.dir .. "/absent.crt" },
+        { method = "GET", url = tls_url("good"), ca_pem = "not a certificate" })
+      assert.equal(200, answers[1].status, cjson.encode(answers[1]))
+      assert.equal(200, answers[3].status, cjson.encode(answers[3]))
+      for _, refusal in ipairs{ { 2, "trusts (ca_pem): unable to get local issuer certificate" },
+          { 4, "trusts (ca_file " .. gateway.dir .. "/other.crt): unable to get local issuer certificate" },
+          { 5, "the request's CA file cannot be read" }, { 6, "trusts (ca_pem): it holds no PEM certificate" } } do
+        local i, words = refusal[1], refusal[2]
+        local failure = answers[i].failure
+        assert(failure, i .. ": " .. cjson.encode(answers[i]))
+        assert.equal("refused", failure.kind, i)
+        assert.is_false(failure.sent, i)
+        assert.matches(words, failure.detail, 1, true)
+      end
     end)
 
     it("presents client_cert_pem and client_key_pem for mutual TLS", function()

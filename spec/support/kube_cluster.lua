@@ -8,7 +8,8 @@
 --   cluster.server            -- "https://127.0.0.1:<port>" (TLS, certificate for 127.0.0.1)
 --   cluster.router_url        -- the fake router: agent-sandbox's X-Sandbox-* headers
 --   cluster:kubeconfig{ user = "token" | "token_file" | "cert_data" | "cert_file" | "exec",
---                       exec_api = "v1", tls_server_name = false, namespace = nil }  -- a path
+--                       exec_api = "v1", exec_env = { NAME = value }, tls_server_name = false,
+--                       namespace = nil }  -- a path
 --   cluster:sandbox{ … }      -- sandkit.sandbox{ provider = "kubernetes", … } on this cluster
 --   cluster:control(path, body), cluster:state(), cluster:requests(), cluster:log_entries()
 --   cluster:stop()            -- stops every agent, the fake and nginx
@@ -126,7 +127,7 @@ end
 
 --- Writes a kubeconfig for this cluster and returns its path. opts.user picks how the client
 -- authenticates; the exec plugin is spec/support/kube_exec_plugin.sh, counting its runs in
--- <dir>/exec-runs.
+-- <dir>/exec-runs, with opts.exec_env in its environment (its FAKE_EXEC_* switches).
 function cluster_mt:kubeconfig(opts)
   opts = opts or {}
   local user = opts.user or "token"
@@ -164,6 +165,10 @@ function cluster_mt:kubeconfig(opts)
     lines[#lines + 1] = "      env:"
     lines[#lines + 1] = "      - name: FAKE_EXEC_DIR"
     lines[#lines + 1] = "        value: " .. self.dir
+    for variable, value in pairs(opts.exec_env or {}) do
+      lines[#lines + 1] = "      - name: " .. variable
+      lines[#lines + 1] = "        value: " .. value
+    end
     lines[#lines + 1] = "      interactiveMode: Never"
   end
   for _, extra in ipairs(opts.user_extra or {}) do lines[#lines + 1] = "    " .. extra end

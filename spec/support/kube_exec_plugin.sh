@@ -1,16 +1,24 @@
 #!/bin/sh
-# A kubeconfig exec plugin for the kubernetes specs: counts its runs in $FAKE_EXEC_DIR/exec-runs,
+# A kubeconfig exec plugin for the kubernetes specs: counts its runs in $FAKE_EXEC_DIR/exec-runs
+# (and appends a line per run to exec-starts, which runs at the same time cannot lose),
 # keeps what it was given in KUBERNETES_EXEC_INFO, and answers an ExecCredential of the
 # apiVersion it was asked for whose token is exec-token-<run> (expiring at $FAKE_EXEC_EXPIRES
 # when that is set). With $FAKE_EXEC_FAIL set it says so on stderr and exits 1; with
-# $FAKE_EXEC_FLOOD it writes that many bytes instead; with $FAKE_EXEC_SLEEP it sleeps first.
+# $FAKE_EXEC_FLOOD it writes that many bytes instead; with $FAKE_EXEC_SLEEP it sleeps first; with
+# $FAKE_EXEC_HOLD it answers only once that file exists (or $FAKE_EXEC_DIR is gone).
 set -eu
 dir=$FAKE_EXEC_DIR
 n=$(( $(cat "$dir/exec-runs" 2>/dev/null || echo 0) + 1 ))
 echo "$n" >"$dir/exec-runs"
+echo start >>"$dir/exec-starts"
 printf '%s\n' "$KUBERNETES_EXEC_INFO" >"$dir/exec-info"
 if [ -n "${FAKE_EXEC_SLEEP:-}" ]; then
 	sleep "$FAKE_EXEC_SLEEP"
+fi
+if [ -n "${FAKE_EXEC_HOLD:-}" ]; then
+	# Bounded by the cluster's life too: a spec that failed before writing the file removes the
+	# directory as it stops the cluster.
+	while [ ! -e "$FAKE_EXEC_HOLD" ] && [ -d "$dir" ]; do sleep 0.01; done
 fi
 if [ -n "${FAKE_EXEC_FLOOD:-}" ]; then
 	head -c "$FAKE_EXEC_FLOOD" /dev/zero | tr '\0' x

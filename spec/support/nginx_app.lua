@@ -24,6 +24,14 @@ local function reply(value)
   ngx.say(cjson.encode(value))
 end
 
+--- Writes text to path through a rename, so a spec reading it sees all of it or none.
+local function write_whole(path, text)
+  local f = assert(io.open(path .. ".tmp", "wb"))
+  f:write(text)
+  f:close()
+  assert(os.rename(path .. ".tmp", path))
+end
+
 local function fail(status, text)
   ngx.status = status
   ngx.say(text)
@@ -150,15 +158,15 @@ function app.upload()
   reply{ status = resp.status, body = body, progress = progress }
 end
 
---- POST { options, argv } -> what one session's life looked like from the worker: created with
--- the sandbox options, argv streamed, a file written and read back, the session terminated.
-function app.provider_roundtrip()
-  local req = body_json()
-  local function failed(step, err) return reply{ failed = step, err = tostring(err) } end
+--- What one session's life looks like from the worker: created with the sandbox options (and
+-- `id`, when given), argv streamed, a file written and read back, listed when `list` is set,
+-- the session terminated. A table for JSON: { id, state, frames, listed } or { failed, err }.
+local function roundtrip(req)
+  local function failed(step, err) return { failed = step, err = tostring(err) } end
   local sandbox, err = sandkit.sandbox(req.options)
   if not sandbox then return failed("sandbox", err) end
   local session
-  session, err = sandbox:create{}
+  session, err = sandbox:create{ id = req.id }
   if not session then return failed("create", err) end
   local frames = {}
   local ok, run_err = pcall(function()
@@ -171,23 +179,47 @@ function app.provider_roundtrip()
   local back
   back, err = session:read_file("/notes/a.txt")
   if back ~= bytes then return failed("read_file", err or "read back other bytes") end
+  local listed
+  if req.list then
+    local all
+    all, err = sandbox:list()
+    if not all then return failed("list", err) end
+    for _, s in ipairs(all) do
+      if s.id == session.id then listed = s.state end
+    end
+  end
   ok, err = session:terminate()
   if not ok then return failed("terminate", err) end
-  reply{ id = session.id, state = session.state, frames = frames }
+  return { id = session.id, state = session.state, frames = frames, listed = listed }
+end
+
+--- POST { options, argv, id, list } -> the roundtrip above, run by this request.
+function app.provider_roundtrip()
+  reply(roundtrip(body_json()))
+end
+
+--- POST ?out=PATH, body as /roundtrip -> 204 at once; a timer then runs the roundtrip and
+-- writes its JSON to PATH.
+function app.provider_roundtrip_in_timer()
+  local req = body_json()
+  local out = ngx.unescape_uri(ngx.var.arg_out)
+  assert(ngx.timer.at(0, function()
+    local ok, result = pcall(roundtrip, req)
+    if not ok then result = { failed = "timer", err = tostring(result) } end
+    write_whole(out, cjson.encode(result))
+  end))
+  return ngx.exit(204)
 end
 
 --- POST ?root=R&session=ID&out=PATH, body: the argv -> 204 at once; a timer then runs the
--- command and writes its stdout to PATH (through a rename, so a reader sees all of it or none).
+-- command and writes its stdout to PATH.
 function app.in_timer()
   local argv = body_json()
   local root, id, out = ngx.var.arg_root, ngx.var.arg_session, ngx.unescape_uri(ngx.var.arg_out)
   assert(ngx.timer.at(0, function()
     local sandbox = assert(sandkit.sandbox{ provider = "local", root = ngx.unescape_uri(root) })
     local result = assert(assert(sandbox:get(id)):exec(argv, { timeout = 60 }))
-    local f = assert(io.open(out .. ".tmp", "wb"))
-    f:write(result.stdout)
-    f:close()
-    assert(os.rename(out .. ".tmp", out))
+    write_whole(out, result.stdout)
   end))
   return ngx.exit(204)
 end
@@ -197,6 +229,53 @@ function app.phase_refusal()
   local ok, err = pcall(function()
     return local_sandbox():create{}
   end)
+  return ok and "no refusal" or tostring(err)
+end
+
+--- POST { options, ids } -> the state of each session (or "absent"), read by one sandbox from
+-- sandkit.run tasks at the same time, as requests of one worker sharing a sandbox would.
+function app.fanout_get()
+  local req = body_json()
+  local sandbox = assert(sandkit.sandbox(req.options))
+  local ok, states = sandkit.run(function()
+    local tasks = {}
+    for i, id in ipairs(req.ids) do
+      tasks[i] = sandkit.spawn(function() return sandbox:get(id) end)
+    end
+    local out = {}
+    for i, task in ipairs(tasks) do
+      local session, err = task:join()
+      out[i] = session and session.state or (err and tostring(err)) or "absent"
+    end
+    return out
+  end)
+  if not ok then return fail(500, tostring(states)) end
+  reply(states)
+end
+
+--- Sandboxes made by shared_get, one per options document, as a gateway keeps one per worker.
+local shared_sandboxes = {}
+
+--- POST { options, id } -> { state } of the session (or "absent"), read by the sandbox every
+-- request with the same options shares.
+function app.shared_get()
+  ngx.req.read_body()
+  local text = ngx.req.get_body_data() or "{}"
+  local req = cjson.decode(text)
+  local key = cjson.encode(req.options)
+  if not shared_sandboxes[key] then shared_sandboxes[key] = assert(sandkit.sandbox(req.options)) end
+  local session, err = shared_sandboxes[key]:get(req.id)
+  reply{ state = session and session.state or (err and tostring(err)) or "absent" }
+end
+
+--- GET ?options=PATH -> what sandkit says when a sandbox made from the JSON options in PATH
+-- is asked for a session in a phase without cosockets (set_by_lua).
+function app.get_refusal()
+  local f = assert(io.open(ngx.unescape_uri(ngx.var.arg_options), "rb"))
+  local options = cjson.decode(f:read("*a"))
+  f:close()
+  local sandbox = assert(sandkit.sandbox(options))
+  local ok, err = pcall(function() return sandbox:get("phase-probe") end)
   return ok and "no refusal" or tostring(err)
 end
 

@@ -12,7 +12,8 @@
 --
 -- A token file is read again at most once a minute and after every 401 (bound service-account
 -- tokens rotate under a running process). An exec plugin's answer is kept until its
--- expirationTimestamp, and the plugin is run again after a 401.
+-- expirationTimestamp, and the plugin is run again after a 401; tasks that need it at the same
+-- time wait for one run.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
@@ -37,6 +38,15 @@ local MAX_QUOTED_STDERR = 300
 --- Seconds before its expirationTimestamp an exec credential is replaced: a request sent
 -- just before the expiry must not arrive just after it.
 local EXEC_EXPIRY_MARGIN = 10
+--- Seconds a plugin that ignored its stop gets before it is killed: it only has to exit.
+local EXEC_REAP_TIMEOUT = 5
+--- Seconds between two looks at a plugin run another task of this Lua state started: a run
+-- takes tens of milliseconds at least, and a look costs nothing.
+local SHARED_RUN_LOOK = 0.01
+--- The task running a plugin shows it is still there at least this often (seconds), and one
+-- silent for OWNER_GONE is taken to be gone: an nginx request that ended under it (a client
+-- that went away) is never resumed, and tasks waiting for its run must not wait for nothing.
+local OWNER_BEAT, OWNER_GONE = 1, 3
 
 --- Runs the plugin with the kubeconfig's environment on top of this process's own, its
 -- stdout on descriptor 3 (the pipe core.spawn gives), then appends NUL and its exit status.
@@ -98,8 +108,12 @@ local function valid_env_name(name)
   return type(name) == "string" and name:match("^[%a_][%w_]*$") ~= nil
 end
 
---- Runs the plugin: its stdout and exit status, or nil and an error.
-local function run_plugin(exec, operation)
+--- Runs the plugin: its stdout and exit status, or nil and an error. `beat()` is called at
+-- least every OWNER_BEAT seconds while it runs.
+local function run_plugin(exec, operation, beat)
+  -- Refused before the plugin starts: in an nginx phase that cannot wait, it could be neither
+  -- waited for nor stopped.
+  wait.check_nginx()
   local info = { apiVersion = exec.api_version, kind = "ExecCredential",
     spec = { interactive = false, cluster = exec.cluster } }
   local assignments = { "KUBERNETES_EXEC_INFO=" .. json.encode(info) }
@@ -119,6 +133,7 @@ local function run_plugin(exec, operation)
   local deadline = wait.now() + auth.EXEC_TIMEOUT
   local chunks, size, failure = {}, 0, nil
   while true do
+    beat()
     local chunk, err = reader:read()
     if chunk then
       size = size + #chunk
@@ -134,14 +149,15 @@ local function run_plugin(exec, operation)
       failure = string.format("it did not finish within %gs", auth.EXEC_TIMEOUT)
       break
     else
-      wait.ready(reader, deadline)
+      wait.ready(reader, math.min(deadline, wait.now() + OWNER_BEAT))
     end
   end
   reader:close()
   if failure then core.kill(pid, core.SIGTERM) end
   -- The wrapper ends right after its last write; a hung one is killed at the bound.
-  local reap_deadline = wait.now() + 5
+  local reap_deadline = wait.now() + EXEC_REAP_TIMEOUT
   while not core.reap(pid) do
+    beat()
     if wait.now() >= reap_deadline then
       core.kill(pid, core.SIGKILL)
       core.reap(pid, true)
@@ -166,8 +182,8 @@ local function run_plugin(exec, operation)
 end
 
 --- Runs the plugin and reads its ExecCredential into { token =, cert =, key =, expires = }.
-local function exec_credential(exec, operation)
-  local out, err = run_plugin(exec, operation)
+local function exec_credential(exec, operation, beat)
+  local out, err = run_plugin(exec, operation, beat)
   if not out then return nil, err end
   local value = json.decode(out)
   local function bad(why)
@@ -196,13 +212,34 @@ local function exec_credential(exec, operation)
   return cred
 end
 
+--- The plugin's credential: the one kept while it is valid (unless `force`), else a new run's.
+-- Tasks of one Lua state that need it at the same time (the light threads of an nginx worker,
+-- coroutines under sandkit.run or cqueues) share one run: the plugin is often a cloud CLI
+-- costing a process and a second, and a run is newer than any credential that was refused.
 function auth_mt:exec_credential(operation, force)
+  local run = self.exec_run
+  if run then
+    while not run.done and wait.now() - run.alive_at < OWNER_GONE do wait.sleep(SHARED_RUN_LOOK) end
+    if run.done and not run.raised then
+      if not run.cred then return nil, run.err end
+      return run.cred
+    end
+    -- Its task is gone, or raised: this one runs the plugin itself.
+    if self.exec_run == run then self.exec_run = nil end
+  end
   local cred = self.exec_value
   if force or not cred or (cred.expires and os.time() >= cred.expires - EXEC_EXPIRY_MARGIN) then
-    local err
-    cred, err = exec_credential(self.spec.exec, operation)
-    if not cred then return nil, err end
-    self.exec_value = cred
+    run = { alive_at = wait.now() }
+    self.exec_run = run
+    local ok, got, err = pcall(exec_credential, self.spec.exec, operation,
+      function() run.alive_at = wait.now() end)
+    if self.exec_run == run then self.exec_run = nil end
+    run.done, run.raised = true, not ok
+    -- A refusal to wait in this nginx phase, or a misuse: raised, as it would have been.
+    if not ok then error(got, 0) end
+    run.cred, run.err = got, err
+    if not got then return nil, err end
+    self.exec_value, cred = got, got
   end
   return cred
 end

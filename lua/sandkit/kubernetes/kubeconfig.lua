@@ -14,6 +14,7 @@
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local auth = require "sandkit.kubernetes.auth"
+local wait = require "sandkit.wait"
 
 local kubeconfig = {}
 
@@ -313,8 +314,12 @@ function kubeconfig.load(opts)
   if os.getenv("KUBERNETES_SERVICE_HOST") and exists(sa_dir .. "/token") then
     return in_cluster(sa_dir)
   end
+  -- In a worker, the likely cause is nginx itself: it passes on only what `env` names.
+  local in_nginx = wait.ngx_phase() and " (nginx gives its workers only the environment variables "
+    .. "its env directives name: env KUBECONFIG, or env KUBERNETES_SERVICE_HOST and "
+    .. "env KUBERNETES_SERVICE_PORT in cluster)" or ""
   return nil, refused("no kubeconfig: give kubeconfig, set KUBECONFIG, create ~/.kube/config, "
-    .. "or run in a pod with a service account")
+    .. "or run in a pod with a service account" .. in_nginx)
 end
 
 return kubeconfig
