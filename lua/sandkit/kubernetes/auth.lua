@@ -124,10 +124,14 @@ local function run_plugin(exec, operation, beat)
   for _, a in ipairs(assignments) do argv[#argv + 1] = a end
   argv[#argv + 1] = exec.command
   for _, a in ipairs(exec.args or {}) do argv[#argv + 1] = a end
+  -- The plugin's stderr goes to a file that is unlinked as soon as the plugin holds it open:
+  -- a run abandoned midway (nginx ends a light thread whose request went away) leaves nothing.
   local stderr_path = os.tmpname()
+  local stderr_file = io.open(stderr_path, "rb")
   local pid, reader = core.spawn(argv, { ready_fd = 3, stderr = stderr_path })
+  os.remove(stderr_path)
   if not pid then
-    os.remove(stderr_path)
+    if stderr_file then stderr_file:close() end
     return nil, refused(operation, "the exec plugin could not be started: " .. tostring(reader))
   end
   local deadline = wait.now() + auth.EXEC_TIMEOUT
@@ -165,10 +169,8 @@ local function run_plugin(exec, operation, beat)
     end
     wait.sleep(0.005)
   end
-  local f = io.open(stderr_path, "rb")
-  local stderr = f and f:read(MAX_QUOTED_STDERR) or ""
-  if f then f:close() end
-  os.remove(stderr_path)
+  local stderr = stderr_file and stderr_file:read(MAX_QUOTED_STDERR) or ""
+  if stderr_file then stderr_file:close() end
   local out = table.concat(chunks)
   local body, status = out:match("^(.*)%z(%d+)$")
   if not failure and not body then failure = "it ended without finishing" end
