@@ -177,6 +177,42 @@ describe("the frame decoder", function()
     end
   end)
 
+  it("names the first stray byte of a long payload at whichever symbol it stands, kept or decoded", function()
+    -- Long enough that every position is met by the many-bytes-at-once scan, its edges included.
+    local good = core.b64encode(string.rep("\0\1\2\253\254\255", 20))
+    for _, stray in ipairs({ "!", "=", "-", ",", ".", ":", "@", "[", "`", "{", " ", "\127", "\128", "\255" }) do
+      for at = 1, #good - 4 do
+        local data = good:sub(1, at - 1) .. stray .. good:sub(at + 1)
+        local line = '{"t":"stdout","seq":0,"data":"' .. data .. '"}\n'
+        local decoded, kept = core.decoder(), core.decoder(nil, true)
+        decoded:feed(line)
+        kept:feed(line)
+        local _, akind, amessage = decoded:next()
+        local frame, kind, message = kept:next()
+        assert.is_nil(frame)
+        assert.equal("undecodable", kind)
+        assert.matches("(at symbol " .. (at - 1) .. ")", message, 1, true)
+        assert.same({ akind, amessage }, { kind, message })
+      end
+    end
+  end)
+
+  it("ends a long string at its quote whatever the position of an escape or a control character", function()
+    local text = string.rep("abcdefgh", 12)
+    for at = 1, #text + 1 do
+      local before, after = text:sub(1, at - 1), text:sub(at)
+      local out = decode{ '{"t":"error","code":"x","message":"' .. before .. '\\"' .. after .. '"}\n' }
+      assert.equal(before .. '"' .. after, out[1].message)
+      out = decode{ '{"t":"error","code":"x","message":"' .. before .. '\31' .. after .. '"}\n' }
+      assert.equal("unparsable", out[1].failed)
+      -- Neither a space nor bytes of 0x7f and up are control characters.
+      for _, byte in ipairs({ " ", "\127", "\128", "\255" }) do
+        out = decode{ '{"t":"error","code":"x","message":"' .. before .. byte .. after .. '"}\n' }
+        assert.equal(before .. byte .. after, out[1].message)
+      end
+    end
+  end)
+
   it("holds a line well above a 64 KiB frame by default", function()
     local data = core.b64encode(string.rep("x", 65536))
     -- Escaping every '/' doubles the line; still under the default limit.
