@@ -42,6 +42,35 @@ describe("the frame decoder", function()
     assert.same({ { type = "stderr", seq = 41, data = "hello" } }, out)
   end)
 
+  it("takes the same frames from a body cut anywhere into two or three chunks", function()
+    local body = '{"t":"stdout","seq":0,"data":"YWJj"}\n{"t":"stderr","seq":1,"data":"ZA=="}\n'
+      .. '{"t":"exit","code":3}\n'
+    local whole = decode{ body }
+    assert.equal(3, #whole)
+    for i = 0, #body do
+      assert.same(whole, decode{ body:sub(1, i), body:sub(i + 1) }, "cut at " .. i)
+      for j = i, #body, 7 do
+        assert.same(whole, decode{ body:sub(1, i), body:sub(i + 1, j), body:sub(j + 1) },
+          "cut at " .. i .. " and " .. j)
+      end
+    end
+  end)
+
+  it("counts a line still arriving as pending, and refuses it once the chunk that crosses the limit is fed", function()
+    local d = core.decoder(100)
+    d:feed('{"t":"exit","code":0}\n{"t":"stdout","seq":0,"data":"' .. string.rep("A", 20))
+    assert.equal("exit", d:next().type)
+    assert.is_false(d:next())
+    assert.equal(50, d:pending())
+    d:feed(string.rep("A", 40))
+    assert.is_false(d:next())
+    assert.equal(90, d:pending())
+    d:feed(string.rep("A", 40) .. '"}\n')
+    local frame, kind = d:next()
+    assert.is_nil(frame)
+    assert.equal("too_long", kind)
+  end)
+
   it("hands binary data over unchanged, NUL bytes included", function()
     local bytes = "\0\1\2\255\254\n\r"
     local out = decode{ '{"t":"stdout","seq":0,"data":"' .. core.b64encode(bytes) .. '"}\n' }
@@ -144,6 +173,10 @@ describe("the frame decoder", function()
     assert.is_nil((d:next()))
     d:feed('{"t":"exit","code":0}\n')
     assert.is_nil((d:next()), "a later feed must not revive it")
+    d:feed('{"t":"exit",')
+    local again, again_kind = d:next()
+    assert.is_nil(again, "nor a later piece of a line make it wait for more")
+    assert.equal("undecodable", again_kind)
   end)
 
   it("refuses a line longer than its limit, even before the newline arrives", function()

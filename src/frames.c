@@ -44,6 +44,15 @@ void sk_frames_free(sk_frames *d)
 	free(d);
 }
 
+void sk_frames_release(sk_frames *d)
+{
+	if (d->line_len == 0 && d->line_cap > SK_FRAMES_KEPT_LINE) {
+		free(d->line);
+		d->line = NULL;
+		d->line_cap = 0;
+	}
+}
+
 enum sk_frames_failure sk_frames_failure(const sk_frames *d)
 {
 	return d->failure;

@@ -73,6 +73,17 @@ void sk_frames_free(sk_frames *d);
  */
 int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out);
 
+/*
+ * Once the frame last returned was taken (its pointers are not used any more), gives back the
+ * room a line split across reads was gathered in, when it grew past SK_FRAMES_KEPT_LINE and no
+ * line is being gathered now. A relay holds many streams that each wait on a slow client
+ * between frames; without this each would keep room for the longest line it met (128 KiB for
+ * a full output frame) through every wait.
+ */
+void sk_frames_release(sk_frames *d);
+/* Room for a split line kept between lines: short lines split across reads reuse it. */
+#define SK_FRAMES_KEPT_LINE ((size_t)4096)
+
 enum sk_frames_failure sk_frames_failure(const sk_frames *d);
 /* A sentence naming the failure, e.g. "an output frame did not parse: expected ':' at byte 9". */
 const char *sk_frames_error(const sk_frames *d);
