@@ -56,6 +56,31 @@ describe("the frame decoder", function()
     end
   end)
 
+  it("hands over long and short payloads alike, in whatever pieces they come, after it gave back their room", function()
+    local payloads, lines = {}, {}
+    for i, n in ipairs({ 70000, 5, 65536, 1, 9000, 300000, 12, 65536 }) do
+      local bytes = {}
+      for k = 1, n do bytes[k] = string.char((k * 7 + i) % 256) end
+      payloads[i] = table.concat(bytes)
+      lines[i] = '{"t":"stdout","seq":' .. i .. ',"data":"' .. core.b64encode(payloads[i]) .. '"}\n'
+    end
+    local body = table.concat(lines) .. '{"t":"exit","code":0}\n'
+    for _, size in ipairs({ 1000, 4096, 65536, 131072 }) do
+      for _, keep in ipairs({ false, true }) do
+        local d = core.decoder(nil, keep)
+        local got = {}
+        for at = 1, #body, size do
+          d:feed(body:sub(at, at + size - 1))
+          for frame in function() return d:next() or nil end do got[#got + 1] = frame end
+        end
+        assert.equal(#payloads + 1, #got)
+        for i, payload in ipairs(payloads) do
+          assert.equal(payload, keep and core.b64decode(got[i].base64) or got[i].data, size .. " " .. i)
+        end
+      end
+    end
+  end)
+
   it("counts a line still arriving as pending, and refuses it once the chunk that crosses the limit is fed", function()
     local d = core.decoder(100)
     d:feed('{"t":"exit","code":0}\n{"t":"stdout","seq":0,"data":"' .. string.rep("A", 20))
