@@ -20,11 +20,12 @@
 #define DECODER_MT "sandkit.decoder"
 
 /*
- * A chunk's unterminated last line is left in the chunk, which stays anchored until the next
- * feed(), and gathered into the decoder's line buffer only then, together with the rest of the
- * line; the frame it makes is taken at once and the buffer released (sk_frames_release). So a
- * stream holds no line buffer while it waits, neither for more bytes nor for its reader: a
- * relay in nginx waits on its HTTP client between frames with every stream at once.
+ * A chunk's unterminated last line is left in the chunk (anchored until the next feed()) and
+ * gathered into the decoder's line buffer only then, with the rest of the line; the frame it
+ * makes is taken at once and the buffer released (sk_frames_release). So between frames, when
+ * a relay in nginx waits on its HTTP client with every stream at once, a stream holds no line
+ * buffer; and while it waits for more bytes it holds the chunk it has, not a copy of it too
+ * (a line spread over three chunks or more keeps the earlier ones gathered).
  */
 struct decoder {
 	sk_frames *d;
@@ -156,8 +157,8 @@ static int decoder_next(lua_State *L)
 		/* A chunk used up is let go now rather than at the next feed(): a relay's stream
 		 * waits on its client right after this frame, and would hold the chunk meanwhile. */
 		if (u->input_len == 0) {
-			/* A string, as feed() anchors: LuaJIT's user value (the environment) takes
-			 * any collectable object, never nil. */
+			/* A string, as feed() anchors: under LuaJIT the user value is the
+			 * environment, which must be an object, never nil. */
 			lua_pushliteral(L, "");
 			skc_setuservalue(L, 1);
 		}
