@@ -42,6 +42,60 @@ describe("the frame decoder", function()
     assert.same({ { type = "stderr", seq = 41, data = "hello" } }, out)
   end)
 
+  it("takes the same frames from a body cut anywhere into two or three chunks", function()
+    local body = '{"t":"stdout","seq":0,"data":"YWJj"}\n{"t":"stderr","seq":1,"data":"ZA=="}\n'
+      .. '{"t":"exit","code":3}\n'
+    local whole = decode{ body }
+    assert.equal(3, #whole)
+    for i = 0, #body do
+      assert.same(whole, decode{ body:sub(1, i), body:sub(i + 1) }, "cut at " .. i)
+      for j = i, #body, 7 do
+        assert.same(whole, decode{ body:sub(1, i), body:sub(i + 1, j), body:sub(j + 1) },
+          "cut at " .. i .. " and " .. j)
+      end
+    end
+  end)
+
+  it("hands over long and short payloads alike, in whatever pieces they come, after it gave back their room", function()
+    local payloads, lines = {}, {}
+    for i, n in ipairs({ 70000, 5, 65536, 1, 9000, 300000, 12, 65536 }) do
+      local bytes = {}
+      for k = 1, n do bytes[k] = string.char((k * 7 + i) % 256) end
+      payloads[i] = table.concat(bytes)
+      lines[i] = '{"t":"stdout","seq":' .. i .. ',"data":"' .. core.b64encode(payloads[i]) .. '"}\n'
+    end
+    local body = table.concat(lines) .. '{"t":"exit","code":0}\n'
+    for _, size in ipairs({ 1000, 4096, 65536, 131072 }) do
+      for _, keep in ipairs({ false, true }) do
+        local d = core.decoder(nil, keep)
+        local got = {}
+        for at = 1, #body, size do
+          d:feed(body:sub(at, at + size - 1))
+          for frame in function() return d:next() or nil end do got[#got + 1] = frame end
+        end
+        assert.equal(#payloads + 1, #got)
+        for i, payload in ipairs(payloads) do
+          assert.equal(payload, keep and core.b64decode(got[i].base64) or got[i].data, size .. " " .. i)
+        end
+      end
+    end
+  end)
+
+  it("counts a line still arriving as pending, and refuses it once the chunk that crosses the limit is fed", function()
+    local d = core.decoder(100)
+    d:feed('{"t":"exit","code":0}\n{"t":"stdout","seq":0,"data":"' .. string.rep("A", 20))
+    assert.equal("exit", d:next().type)
+    assert.is_false(d:next())
+    assert.equal(50, d:pending())
+    d:feed(string.rep("A", 40))
+    assert.is_false(d:next())
+    assert.equal(90, d:pending())
+    d:feed(string.rep("A", 40) .. '"}\n')
+    local frame, kind = d:next()
+    assert.is_nil(frame)
+    assert.equal("too_long", kind)
+  end)
+
   it("hands binary data over unchanged, NUL bytes included", function()
     local bytes = "\0\1\2\255\254\n\r"
     local out = decode{ '{"t":"stdout","seq":0,"data":"' .. core.b64encode(bytes) .. '"}\n' }
@@ -144,6 +198,10 @@ describe("the frame decoder", function()
     assert.is_nil((d:next()))
     d:feed('{"t":"exit","code":0}\n')
     assert.is_nil((d:next()), "a later feed must not revive it")
+    d:feed('{"t":"exit",')
+    local again, again_kind = d:next()
+    assert.is_nil(again, "nor a later piece of a line make it wait for more")
+    assert.equal("undecodable", again_kind)
   end)
 
   it("refuses a line longer than its limit, even before the newline arrives", function()
@@ -163,17 +221,52 @@ describe("the frame decoder", function()
     assert.equal("undecodable", kind)
   end)
 
+  --- What a decoder that decodes and one that keeps the base64 each make of one output frame
+  -- carrying data: { frame, kind, message } each.
+  local function both_ways(data)
+    local line = '{"t":"stdout","seq":0,"data":"' .. data .. '"}\n'
+    local decoded, kept = core.decoder(), core.decoder(nil, true)
+    decoded:feed(line)
+    kept:feed(line)
+    return { decoded:next() }, { kept:next() }
+  end
+
   it("refuses in the wire's base64 exactly what it refuses to decode, at the same symbol", function()
     for _, data in ipairs({ "aGk", "a=Gk", "aGl=", "aGk=aGk=", "!aGk", "aGkhaGkh*Gkh", "aG=k", "aQ==", "aR==" }) do
-      local line = '{"t":"stdout","seq":0,"data":"' .. data .. '"}\n'
-      local decoded, kept = core.decoder(), core.decoder(nil, true)
-      decoded:feed(line)
-      kept:feed(line)
-      local a, akind, amessage = decoded:next()
-      local b, bkind, bmessage = kept:next()
-      assert.equal(a == nil, b == nil, data)
-      assert.equal(akind, bkind, data)
-      assert.equal(amessage, bmessage, data)
+      local a, b = both_ways(data)
+      assert.equal(a[1] == nil, b[1] == nil, data)
+      assert.equal(a[2], b[2], data)
+      assert.equal(a[3], b[3], data)
+    end
+  end)
+
+  it("names the first stray byte of a long payload at whichever symbol it stands, kept or decoded", function()
+    -- Long enough that every position is met by the many-bytes-at-once scan, its edges included.
+    local good = core.b64encode(string.rep("\0\1\2\253\254\255", 20))
+    for _, stray in ipairs({ "!", "=", "-", ",", ".", ":", "@", "[", "`", "{", " ", "\127", "\128", "\255" }) do
+      for at = 1, #good - 4 do
+        local decoded, kept = both_ways(good:sub(1, at - 1) .. stray .. good:sub(at + 1))
+        assert.is_nil(kept[1])
+        assert.equal("undecodable", kept[2])
+        assert.matches("(at symbol " .. (at - 1) .. ")", kept[3], 1, true)
+        assert.same(decoded, kept)
+      end
+    end
+  end)
+
+  it("ends a long string at its quote whatever the position of an escape or a control character", function()
+    local text = string.rep("abcdefgh", 12)
+    for at = 1, #text + 1 do
+      local before, after = text:sub(1, at - 1), text:sub(at)
+      local out = decode{ '{"t":"error","code":"x","message":"' .. before .. '\\"' .. after .. '"}\n' }
+      assert.equal(before .. '"' .. after, out[1].message)
+      out = decode{ '{"t":"error","code":"x","message":"' .. before .. '\31' .. after .. '"}\n' }
+      assert.equal("unparsable", out[1].failed)
+      -- Neither a space nor bytes of 0x7f and up are control characters.
+      for _, byte in ipairs({ " ", "\127", "\128", "\255" }) do
+        out = decode{ '{"t":"error","code":"x","message":"' .. before .. byte .. after .. '"}\n' }
+        assert.equal(before .. byte .. after, out[1].message)
+      end
     end
   end)
 

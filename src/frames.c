@@ -13,6 +13,9 @@ struct sk_frames {
 	/* A line split across reads, until its newline arrives; never more than max_line. */
 	char *line;
 	size_t line_len, line_cap;
+	/* About as long as the last split lines: the next, likely as long, gets that room at
+	 * once instead of growing through every smaller size again after a release. */
+	size_t line_hint;
 	/* Decoded payloads and unescaped strings of the current frame; at most max_line. */
 	unsigned char *scratch;
 	size_t scratch_cap;
@@ -44,6 +47,20 @@ void sk_frames_free(sk_frames *d)
 	free(d);
 }
 
+void sk_frames_release(sk_frames *d)
+{
+	if (d->line_len == 0 && d->line_cap > SK_FRAMES_KEPT) {
+		free(d->line);
+		d->line = NULL;
+		d->line_cap = 0;
+	}
+	if (d->scratch_cap > SK_FRAMES_KEPT) {
+		free(d->scratch);
+		d->scratch = NULL;
+		d->scratch_cap = 0;
+	}
+}
+
 enum sk_frames_failure sk_frames_failure(const sk_frames *d)
 {
 	return d->failure;
@@ -72,13 +89,16 @@ static int fail(sk_frames *d, enum sk_frames_failure why, const char *fmt, const
 	return SK_FRAMES_FAILED;
 }
 
-/* Grows a buffer to at least need bytes, geometrically; the callers bound need by max_line.
- * The buffer exists afterwards even for need 0: an empty string is still copied into it. */
-static int reserve(void **buf, size_t *cap, size_t need)
+/* Grows a buffer to at least need bytes — at least hint when it has none — in powers of two
+ * from SK_FRAMES_KEPT; the callers bound need and hint by max_line. The buffer exists
+ * afterwards even for need 0: an empty string is still copied into it. */
+static int reserve(void **buf, size_t *cap, size_t need, size_t hint)
 {
 	if (*buf != NULL && need <= *cap)
 		return 0;
-	size_t n = *cap ? *cap : 4096;
+	size_t n = *cap ? *cap : SK_FRAMES_KEPT;
+	if (*cap == 0 && hint > need)
+		need = hint;
 	while (n < need)
 		n *= 2;
 	void *p = realloc(*buf, n);
@@ -154,7 +174,7 @@ static int scan_fields(sk_json *j, struct fields *f)
 /* Unescaped copy of s into the scratch buffer at offset at; returns the length or -1. */
 static long unescape_into(sk_frames *d, const sk_json_str *s, size_t at)
 {
-	if (reserve((void **)&d->scratch, &d->scratch_cap, at + s->len) < 0)
+	if (reserve((void **)&d->scratch, &d->scratch_cap, at + s->len, 0) < 0)
 		return -1;
 	return (long)sk_json_unescape(s, (char *)d->scratch + at);
 }
@@ -207,7 +227,7 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 			out->data_is_base64 = 1;
 		} else {
 			if (reserve((void **)&d->scratch, &d->scratch_cap,
-			            base + SK_B64_DECODED_MAX(b64_len)) < 0)
+			            base + SK_B64_DECODED_MAX(b64_len), 0) < 0)
 				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
 			b64 = f.data.escaped ? (const char *)d->scratch : b64;
 			if (sk_b64_decode(b64, b64_len, d->scratch + base, &n) < 0)
@@ -272,7 +292,7 @@ int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *ou
 			line = *in; /* the whole line is in the caller's buffer: no copy */
 			len = take - 1;
 		} else {
-			if (reserve((void **)&d->line, &d->line_cap, d->line_len + take) < 0)
+			if (reserve((void **)&d->line, &d->line_cap, d->line_len + take, d->line_hint) < 0)
 				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
 			memcpy(d->line + d->line_len, *in, take);
 			d->line_len += take;
@@ -288,8 +308,14 @@ int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *ou
 		*in_len -= take;
 		int held = line == d->line;
 		int r = blank(line, len) ? SK_FRAMES_AGAIN : parse_line(d, line, len, out);
-		if (held && r != SK_FRAMES_FAILED)
+		if (held && r != SK_FRAMES_FAILED) {
+			/* Shrinking by an eighth lets one long line be forgotten after a dozen or so,
+			 * and a short one (a test runner's line between full frames) not forget the
+			 * long ones. */
+			size_t kept = d->line_hint - d->line_hint / 8;
+			d->line_hint = kept > d->line_len ? kept : d->line_len;
 			d->line_len = 0;
+		}
 		if (r != SK_FRAMES_AGAIN)
 			return r;
 	}

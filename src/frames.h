@@ -73,6 +73,22 @@ void sk_frames_free(sk_frames *d);
  */
 int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out);
 
+/*
+ * Once the frame last returned was taken (its pointers are not used any more), gives back the
+ * room past SK_FRAMES_KEPT that its payload was decoded in and that a line split across reads
+ * was gathered in (unless a line is being gathered now). Streams spend most of their life
+ * waiting — a relay's on a slow client, a fan-out's on its turn — and frames are decoded one
+ * at a time: without this, every stream would keep room for the largest frame it met (64 KiB
+ * decoded, 128 KiB for a split line) through every wait, where with it one stream's worth is
+ * taken and given back again.
+ */
+void sk_frames_release(sk_frames *d);
+/* Room kept between frames: short frames, most of a chatty command's, reuse it. (The fuzz
+ * target sets it lower, so that its short lines are released too.) */
+#ifndef SK_FRAMES_KEPT
+#define SK_FRAMES_KEPT ((size_t)4096)
+#endif
+
 enum sk_frames_failure sk_frames_failure(const sk_frames *d);
 /* A sentence naming the failure, e.g. "an output frame did not parse: expected ':' at byte 9". */
 const char *sk_frames_error(const sk_frames *d);

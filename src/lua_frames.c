@@ -19,10 +19,20 @@
 
 #define DECODER_MT "sandkit.decoder"
 
+/*
+ * A chunk's unterminated last line is left in the chunk (anchored until the next feed()) and
+ * gathered into the decoder's line buffer only then, with the rest of the line; the frame it
+ * makes is taken at once and the buffer released (sk_frames_release). So between frames, when
+ * a relay in nginx waits on its HTTP client with every stream at once, a stream holds no line
+ * buffer; and while it waits for more bytes it holds the chunk it has, not a copy of it too
+ * (a line spread over three chunks or more keeps the earlier ones gathered).
+ */
 struct decoder {
 	sk_frames *d;
 	const char *input; /* the unread part of the last fed chunk, anchored in the user value */
 	size_t input_len;
+	const char *tail;  /* where the chunk's unterminated last line starts */
+	size_t max_line;
 };
 
 static struct decoder *check(lua_State *L, int idx)
@@ -100,6 +110,7 @@ static int decoder_new(lua_State *L)
 	u->d = sk_frames_new((size_t)max_line);
 	if (u->d == NULL)
 		return luaL_error(L, "out of memory");
+	u->max_line = max_line ? (size_t)max_line : SK_FRAMES_MAX_LINE;
 	if (keep_base64)
 		sk_frames_keep_base64(u->d);
 	return 1;
@@ -110,22 +121,47 @@ static int decoder_feed(lua_State *L)
 	struct decoder *u = check(L, 1);
 	size_t len;
 	const char *s = luaL_checklstring(L, 2, &len);
-	if (u->input_len > 0)
-		return luaL_error(L, "feed() before next() has used up the previous chunk");
+	if (u->input_len > 0) {
+		if (u->input < u->tail)
+			return luaL_error(L, "feed() before next() has used up the previous chunk");
+		/* The line next() left in the previous chunk, gathered while that is still anchored.
+		 * It holds no newline, so this takes all of it (or fails, which next() reports). */
+		sk_frame f;
+		(void)sk_frames_decode(u->d, &u->input, &u->input_len, &f);
+		u->input_len = 0;
+	}
 	lua_pushvalue(L, 2);
 	skc_setuservalue(L, 1);
 	u->input = s;
 	u->input_len = len;
+	const char *nl = len > 0 ? memrchr(s, '\n', len) : NULL;
+	u->tail = nl ? nl + 1 : s;
 	return 0;
 }
 
 static int decoder_next(lua_State *L)
 {
 	struct decoder *u = check(L, 1);
+	/* Only the unterminated last line is left: it waits for the next feed() where it is, unless
+	 * it is already over the limit (or the decoder failed), which is reported now. */
+	if (u->input_len > 0 && u->input >= u->tail && sk_frames_failure(u->d) == SK_FRAMES_NO_FAILURE &&
+	    sk_frames_pending(u->d) + u->input_len <= u->max_line) {
+		lua_pushboolean(L, 0);
+		return 1;
+	}
 	sk_frame f;
 	int r = sk_frames_decode(u->d, &u->input, &u->input_len, &f);
 	if (r == SK_FRAMES_FRAME) {
 		skl_push_frame(L, &f);
+		sk_frames_release(u->d);
+		/* A chunk used up is let go now rather than at the next feed(): a relay's stream
+		 * waits on its client right after this frame, and would hold the chunk meanwhile. */
+		if (u->input_len == 0) {
+			/* A string, as feed() anchors: under LuaJIT the user value is the
+			 * environment, which must be an object, never nil. */
+			lua_pushliteral(L, "");
+			skc_setuservalue(L, 1);
+		}
 		return 1;
 	}
 	if (r == SK_FRAMES_FAILED) {

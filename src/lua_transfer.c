@@ -369,6 +369,7 @@ static int transfer_decode(lua_State *L)
 			sk_transfer_consume(u->t, n - left);
 			if (r == SK_FRAMES_FRAME) {
 				skl_push_frame(L, &f);
+				sk_frames_release(d);
 				return 1;
 			}
 			if (r == SK_FRAMES_FAILED)

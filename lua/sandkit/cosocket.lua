@@ -392,8 +392,13 @@ local function process(t)
   if t.mode == "length" then
     local take = min(#raw, t.left)
     t.left = t.left - take
-    t.raw = sub(raw, take + 1)
-    if deliver(t, sub(raw, 1, take)) and t.left == 0 then finish(t, true) end
+    if take == #raw then
+      t.raw = ""
+    else
+      t.raw = sub(raw, take + 1)
+      raw = sub(raw, 1, take)
+    end
+    if deliver(t, raw) and t.left == 0 then finish(t, true) end
     return
   elseif t.mode == "close" then
     t.raw = ""
@@ -407,7 +412,8 @@ local function process(t)
     if state == "data" then
       if pos > n then break end
       local take = min(n - pos + 1, t.left)
-      if not deliver(t, sub(raw, pos, pos + take - 1)) then return end
+      -- A read that is all chunk data (see await) goes on as it is, uncopied.
+      if not deliver(t, take == n and raw or sub(raw, pos, pos + take - 1)) then return end
       pos = pos + take
       t.left = t.left - take
       if t.left == 0 then t.chunk_state = "crlf" end
@@ -464,7 +470,12 @@ function transfer_mt:await(deadline)
   local sock = self.sock
   sock:settimeout(ms_until(deadline))
   local want = min(self.buffer, MAX_READ)
-  if self.mode == "length" then want = min(want, self.left) end
+  -- Inside a chunk, a read stops at its end: the read is then the body's bytes as they are,
+  -- handed on without a copy (process), and what follows stays in the socket's buffer rather
+  -- than waiting in Lua strings while the reader is busy with this chunk's frames.
+  if self.mode == "length" or (self.mode == "chunked" and self.chunk_state == "data") then
+    want = min(want, self.left)
+  end
   local data, err = sock:receiveany(want)
   if data then
     self.raw = self.raw == "" and data or (self.raw .. data)

@@ -26,18 +26,26 @@ local FORMATS = {
 
 local b64encode, format = core.b64encode, string.format
 
--- Output frames are handed to ngx.print as a table of pieces: nginx copies each piece into
--- its buffers once, where a concatenation would first copy the payload into a new string.
 --- A payload as base64: as it came off the wire, or encoded (a provider without an agent
 -- hands over decoded bytes).
 local function base64(frame)
   return frame.base64 or b64encode(frame.data)
 end
 
+-- Each encoder returns a frame's text as what goes before its payload and the payload with
+-- what follows it (nil for a frame without payload), each a string or a table of pieces that
+-- ngx.print copies into one buffer (a concatenation would first copy the payload into a new
+-- string). The two are printed apart: ngx_lua hands out the most recently freed of a
+-- request's output buffers to a print and to a flush alike, so a frame printed whole would
+-- take the buffer the last flush used, and every stream would keep two frame-sized buffers
+-- (and leak one into the request's pool each time a larger frame met a buffer that last served
+-- a flush). Printed apart, the few bytes before the payload take that buffer, and the payload
+-- always gets the one the last payload used (bench/RESULTS.md, "128 gateway streams").
 local function ndjson(frame)
   local kind = frame.type
   if kind == "stdout" or kind == "stderr" then
-    return { '{"t":"', kind, '","seq":', format("%d", frame.seq), ',"data":"', base64(frame), '"}\n' }
+    return '{"t":"' .. kind .. '","seq":' .. format("%d", frame.seq) .. ',"data":"',
+      { base64(frame), '"}\n' }
   elseif kind == "exit" then
     return json.encode{ t = "exit", code = frame.code, truncated = frame.truncated == true,
       signal = frame.signal } .. "\n"
@@ -48,7 +56,8 @@ end
 local function sse(frame)
   local kind = frame.type
   if kind == "stdout" or kind == "stderr" then
-    return { "event: ", kind, "\nid: ", format("%d", frame.seq), "\ndata: ", base64(frame), "\n\n" }
+    return "event: " .. kind .. "\nid: " .. format("%d", frame.seq) .. "\ndata: ",
+      { base64(frame), "\n\n" }
   elseif kind == "exit" then
     return "event: exit\ndata: " .. json.encode{ code = frame.code,
       truncated = frame.truncated == true, signal = frame.signal } .. "\n\n"
@@ -95,7 +104,9 @@ function sk_ngx.stream(session, argv, opts)
       local shown = failure:external()
       frame = { type = "error", code = shown.code, message = shown.message }
     end
-    ngx.print(encode(frame))
+    local head, payload = encode(frame)
+    ngx.print(head)
+    if payload then ngx.print(payload) end
     local flushed, why = ngx.flush(true)
     if not flushed then
       stream:close()

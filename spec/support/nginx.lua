@@ -126,8 +126,10 @@ local function lua_conf(opts, dir, cpath, ports)
         .. checkout .. '/spec/?.lua;;";',
       '  lua_package_cpath "' .. cpath .. ';;";',
       -- As examples/openresty/nginx.conf says: reads of a page each would cost a system call
-      -- per 4 KiB of a stream.
+      -- per 4 KiB of a stream, and output sent before each frame's flush a second output
+      -- buffer per stream.
       "  lua_socket_buffer_size 128k;",
+      "  postpone_output 128k;",
       fill(opts.http or ""),
       "  server {",
       "    listen 127.0.0.1:" .. port .. ";",

@@ -2,13 +2,16 @@
  * frames_fuzz.c — libFuzzer target for the frame decoder and the JSON reader under it.
  *   make fuzz FUZZ_TARGETS=frames
  * sources: src/frames.c src/json.c src/base64.c
+ * defines: -DSK_FRAMES_KEPT=16
  * options: -max_len=8192
  *
  * The input's first byte picks a chunk size, so frames arrive split at every possible place,
- * and (its top bit) whether payloads are kept as base64; the rest is fed as the body. Checked
- * on top of the sanitizers: the decoder never hands back more payload than the line could
- * encode, never a frame after a failure, never holds back more than one line, and base64 it
- * kept as checked is base64 the decoder would decode.
+ * whether (bit 6) the decoder is told to give back its room after every frame and every
+ * chunk, mid-line included, and (its top bit) whether payloads are kept as base64; the rest is
+ * fed as the body. Checked on top of the sanitizers: the decoder never hands back more payload
+ * than the line could encode, never a frame after a failure, never holds back more than one
+ * line, base64 it kept as checked is base64 the decoder would decode, and the frames (and
+ * whether it failed) are those of the same body fed in one piece.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,22 +22,29 @@
 
 #define FUZZ_MAX_LINE 4096
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* What a run decoded, to compare two ways of feeding the same body. */
+struct outcome {
+	uint64_t digest; /* FNV-1a over every frame's fields and bytes, in order */
+	size_t frames;
+	int failed;
+};
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static void mix(uint64_t *h, const void *p, size_t n)
 {
-	if (size < 1)
-		return 0;
-	size_t chunk = (size_t)data[0] % 64 + 1;
-	int keep = data[0] & 0x80;
-	const char *body = (const char *)data + 1;
-	size_t left = size - 1;
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		*h = (*h ^ b[i]) * 0x100000001b3ULL;
+}
+
+/* Feeds body in pieces of chunk bytes, checking every frame as it comes. */
+static struct outcome run(const char *body, size_t left, size_t chunk, int keep, int release)
+{
+	struct outcome o = { 0xcbf29ce484222325ULL, 0, 0 };
 	sk_frames *d = sk_frames_new(FUZZ_MAX_LINE);
 	if (d == NULL)
-		return 0;
+		abort();
 	if (keep)
 		sk_frames_keep_base64(d);
-	int failed = 0;
 	while (left > 0) {
 		size_t n = left < chunk ? left : chunk;
 		const char *in = body;
@@ -45,22 +55,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			sk_frame f;
 			int r = sk_frames_decode(d, &in, &in_len, &f);
 			if (r == SK_FRAMES_FRAME) {
-				if (failed)
+				if (o.failed)
 					abort(); /* nothing may follow a failure */
 				int output = f.type == SK_FRAME_STDOUT || f.type == SK_FRAME_STDERR;
 				if (output && f.data_len > (keep ? FUZZ_MAX_LINE : FUZZ_MAX_LINE / 4 * 3))
 					abort();
 				if (output && keep) {
 					static unsigned char decoded[FUZZ_MAX_LINE];
-					size_t n;
+					size_t m;
 					if (!f.data_is_base64 ||
-					    sk_b64_decode((const char *)f.data, f.data_len, decoded, &n) < 0)
+					    sk_b64_decode((const char *)f.data, f.data_len, decoded, &m) < 0)
 						abort();
 				}
+				mix(&o.digest, &f.type, sizeof f.type);
+				mix(&o.digest, &f.seq, sizeof f.seq);
+				mix(&o.digest, &f.code, sizeof f.code);
+				mix(&o.digest, &f.truncated, sizeof f.truncated);
+				mix(&o.digest, &f.signal, sizeof f.signal);
+				if (f.error_code_len)
+					mix(&o.digest, f.error_code, f.error_code_len);
+				if (f.data_len)
+					mix(&o.digest, f.data, f.data_len);
+				if (f.message_len)
+					mix(&o.digest, f.message, f.message_len);
+				o.frames++;
+				if (release)
+					sk_frames_release(d);
 				continue;
 			}
 			if (r == SK_FRAMES_FAILED) {
-				failed = 1;
+				o.failed = 1;
 				if (sk_frames_error(d) == NULL)
 					abort();
 			}
@@ -68,7 +92,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		if (sk_frames_pending(d) > FUZZ_MAX_LINE)
 			abort();
+		if (release)
+			sk_frames_release(d);
 	}
 	sk_frames_free(d);
+	return o;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 1)
+		return 0;
+	size_t chunk = (size_t)data[0] % 64 + 1;
+	int keep = data[0] & 0x80;
+	int release = data[0] & 0x40;
+	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release);
+	/* However the body was cut and whenever room was given back, it decodes as it does
+	 * in one piece. */
+	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0);
+	if (split.digest != whole.digest || split.frames != whole.frames || split.failed != whole.failed)
+		abort();
 	return 0;
 }
