@@ -317,7 +317,9 @@ describe("the sandkit command", function()
     local nap = remote_nap()
     local pid, output = start("run -- sh -c 'echo started; exec sleep " .. nap .. "'")
     wait_until(function() return output():find("started\n") end, 10, "the command to start")
-    assert.equal(1, #agent_process.processes{ "sleep", nap }, "the remote command is found by its argv")
+    -- The shell prints before it execs sleep: wait for sleep itself.
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
+      "the remote command to be found by its argv")
     local signalled = core.now()
     core.kill(pid, core.SIGINT)
     local _, status = core.reap(pid, true)
@@ -337,7 +339,9 @@ describe("the sandkit command", function()
     local nap = remote_nap()
     local pid, output = start("run --session kept -- sh -c 'echo started; exec sleep " .. nap .. "'")
     wait_until(function() return output():find("started\n") end, 10, "the command to start")
-    assert.equal(1, #agent_process.processes{ "sleep", nap }, "the remote command is found by its argv")
+    -- The shell prints before it execs sleep: wait for sleep itself.
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
+      "the remote command to be found by its argv")
     core.kill(pid, core.SIGTERM)
     local _, status = core.reap(pid, true)
     assert.equal(143, status)
