@@ -3,10 +3,12 @@
 --   lua5.4 bench/gateway.lua stream     1 GiB (`head -c`) read by curl -sN through the gateway's
 --                                       server-sent events, and by curl -sN straight from the
 --                                       same agent's /v1/exec; ROUNDS each, interleaved, best kept
---   lua5.4 bench/gateway.lua fanout N   N streams at once, each 8 MiB through the gateway, read
---                                       by one curl --parallel (one client process, as a proxy
---                                       in front would be), round-robin over min(N, 16) sessions
---                                       (as bench/fanout.lua); best aggregate of ROUNDS
+--   lua5.4 bench/gateway.lua fanout N   N streams at once, 1 GiB in all (128 of 8 MiB, 16 of 64
+--                                       MiB: rounds of equal work, so the few streams' rounds are
+--                                       not a fifth of a second that noise decides), read by one
+--                                       curl --parallel (one client process, as a proxy in front
+--                                       would be), round-robin over min(N, 16) sessions (as
+--                                       bench/fanout.lua); best aggregate of ROUNDS
 -- MB/s counts the command's output bytes, not base64 and framing. Reported with each: the CPU
 -- seconds the nginx worker and the agent(s) spent, and the worker's peak RSS (VmHWM).
 -- SANDKIT_BUILD names the build directory (make bench sets it); SANDKIT_AGENT the agent.
@@ -22,8 +24,9 @@ local processes = require "support.processes"
 
 local MODE = arg[1]
 local ROUNDS = MODE == "stream" and 2 or 3
-local BYTES = MODE == "stream" and common.GIB or 8 * common.MIB
 local N = MODE == "fanout" and assert(tonumber(arg[2]), "usage: gateway.lua fanout N") or 1
+--- Bytes per stream: the whole gibibyte for one stream, its share of one for a fan-out.
+local BYTES = math.floor(common.GIB / N)
 local SESSIONS = 16
 local TIMEOUT = 300
 local TOKEN = string.rep("ab", 16)

@@ -307,7 +307,7 @@ local function rows(results)
   end
   for _, n in ipairs(GATEWAY_FANOUT) do
     local r = g[tostring(n)]
-    row(string.format("gateway %d x 8 MiB, one worker", n), r.gateway and (mb(r.gateway.mb_per_s)
+    row(string.format("gateway %d x %d MiB, one worker", n, math.floor(1024 / n)), r.gateway and (mb(r.gateway.mb_per_s)
       .. ", worker RSS " .. mib(r.worker_rss_peak)), string.format("%d sessions", r.sessions or 0))
   end
   local g16, g128 = g["16"], g["128"]
