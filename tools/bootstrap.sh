@@ -6,11 +6,13 @@ set -eu
 
 # nginx with its Lua module and lua-resty-core runs the nginx specs and examples/openresty;
 # chromium loads that example's page in its end-to-end spec. lua-yaml reads kubeconfigs, and
-# python3-kubernetes and python3-cryptography referee the Kubernetes specs.
+# python3-kubernetes and python3-cryptography referee the Kubernetes specs. lua5.1 and its
+# headers are what `luarocks --lua-version=5.1` builds an OpenResty install with; the packaging
+# spec takes that path, and packs its source rock with zip.
 packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-check lua-socket lua-cqueues
 libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit2 libluajit2-5.1-dev nginx
 libnginx-mod-http-lua lua-resty-core chromium bubblewrap curl openssl procps lua-yaml python3-kubernetes
-python3-cryptography"
+python3-cryptography lua5.1 liblua5.1-0-dev zip"
 if [ "${1:-}" = "bench" ]; then
 	packages="$packages python3 nodejs valgrind"
 fi
