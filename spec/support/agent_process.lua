@@ -201,10 +201,11 @@ end
 -- SIGTERM, then the agent's exit status; asserts its log holds no sanitizer report.
 function Agent:stop()
   if not self.pipe then return self.exit_code end
-  os.execute("kill -TERM " .. self.pid)
+  -- a spec may have killed it already, or it may have ended on its own (a lifetime)
+  os.execute("kill -TERM " .. self.pid .. " 2>/dev/null")
   -- an agent that ignores SIGTERM fails the spec instead of hanging it
   local stopped = within(10, function() return not pid_alive(self.pid) end)
-  if not stopped then os.execute("kill -KILL " .. self.pid) end
+  if not stopped then os.execute("kill -KILL " .. self.pid .. " 2>/dev/null") end
   self.pipe:close()
   self.pipe = nil
   local log = read_file(self.log)
