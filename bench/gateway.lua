@@ -8,7 +8,9 @@
 --                                       not a fifth of a second that noise decides), read by one
 --                                       curl --parallel (one client process, as a proxy in front
 --                                       would be), round-robin over min(N, 16) sessions (as
---                                       bench/fanout.lua); best aggregate of ROUNDS
+--                                       bench/fanout.lua); best aggregate of ROUNDS. With
+--                                       SANDKIT_GATEWAY_READER=python the reader is
+--                                       peers/sse_reader.py instead of curl
 -- MB/s counts the command's output bytes, not base64 and framing. Reported with each: the CPU
 -- seconds the nginx worker and the agent(s) spent, and the worker's peak RSS (VmHWM).
 -- SANDKIT_BUILD names the build directory (make bench sets it); SANDKIT_AGENT the agent.
@@ -28,6 +30,11 @@ local N = MODE == "fanout" and assert(tonumber(arg[2]), "usage: gateway.lua fano
 --- Bytes per stream: the whole gibibyte for one stream, its share of one for a fan-out.
 local BYTES = math.floor(common.GIB / N)
 local SESSIONS = 16
+--- What reads the streams: "curl" (curl --parallel), or "python" (bench/peers/sse_reader.py,
+-- whose cost per byte does not grow with the number of streams, to tell the reader's share of a
+-- fan-out's time from the gateway's).
+local READER = os.getenv("SANDKIT_GATEWAY_READER") or "curl"
+assert(READER == "curl" or READER == "python", "SANDKIT_GATEWAY_READER is curl or python")
 local TIMEOUT = 300
 local TOKEN = string.rep("ab", 16)
 --- Seconds the gateway gets to listen, and to stop.
@@ -83,6 +90,9 @@ local function curl(urls, headers_file, body_file, out)
   local argv = { "curl", "-sN", "--parallel", "--parallel-immediate", "--parallel-max", tostring(#urls),
     "-w", "%{http_code} %{size_download}\n", "-H", "@" .. headers_file, "--data-binary", "@" .. body_file,
     "--config", out .. ".config" }
+  if READER == "python" then
+    argv = { "python3", here .. "/peers/sse_reader.py", headers_file, body_file, out .. ".config" }
+  end
   local t0 = common.now()
   core.reap(assert(core.spawn(argv, { stdout = out })), true)
   local seconds = common.now() - t0
@@ -158,7 +168,7 @@ local function run(dir)
     end
     best.gateway.rounds = rounds.gateway
     if best.direct then best.direct.rounds = rounds.direct end
-    return { mode = MODE, streams = N, sessions = #sessions, bytes = N * BYTES, gateway = best.gateway,
+    return { mode = MODE, reader = READER, streams = N, sessions = #sessions, bytes = N * BYTES, gateway = best.gateway,
       direct = best.direct, worker_rss_peak = common.status_bytes(g.worker, "VmHWM") }
   end, debug.traceback)
   stop_gateway(g)
