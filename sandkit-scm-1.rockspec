@@ -57,9 +57,9 @@ build = {
 }
 -- `luarocks test` runs what `make check` runs after its bootstrap: the build, then the busted
 -- suite with the paths and environment the Makefile sets (the agent binary, the C module of the
--- build tree). Extra arguments reach make: `luarocks test -- BUSTED_ARGS=spec/cli_spec.lua`.
+-- build tree), for the Lua LuaRocks runs the script with (lua5.4, or LuaJIT in a 5.1 tree).
+-- Extra arguments reach make: `luarocks test -- BUSTED_ARGS=spec/cli_spec.lua`.
 test = {
   type = "command",
-  command = "make",
-  flags = { "all", "test" },
+  script = "tools/luarocks_test.lua",
 }

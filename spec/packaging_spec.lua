@@ -86,6 +86,20 @@ describe("the rockspec", function()
       .. "-- BUSTED_ARGS=spec/sandkit_spec.lua 2>&1")
     assert.equal(0, status, out .. err)
     assert.matches("%d+ success", out)
+    assert.matches("busted --lua=lua5.4 ", out, 1, true)
+  end)
+
+  it("runs the suite under LuaJIT from `luarocks test` in a 5.1 tree whose interpreter is LuaJIT", function()
+    local home = temp_dir()
+    assert(core.mkdir(home .. "/.luarocks", 448))
+    local as_user = CLEAN_ENV .. "HOME=" .. q(home) .. " "
+    local out, err, status = local_state.sh(as_user .. "luarocks --lua-version=5.1 config --scope=user "
+      .. "lua_interpreter luajit && " .. as_user .. "luarocks --lua-version=5.1 test "
+      .. "-- BUSTED_ARGS=spec/sandkit_spec.lua 2>&1")
+    core.remove_tree(home)
+    assert.equal(0, status, out .. err)
+    assert.matches("busted --lua=luajit ", out, 1, true)
+    assert.matches("%d+ success", out)
   end)
 end)
 
