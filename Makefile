@@ -67,7 +67,7 @@ JIT_MODDIR := $(BUILD)/luajit
 HAVE_LUAJIT := $(shell $(PKG_CONFIG) --exists luajit && echo yes)
 JIT_CORE := $(if $(LUA_INCDIR)$(IS_LUAJIT),,$(if $(HAVE_LUAJIT),jit-core))
 
-CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/frames.c src/lua_frames.c \
+CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/json_unique.c src/frames.c src/lua_frames.c \
             src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \
             src/signals.c src/ed25519.c src/lua_ed25519.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))

@@ -267,6 +267,37 @@ int sk_json_str_is(const sk_json_str *s, const char *lit)
 	return o == n;
 }
 
+int sk_json_str_cmp(const sk_json_str *a, const sk_json_str *b)
+{
+	if (!a->escaped && !b->escaped) {
+		size_t n = a->len < b->len ? a->len : b->len;
+		int c = n ? memcmp(a->p, b->p, n) : 0;
+		if (c != 0)
+			return c;
+		return (a->len > b->len) - (a->len < b->len);
+	}
+	/* Both values a character at a time: unescaped on the fly, so nothing is allocated. */
+	const char *pa = a->p, *ea = a->p + a->len, *pb = b->p, *eb = b->p + b->len;
+	char ca[4], cb[4];
+	size_t na = 0, ia = 0, nb = 0, ib = 0;
+	for (;;) {
+		if (ia == na && pa < ea) {
+			na = unescape_one(&pa, ca);
+			ia = 0;
+		}
+		if (ib == nb && pb < eb) {
+			nb = unescape_one(&pb, cb);
+			ib = 0;
+		}
+		int more_a = ia < na, more_b = ib < nb;
+		if (!more_a || !more_b)
+			return more_a - more_b;
+		unsigned char x = (unsigned char)ca[ia++], y = (unsigned char)cb[ib++];
+		if (x != y)
+			return x < y ? -1 : 1;
+	}
+}
+
 int sk_json_bool(sk_json *j, int *out)
 {
 	switch (sk_json_peek(j)) {

@@ -78,4 +78,8 @@ size_t sk_json_unescape(const sk_json_str *s, char *dst);
  * value it spells, as every other JSON reader would read it. */
 int sk_json_str_is(const sk_json_str *s, const char *lit);
 
+/* Orders two strings by their values, bytes compared unsigned as memcmp does: negative, zero
+ * (the same value, however each is escaped) or positive. */
+int sk_json_str_cmp(const sk_json_str *a, const sk_json_str *b);
+
 #endif

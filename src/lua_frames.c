@@ -9,12 +9,17 @@
  *   dec:pending()              -- bytes of an unterminated line held back
  *   core.b64encode(s)          -- string
  *   core.b64decode(s)          -- string | nil, offset-of-first-bad-symbol
+ *   core.json_unique(s)        -- true: no object of the JSON text s names a member twice
+ *                                 | false, name, offset: one does (name unescaped; offset of
+ *                                   the later naming's quote, from 0)
+ *                                 | nil, why, offset: s is not one JSON value (json_unique.h)
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base64.h"
 #include "frames.h"
+#include "json_unique.h"
 #include "sandkit_core.h"
 
 #define DECODER_MT "sandkit.decoder"
@@ -216,6 +221,33 @@ static int b64decode(lua_State *L)
 	return 1;
 }
 
+static int json_unique(lua_State *L)
+{
+	size_t len;
+	const char *s = luaL_checklstring(L, 1, &len);
+	sk_json_unique_report report;
+	switch (sk_json_unique(s, len, &report)) {
+	case SK_JSON_UNIQUE_OK:
+		lua_pushboolean(L, 1);
+		return 1;
+	case SK_JSON_UNIQUE_REPEATED: {
+		skc_buffer b;
+		lua_pushboolean(L, 0);
+		char *name = skc_buffinitsize(L, &b, report.name.len);
+		skc_pushresultsize(&b, sk_json_unescape(&report.name, name));
+		lua_pushinteger(L, (lua_Integer)report.at);
+		return 3;
+	}
+	case SK_JSON_UNIQUE_UNREADABLE:
+		lua_pushnil(L);
+		lua_pushstring(L, report.err);
+		lua_pushinteger(L, (lua_Integer)report.at);
+		return 3;
+	default:
+		return luaL_error(L, "not enough memory to check a JSON text's member names");
+	}
+}
+
 void skl_open_frames(lua_State *L)
 {
 	static const luaL_Reg methods[] = {
@@ -239,6 +271,7 @@ void skl_open_frames(lua_State *L)
 		{ "decoder", decoder_new },
 		{ "b64encode", b64encode },
 		{ "b64decode", b64decode },
+		{ "json_unique", json_unique },
 		{ NULL, NULL },
 	};
 	skc_setfuncs(L, functions);

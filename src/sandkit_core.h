@@ -11,7 +11,7 @@
 /* Bumped whenever the Lua layer and the C core stop fitting each other; init.lua checks it. */
 #define SANDKIT_ABI 1
 
-void skl_open_frames(lua_State *L);   /* frames.c glue: decoder, base64 */
+void skl_open_frames(lua_State *L);   /* frames.c glue: decoder, base64, json_unique */
 void skl_open_transfer(lua_State *L); /* transfer.c glue: client, request, wait */
 void skl_open_process(lua_State *L);  /* process.c: spawn, signals, files */
 void skl_open_sigv4(lua_State *L);    /* sigv4.c glue: sigv4 */

@@ -202,8 +202,12 @@ local function send(conn, operation, method, path, body, max_body)
   end
 end
 
+-- Bytes of a repeated member name an error quotes: enough to recognise any protocol name.
+local MAX_QUOTED_NAME = 64
+
 --- Reads and decodes a 2xx JSON body; `unreadable` is what an unreadable body means for
--- this operation (a reason for errors.unanswered).
+-- this operation (a reason for errors.unanswered). A body that names a member twice in one
+-- object comes back as an unexpected format, with a third result, true, saying so.
 local function read_json(conn, resp, operation, unreadable)
   local text, bad = resp:read_all(core.now() + conn.body_timeout)
   if not text then
@@ -211,7 +215,21 @@ local function read_json(conn, resp, operation, unreadable)
       and "it was larger than this operation allows" or tostring(bad.detail)
     return nil, errors.unanswered(operation, unreadable .. ": " .. detail, { sent = true })
   end
-  local value, jerr = json.decode(text)
+  -- lua-cjson keeps a repeated member's last copy; the agent, the frame decoder and other
+  -- readers refuse it or keep the first. A text read two ways is no answer, so it is checked
+  -- by the frame decoder's JSON reader (names compared unescaped) before lua-cjson sees it.
+  local unique, name, at = core.json_unique(text)
+  if unique == false then
+    return nil, errors.unexpected(operation, "body", string.format(
+      "it names the member %q twice in one object (at byte %d)", name:sub(1, MAX_QUOTED_NAME), at)),
+      true
+  end
+  local value, jerr
+  if unique then
+    value, jerr = json.decode(text)
+  else
+    jerr = string.format("%s at byte %d", name, at)
+  end
   if type(value) ~= "table" then
     return nil, errors.unexpected(operation, "body", "not a JSON object: " .. tostring(jerr))
   end
@@ -410,6 +428,12 @@ local function poll_frame(raw)
   return { type = t, seq = seq, data = data }
 end
 
+--- A poll whose answer arrived and cannot be read as one: the job ran, and its end is unknown.
+local function outcome_unknown(what, cause)
+  return errors.new("SANDBOX_OUTCOME_UNKNOWN", { operation = JOB_POLL,
+    message = JOB_POLL .. ": " .. what .. ", so the job's outcome is unknown", cause = cause })
+end
+
 function protocol.job_poll(conn, job_id, since)
   if type(job_id) ~= "string" then error("sandkit: a job id is a string", 2) end
   if since ~= nil and (not to_integer(since) or since < 0) then
@@ -419,8 +443,15 @@ function protocol.job_poll(conn, job_id, since)
     or encode{ jobId = job_id, sinceSeq = since }
   local resp, err = send(conn, JOB_POLL, "POST", "/v1/jobs/poll", body, MAX_POLL_BODY)
   if not resp then return nil, err end
-  local value
-  value, err = read_json(conn, resp, JOB_POLL, "the poll's body could not be read")
+  local value, twice
+  value, err, twice = read_json(conn, resp, JOB_POLL, "the poll's body could not be read")
+  if twice then
+    -- Not merely unreadable: the page arrived whole, and a member given twice in its envelope
+    -- (`exitCode`, `running`, `frames`) can hide an exit exactly as a frame's `code` given
+    -- twice can. The agent answers the same cursor with the same page, so a retry would loop
+    -- for ever; the job's outcome is unknown, as for a frame that cannot be read.
+    return nil, outcome_unknown("the poll's page names a member twice", err)
+  end
   if not value then
     -- Nothing about the job changed; the same poll can simply be sent again.
     if err.code == "UNEXPECTED_RESPONSE_FORMAT" then
@@ -445,9 +476,8 @@ function protocol.job_poll(conn, job_id, since)
       if not frame then
         -- A frame arrived, so the command ran, and asking again returns the same frame: its
         -- outcome is unknown, never worth a retry (the exec stream's rule, §4).
-        return nil, errors.new("SANDBOX_OUTCOME_UNKNOWN", { operation = JOB_POLL,
-          message = JOB_POLL .. ": a frame in the poll could not be read, so the job's outcome is "
-            .. "unknown", cause = errors.unexpected(JOB_POLL, "frames", why) })
+        return nil, outcome_unknown("a frame in the poll could not be read",
+          errors.unexpected(JOB_POLL, "frames", why))
       end
       if frame.type == "exit" then
         -- The ending of an agent that reports it as a frame; the envelope's, when both, wins.

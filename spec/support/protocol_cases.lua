@@ -766,6 +766,50 @@ for what, frame in pairs{ ["bad base64"] = '{"t":"stdout","seq":0,"data":"!!not 
   })
 end
 
+-- A page that names a member twice is one page to a reader keeping the first copy and another to
+-- one keeping the last: each of these is read as a successful exit by lua-cjson.
+for what, text in pairs{
+    ["a frame's type"] = '{"running":false,"frames":[{"t":"error","t":"exit","code":0}]}',
+    ["a frame's code"] = '{"running":false,"frames":[{"t":"exit","code":1,"code":0}]}',
+    ["a frame's code, escaped"] = '{"running":false,"frames":[{"t":"exit","code":1,"\\u0063ode":0}]}',
+    ["the envelope's exitCode"] = '{"running":false,"frames":[],"exitCode":1,"exitCode":0}',
+    ["the envelope's running"] = '{"running":true,"running":false,"frames":[],"exitCode":0}',
+    ["the envelope's frames"] = '{"running":false,"frames":[{"t":"error","code":"timeoutExceeded",'
+      .. '"message":"over"}],"frames":[{"t":"exit","code":0}]}' } do
+  case("whose poll names a member twice leave the outcome unknown (" .. what .. ")", {
+    route = string.format([[function(req, conn)
+      respond.status(conn, "200 OK", %q, "application/json")
+    end]], text),
+    act = function(session)
+      local page, err = session:job("j1"):poll()
+      return { page = page, err = plain(err) }
+    end,
+    check = function(r)
+      assert.is_nil(r.page, "neither reading of the page is an answer")
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+      assert.is_false(r.err.retryable, "the agent answers the same poll with the same page")
+      assert.equal("sandbox.jobPoll", r.err.operation)
+      assert.is_true(found(r.err.text, "twice"), r.err.text)
+    end,
+  })
+end
+
+case("whose start answers with its id twice leave the outcome unknown", {
+  route = [[function(req, conn)
+    respond.status(conn, "200 OK", '{"jobId":"a","jobId":"b"}', "application/json")
+  end]],
+  act = function(session)
+    local job, err = session:start_job({ "true" }, { timeout = 10 })
+    return { job = job and job.id, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.job, "neither id is the job's")
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_false(r.err.retryable)
+    assert.is_true(found(r.err.text, "twice"), r.err.text)
+  end,
+})
+
 case("whose poll carries an exit frame take it as the job's ending", {
   route = [[function(req, conn)
     respond.status(conn, "200 OK", '{"running":false,"frames":[{"t":"stdout","seq":0,"data":"aGk="},'
@@ -863,6 +907,22 @@ case("read back with bad base64 are an unexpected format, naming the field", {
   check = function(err)
     assert.equal("UNEXPECTED_RESPONSE_FORMAT", err.code)
     assert.is_true(found(err.text, "contentsBase64"))
+  end,
+})
+
+case("read back with contentsBase64 given twice are an unexpected format", {
+  route = [[function(req, conn)
+    respond.status(conn, "200 OK", '{"contentsBase64":"AAEC","contentsBase64":"/w=="}', "application/json")
+  end]],
+  act = function(session)
+    local bytes, err = session:read_file("/x")
+    return { bytes = bytes and core.b64encode(bytes), err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.bytes, "neither copy is the file")
+    assert.equal("UNEXPECTED_RESPONSE_FORMAT", r.err.code)
+    assert.is_true(found(r.err.text, "contentsBase64"), r.err.text)
+    assert.is_true(found(r.err.text, "twice"), r.err.text)
   end,
 })
 
