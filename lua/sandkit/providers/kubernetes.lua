@@ -18,7 +18,8 @@
 -- Ownership: a claim is this sandbox's when it carries app.kubernetes.io/managed-by=sandkit
 -- and names this warm pool; its Sandbox (status.sandbox.name) must have the claim as its
 -- controller, and the pod the Sandbox. A session whose chain does not hold is not ours: `get`
--- reads it as absent, and nothing is ever sent to its pod.
+-- reads it as absent, `list` leaves it out, `terminate` refuses it, and nothing is ever sent
+-- to its pod.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
