@@ -48,9 +48,11 @@ describe("a kubernetes sandbox", function()
   setup(function()
     cluster = kube_cluster.start{
       pools = { ["py-pool"] = {}, ["foreign-pool"] = { foreign_owner = true },
-        ["named-pool"] = { pod_name_annotation = true } },
+        ["foreign-pod-pool"] = { foreign_pod_owner = true }, ["named-pool"] = { pod_name_annotation = true } },
+      -- The fake's controller binds only the claims it is asked to make: "unbound-1" stays
+      -- without a status, as one the controller has not reached yet.
       claims = { foreign_claim("theirs-other-pool", "other-pool", true),
-        foreign_claim("theirs-unlabelled", "py-pool", false) },
+        foreign_claim("theirs-unlabelled", "py-pool", false), foreign_claim("unbound-1", "py-pool", true) },
       router_token = "router-secret",
     }
   end)
@@ -113,12 +115,76 @@ describe("a kubernetes sandbox", function()
     assert.truthy(claim_of(cluster, "theirs-other-pool"), "someone else's claim is left alone")
   end)
 
-  it("treats a session whose Sandbox its claim does not control as not its own", function()
-    local sb = assert(cluster:sandbox{ warm_pool = "foreign-pool" })
-    local session, err = sb:create{ id = "chain-1" }
-    assert.is_nil(session)
-    assert.matches("does not belong to this sandbox", err.message)
-    assert.is_nil(claim_of(cluster, "chain-1"), "the claim it made is deleted")
+  for _, case in ipairs{ { "Sandbox its claim", "foreign-pool", "chain-1" },
+      { "pod its Sandbox", "foreign-pod-pool", "chain-2" } } do
+    it("treats a new session whose " .. case[1] .. " does not control as not its own", function()
+      local sb = assert(cluster:sandbox{ warm_pool = case[2] })
+      local session, err = sb:create{ id = case[3] }
+      assert.is_nil(session)
+      assert.matches("does not belong to this sandbox", err.message)
+      assert.is_nil(claim_of(cluster, case[3]), "the claim it made is deleted")
+    end)
+  end
+
+  for _, link in ipairs{ "sandbox", "pod" } do
+    it("reads a session whose " .. link .. " came under another controller as absent: get and list "
+        .. "skip it, terminate refuses it and deletes nothing", function()
+      local sb = assert(cluster:sandbox{})
+      local id = "broken-" .. link
+      assert(sb:create{ id = id })
+      assert(sb:create{ id = "whole-" .. link })
+      cluster:control("/_fake/disown", { claim = id, link = link })
+      assert.is_nil(sb:get(id))
+      assert.equal("running", assert(sb:get("whole-" .. link)).state)
+      local ids = {}
+      for _, s in ipairs(assert(sb:list())) do ids[s.id] = s.state end
+      assert.is_nil(ids[id])
+      assert.equal("running", ids["whole-" .. link])
+      local deletes = count(cluster:api_requests("DELETE"))
+      local ok, err = sb:terminate(id)
+      assert.is_nil(ok)
+      assert.matches("does not belong to this sandbox", err.message)
+      assert.equal(deletes, count(cluster:api_requests("DELETE")), "no DELETE was sent")
+      assert.truthy(claim_of(cluster, id), "the claim is left alone")
+      assert(sb:terminate("whole-" .. link))
+    end)
+  end
+
+  it("checks the chains of the sessions it lists with one list of Sandboxes and one of pods", function()
+    local sb = assert(cluster:sandbox{})
+    for i = 1, 2 do assert(sb:create{ id = "counted-" .. i }) end
+    local before = #cluster:requests()
+    local ids = {}
+    for _, s in ipairs(assert(sb:list())) do ids[s.id] = s.state end
+    assert.same({ "running", "running" }, { ids["counted-1"], ids["counted-2"] })
+    local paths, all = {}, cluster:requests()
+    for i = before + 1, #all do paths[#paths + 1] = all[i].method .. " " .. all[i].path:match("[^/]+$") end
+    assert.same({ "GET sandboxclaims", "GET sandboxes", "GET pods" }, paths)
+    for i = 1, 2 do assert(sb:terminate("counted-" .. i)) end
+  end)
+
+  it("reads a claim not yet Ready as starting, with or without a pod in view", function()
+    local sb = assert(cluster:sandbox{})
+    assert.equal("starting", assert(sb:get("unbound-1")).state)
+    assert(sb:create{ id = "unready-1" })
+    cluster:control("/_fake/condition", { claim = "unready-1", status = "False", reason = "SandboxNotReady",
+      message = "Sandbox is not ready" })
+    local again = assert(sb:get("unready-1"))
+    assert.equal("starting", again.state)
+    assert.is_nil(again.record.pod, "a session not running carries no pod to send to")
+    local ids = {}
+    for _, s in ipairs(assert(sb:list())) do ids[s.id] = s.state end
+    assert.same({ "starting", "starting" }, { ids["unbound-1"], ids["unready-1"] })
+    assert(sb:terminate("unready-1"))
+  end)
+
+  it("makes its claims in namespace default when neither the option nor the context names one", function()
+    local sb = assert(cluster:sandbox{ kubeconfig = cluster:kubeconfig{ namespace = false, name = "no-namespace" } })
+    assert.is_nil(sb:get("nowhere-1"))
+    local reads = cluster:api_requests("GET", "/sandboxclaims/nowhere%-1$")
+    assert.equal(1, #reads)
+    assert.equal("/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxclaims/nowhere-1",
+      reads[1].path)
   end)
 
   it("reaches the pod a Sandbox names in its pod-name annotation", function()
@@ -318,7 +384,8 @@ describe("a kubernetes sandbox under faults", function()
   end)
 
   for name, faults in pairs{ ["a dropped watch"] = { watch_drop = 2 },
-      ["a 410 status"] = { watch_gone_status = 2 }, ["a 410 ERROR event"] = { watch_gone_event = 2 } } do
+      ["a 410 status"] = { watch_gone_status = 2 }, ["a 410 ERROR event"] = { watch_gone_event = 2 },
+      ["watches the server ends cleanly at their timeout"] = { watch_seconds = 0.3 } } do
     it("waits through " .. name .. " by reading the claim and watching again", function()
       -- Bound only after the faulty watches are over, so their events cannot be missed.
       local sb = start{ faults = faults, pools = { ["py-pool"] = { bind_delay = 1 } } }
@@ -327,9 +394,23 @@ describe("a kubernetes sandbox under faults", function()
       local watches = count(cluster:api_requests("GET", CLAIMS .. "$"), function(r) return r.query:match("watch=1") end)
       assert.is_true(watches >= 3, watches .. " watches")
       local gets = count(cluster:api_requests("GET", CLAIMS .. "/watch%-1$"))
-      assert.is_true(gets >= 2, "a GET after each failed watch (" .. gets .. ")")
+      assert.is_true(gets >= 2, "a GET after each watch that stopped (" .. gets .. ")")
     end)
   end
+
+  it("terminates a claim whose DELETE was answered 202 Accepted, and reads it as terminated until gone", function()
+    local sb = start{ faults = { delete_pending = true } }
+    assert(sb:create{ id = "accepted-1" })
+    assert.is_true(sb:terminate("accepted-1"))
+    local claim = assert(claim_of(cluster, "accepted-1"), "a finalizer holds the claim")
+    assert.truthy(claim.metadata.deletionTimestamp)
+    local accepted = cluster:api_requests("DELETE", CLAIMS .. "/accepted%-1$")
+    assert.equal(1, #accepted)
+    local session = assert(sb:get("accepted-1"))
+    assert.equal("terminated", session.state)
+    assert.is_nil(session.record.pod)
+    assert.equal("terminated", assert(sb:list())[1].state)
+  end)
 
   it("fails at once on WarmPoolNotFound, naming it, and deletes its claim", function()
     local sb = start{ pools = {}, sandbox = { ready_timeout = 30 } }
@@ -495,4 +576,43 @@ describe("a kubernetes sandbox under faults", function()
     assert.is_nil(result)
     assert.matches("does not belong to this sandbox", err.message)
   end)
+end)
+
+describe("a kubernetes sandbox whose claim cannot become ready", function()
+  -- Every Ready=False reason agent-sandbox does not recover from, with the code and field it
+  -- becomes.
+  local REASONS = {
+    { "TemplateNotFound", "INVALID_INPUT", "warm_pool" },
+    { "InvalidMetadata", "INVALID_INPUT" },
+    { "EnvVarsInjectionRejected", "INVALID_INPUT" },
+    { "VolumeClaimTemplatesError", "INVALID_INPUT" },
+    { "ClaimExpired", "SANDBOX_UNREACHABLE" },
+    { "SandboxExpired", "SANDBOX_UNREACHABLE" },
+  }
+  local cluster
+  setup(function()
+    local pools = {}
+    for _, case in ipairs(REASONS) do pools[case[1]:lower()] = { fail_reason = case[1] } end
+    cluster = kube_cluster.start{ pools = pools }
+  end)
+  teardown(function() if cluster then cluster:stop() end end)
+
+  for _, case in ipairs(REASONS) do
+    local reason, code, field = case[1], case[2], case[3]
+    it("fails at once on " .. reason .. ", naming it, and deletes its claim", function()
+      local sb = assert(cluster:sandbox{ warm_pool = reason:lower(), ready_timeout = 10 })
+      local id = "fails-" .. reason:lower()
+      local started = wait.now()
+      local session, err = sb:create{ id = id }
+      assert.is_nil(session)
+      assert.is_true(wait.now() - started < 5, "it did not wait for the timeout")
+      assert.equal(code, err.code)
+      assert.equal(reason, err.reason)
+      assert.equal(field, err.field)
+      assert.is_falsy(err.retryable)
+      assert.matches("cannot become ready: claim Ready=False %(" .. reason .. ": ", err.message)
+      assert.is_nil(claim_of(cluster, id))
+      assert.equal(1, count(cluster:api_requests("DELETE", CLAIMS .. "/" .. id:gsub("%-", "%%-") .. "$")))
+    end)
+  end
 end)

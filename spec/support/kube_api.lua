@@ -18,6 +18,12 @@
 --   create_status = 504              store the claim, then answer this status with a 5xx page
 --   watch_gone_status, watch_gone_event, watch_drop   the first N watches answer 410, send
 --                                              an ERROR 410 event, or drop mid-stream
+--   watch_seconds = s                every watch ends cleanly (its last chunk sent) after at
+--                                    most s seconds, as an API server ends one at its
+--                                    timeout, whatever timeoutSeconds asked
+--   delete_pending = true            a DELETE leaves the claim in place with its
+--                                    deletionTimestamp (as a finalizer holds it) and answers
+--                                    202 Accepted
 --   list_fail = { [page] = 503 | "html" }      a list page answers a Status 503 or a 502 page
 --   page_size = n                    list pages hold at most n items whatever the limit
 --                                    (Kubernetes may answer fewer than asked, continue set)
@@ -25,10 +31,14 @@
 --   allow = { ["get pods"] = true, … }   403 for every verb and resource not listed (a Role)
 --   throttle = { ["list sandboxclaims"] = 1 }      429 with Retry-After
 -- pools: { [name] = { bind_delay, ready_delay, never_ready, expire_before_ready,
---                     foreign_owner, pod_name_annotation } }
+--                     fail_reason = "TemplateNotFound" (Ready=False with it, never bound),
+--                     foreign_owner (the Sandbox's controller is another claim),
+--                     foreign_pod_owner (the pod's controller is another Sandbox),
+--                     pod_name_annotation } }
 -- Control routes (no authentication): POST /_fake/tokens {tokens}, POST /_fake/recreate
--- {pod, same_ip}, POST /_fake/condition {claim, status, reason, message}, GET /_fake/state,
--- POST /_fake/shutdown.
+-- {pod, same_ip}, POST /_fake/condition {claim, status, reason, message}, POST /_fake/disown
+-- {claim, link = "sandbox" | "pod"} (that object's controller becomes another object),
+-- GET /_fake/state, POST /_fake/shutdown.
 
 local cjson = require "cjson"
 local cqueues = require "cqueues"
@@ -51,7 +61,7 @@ local KINDS = {
   pods = { prefix = "/api/v1", api_version = "v1", kind = "Pod", group = "" },
 }
 
-local PHRASES = { [200] = "OK", [201] = "Created", [400] = "Bad Request", [401] = "Unauthorized",
+local PHRASES = { [200] = "OK", [201] = "Created", [202] = "Accepted", [400] = "Bad Request", [401] = "Unauthorized",
   [403] = "Forbidden", [404] = "Not Found", [409] = "Conflict", [410] = "Gone",
   [422] = "Unprocessable Entity", [429] = "Too Many Requests", [500] = "Internal Server Error",
   [502] = "Bad Gateway", [503] = "Service Unavailable", [504] = "Gateway Timeout" }
@@ -324,6 +334,10 @@ function kube_api.scenario(config)
       set_condition(claim, "False", "ClaimExpired", "Claim expired. Sandbox cleanup initiated.")
       return put("sandboxclaims", claim, "MODIFIED")
     end
+    if pool.fail_reason then
+      set_condition(claim, "False", pool.fail_reason, pool.fail_reason .. " for warm pool " .. pool_name)
+      return put("sandboxclaims", claim, "MODIFIED")
+    end
     local sb_name = pool_name .. "-" .. uuid():sub(1, 5)
     local pod_name = pool.pod_name_annotation and (sb_name .. "-pod") or sb_name
     local sandbox = { apiVersion = KINDS.sandboxes.api_version, kind = "Sandbox",
@@ -345,7 +359,8 @@ function kube_api.scenario(config)
       metadata = { name = pod_name, namespace = ns, uid = pod_uid, creationTimestamp = now_text(),
         labels = { ["agents.x-k8s.io/claim-uid"] = uid },
         ownerReferences = { { apiVersion = KINDS.sandboxes.api_version, kind = "Sandbox",
-          name = sb_name, uid = sandbox.metadata.uid, controller = true, blockOwnerDeletion = true } } },
+          name = sb_name, uid = pool.foreign_pod_owner and uuid() or sandbox.metadata.uid,
+          controller = true, blockOwnerDeletion = true } } },
       spec = { containers = { { name = "agent", image = "sandkit-agent" } } },
       status = { phase = "Running", podIP = agent.ip, podIPs = { { ip = agent.ip } },
         conditions = { { type = "Ready", status = "True" } } } }
@@ -502,7 +517,9 @@ function kube_api.scenario(config)
       S.watchers[w] = nil
       return conn:close()
     end
-    local deadline = cqueues.monotime() + (tonumber(q.timeoutSeconds or "") or 1800)
+    local seconds = tonumber(q.timeoutSeconds or "") or 1800
+    if faults.watch_seconds then seconds = math.min(seconds, faults.watch_seconds) end
+    local deadline = cqueues.monotime() + seconds
     while not conn.closed do
       if #w.queue == 0 then
         local left = deadline - cqueues.monotime()
@@ -612,8 +629,14 @@ function kube_api.scenario(config)
         .. '%s, UID in object meta: %s', name, pre, claim.metadata.uid),
         { name = name, group = KINDS.sandboxclaims.group, kind = "sandboxclaims" })
     end
-    remove("sandboxclaims", claim)
     record_log{ deleted = name, propagation = opts.propagationPolicy, precondition = pre or nil }
+    if faults.delete_pending then
+      -- A finalizer holds it: marked, still there, its deletion accepted but not done.
+      claim.metadata.deletionTimestamp = claim.metadata.deletionTimestamp or now_text()
+      put("sandboxclaims", claim, "MODIFIED")
+      return send(conn, 202, cjson.encode(claim))
+    end
+    remove("sandboxclaims", claim)
     local uid = claim.metadata.uid
     cqueues.running():wrap(function() collect(uid) end)
     send(conn, 200, cjson.encode(claim))
@@ -646,6 +669,21 @@ function kube_api.scenario(config)
       if not claim then return send(conn, 404, "{}") end
       set_condition(claim, body.status, body.reason, body.message)
       put("sandboxclaims", claim, "MODIFIED")
+      return send(conn, 200, "{}")
+    elseif req.path == "/_fake/disown" then
+      local claim = store("sandboxclaims", body.namespace)[body.claim]
+      local sb_name = claim and claim.status and claim.status.sandbox and claim.status.sandbox.name
+      local sandbox = sb_name and store("sandboxes", body.namespace)[sb_name]
+      if not sandbox then return send(conn, 404, "{}") end
+      local obj = sandbox
+      if body.link == "pod" then
+        local annotations = sandbox.metadata.annotations or {}
+        obj = store("pods", body.namespace)[annotations["agents.x-k8s.io/pod-name"] or sb_name]
+        if not obj then return send(conn, 404, "{}") end
+      end
+      local ref = obj.metadata.ownerReferences[1]
+      ref.name, ref.uid = "someone-else", uuid()
+      put(body.link == "pod" and "pods" or "sandboxes", obj, "MODIFIED")
       return send(conn, 200, "{}")
     elseif req.path == "/_fake/compact" then
       S.compacted = S.rv + 1

@@ -9,7 +9,7 @@
 --   cluster.router_url        -- the fake router: agent-sandbox's X-Sandbox-* headers
 --   cluster:kubeconfig{ user = "token" | "token_file" | "cert_data" | "cert_file" | "exec",
 --                       exec_api = "v1", exec_env = { NAME = value }, tls_server_name = false,
---                       namespace = nil }  -- a path
+--                       namespace = nil }  -- a path (namespace = false: the context names none)
 --   cluster:sandbox{ … }      -- sandkit.sandbox{ provider = "kubernetes", … } on this cluster
 --   cluster:control(path, body), cluster:state(), cluster:requests(), cluster:log_entries()
 --   cluster:stop()            -- stops every agent, the fake and nginx
@@ -177,7 +177,9 @@ function cluster_mt:kubeconfig(opts)
   lines[#lines + 1] = "  context:"
   lines[#lines + 1] = "    cluster: fake"
   lines[#lines + 1] = "    user: me"
-  lines[#lines + 1] = "    namespace: " .. (opts.namespace or self.namespace)
+  if opts.namespace ~= false then
+    lines[#lines + 1] = "    namespace: " .. (opts.namespace or self.namespace)
+  end
   lines[#lines + 1] = "current-context: fake"
   files.write(path, table.concat(lines, "\n") .. "\n")
   return path

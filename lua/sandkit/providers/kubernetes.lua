@@ -18,7 +18,8 @@
 -- Ownership: a claim is this sandbox's when it carries app.kubernetes.io/managed-by=sandkit
 -- and names this warm pool; its Sandbox (status.sandbox.name) must have the claim as its
 -- controller, and the pod the Sandbox. A session whose chain does not hold is not ours: `get`
--- reads it as absent, and nothing is ever sent to its pod.
+-- reads it as absent, `list` leaves it out, `terminate` refuses it, and nothing is ever sent
+-- to its pod.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
@@ -250,9 +251,17 @@ end
 
 -- Paths and reads ------------------------------------------------------------------------------
 
-function provider_mt:claims_path(name)
-  return api.CLAIMS .. "/namespaces/" .. self.namespace .. "/sandboxclaims"
+--- Where each resource the provider reads is served.
+local GROUPS = { sandboxclaims = api.CLAIMS, sandboxes = api.SANDBOXES, pods = api.CORE }
+
+--- The path of a collection in this namespace, or of one object in it.
+function provider_mt:path(resource, name)
+  return GROUPS[resource] .. "/namespaces/" .. self.namespace .. "/" .. resource
     .. (name and ("/" .. name) or "")
+end
+
+function provider_mt:claims_path(name)
+  return self:path("sandboxclaims", name)
 end
 
 local function failed(operation, what, cause)
@@ -276,13 +285,40 @@ local function not_ours(operation, id)
 end
 
 --- A GET of one object: the object | nil (absent) | nil, err.
-function provider_mt:read(operation, resource, path, name)
+function provider_mt:read(operation, resource, name)
   return self.api:call{ operation = operation, verb = "get", resource = resource,
-    namespace = self.namespace, name = name, method = "GET", path = path, absent_on_404 = true }
+    namespace = self.namespace, name = name, method = "GET", path = self:path(resource, name),
+    absent_on_404 = true }
 end
 
 function provider_mt:read_claim(id, operation)
-  return self:read(operation, "sandboxclaims", self:claims_path(id), id)
+  return self:read(operation, "sandboxclaims", id)
+end
+
+--- Calls `each(object)` for every object of a collection that `query` selects, following
+-- continue until it is empty (a page may hold fewer items than `limit` and still not be the
+-- last): true | nil, err.
+function provider_mt:each_listed(operation, resource, query, each)
+  local continue
+  for _ = 1, MAX_LIST_PAGES do
+    local q = {}
+    for i, pair in ipairs(query) do q[i] = pair end
+    q[#q + 1] = { "limit", tostring(LIST_LIMIT) }
+    if continue then q[#q + 1] = { "continue", continue } end
+    local page, err = self.api:call{ operation = operation, verb = "list", resource = resource,
+      namespace = self.namespace, method = "GET", path = self:path(resource), query = q }
+    if not page then return nil, err end
+    if type(page.items) ~= "table" then
+      return nil, errors.unexpected(operation, "items", "the " .. resource .. " list has no items")
+    end
+    for _, obj in ipairs(page.items) do
+      if type(obj) == "table" then each(obj) end
+    end
+    continue = type(page.metadata) == "table" and page.metadata.continue or nil
+    if type(continue) ~= "string" or continue == "" then return true end
+  end
+  return nil, unreachable(operation, "the " .. resource .. " list did not end within "
+    .. MAX_LIST_PAGES .. " pages")
 end
 
 local function meta(obj)
@@ -357,30 +393,39 @@ local function pod_ip(pod)
   end
 end
 
+--- The Sandbox a claim names, when it names one that can be.
+local function sandbox_name(claim)
+  local status = type(claim.status) == "table" and claim.status or {}
+  local name = type(status.sandbox) == "table" and status.sandbox.name
+  if type(name) == "string" and dns_subdomain(name) then return name end
+end
+
+--- The pod a Sandbox runs: its pod-name annotation, else the Sandbox's own name.
+local function pod_name_of(sandbox, sb_name)
+  local annotations = type(meta(sandbox).annotations) == "table" and meta(sandbox).annotations or {}
+  return annotations[kubernetes.POD_NAME_ANNOTATION] or sb_name
+end
+
 --- The pod behind a claim, through the ownership chain: { name, uid, ip, sandbox } | false and
 -- why not yet (something is missing or still starting) | nil and an error (the chain does
--- not hold, or a read failed).
-function provider_mt:chain(claim, operation)
+-- not hold, or a read failed). `lookup(resource, name)` finds a Sandbox or a pod (object |
+-- nil when absent | nil, err); by default each is read with a GET.
+function provider_mt:chain(claim, operation, lookup)
+  lookup = lookup or function(resource, name) return self:read(operation, resource, name) end
   local id, claim_uid = meta(claim).name, meta(claim).uid
-  local status = type(claim.status) == "table" and claim.status or {}
-  local sb_name = type(status.sandbox) == "table" and status.sandbox.name
-  if type(sb_name) ~= "string" or not dns_subdomain(sb_name) then
-    return false, "claim names no sandbox yet"
-  end
-  local sandbox, err = self:read(operation, "sandboxes",
-    api.SANDBOXES .. "/namespaces/" .. self.namespace .. "/sandboxes/" .. sb_name, sb_name)
+  local sb_name = sandbox_name(claim)
+  if not sb_name then return false, "claim names no sandbox yet" end
+  local sandbox, err = lookup("sandboxes", sb_name)
   if err then return nil, err end
   if not sandbox then return false, "sandbox " .. sb_name .. " does not exist" end
   if not controlled_by(sandbox, "SandboxClaim", claim_uid) then return nil, not_ours(operation, id) end
-  local annotations = type(meta(sandbox).annotations) == "table" and meta(sandbox).annotations or {}
-  local pod_name = annotations[kubernetes.POD_NAME_ANNOTATION] or sb_name
+  local pod_name = pod_name_of(sandbox, sb_name)
   if type(pod_name) ~= "string" or not dns_subdomain(pod_name) then
     return nil, errors.unexpected(operation, "sandbox", "sandbox " .. sb_name .. " names a pod "
       .. "that is not an object name")
   end
   local pod
-  pod, err = self:read(operation, "pods", api.CORE .. "/namespaces/" .. self.namespace
-    .. "/pods/" .. pod_name, pod_name)
+  pod, err = lookup("pods", pod_name)
   if err then return nil, err end
   if not pod then return false, "pod " .. pod_name .. " does not exist" end
   if not controlled_by(pod, "Sandbox", meta(sandbox).uid) then return nil, not_ours(operation, id) end
@@ -391,6 +436,24 @@ function provider_mt:chain(claim, operation)
     return nil, errors.unexpected(operation, "pod", "pod " .. pod_name .. " has no uid")
   end
   return { name = pod_name, uid = meta(pod).uid, ip = ip, sandbox = sb_name }
+end
+
+--- The session a claim of this sandbox stands for, once its chain is checked: the record |
+-- nil (the chain does not hold: not ours, read as absent) | nil, err. A claim Ready whose
+-- pod is not in view yet is still starting; only a running session carries its pod, so
+-- nothing is ever sent to one in another state without reading it again.
+function provider_mt:record(claim, operation, lookup)
+  local pod, why = self:chain(claim, operation, lookup)
+  if pod == nil then
+    if why.not_ours then return nil end
+    return nil, why
+  end
+  local record = { id = meta(claim).name, state = claim_state(claim), generation = 1,
+    claim_uid = meta(claim).uid, created_at = rfc3339.parse(meta(claim).creationTimestamp) }
+  if record.state == "running" then
+    if pod then record.pod = pod else record.state = "starting" end
+  end
+  return record
 end
 
 --- The pod of a running session, read from scratch: pod | nil, err.
@@ -711,17 +774,7 @@ function provider_mt:get(id)
   local claim, err = self:read_claim(id, op)
   if err then return nil, err end
   if not claim or not self:owns(claim) then return nil end
-  local record = { id = id, state = claim_state(claim), generation = 1, claim_uid = meta(claim).uid,
-    created_at = rfc3339.parse(meta(claim).creationTimestamp) }
-  if record.state == "running" then
-    local pod, why = self:chain(claim, op)
-    if pod == nil then
-      if why.not_ours then return nil end
-      return nil, why
-    end
-    if pod then record.pod = pod else record.state = "starting" end
-  end
-  return record
+  return self:record(claim, op)
 end
 
 --- An existing session is handed back once it serves: one still starting is waited for (and
@@ -747,36 +800,67 @@ function provider_mt:get_or_create(opts)
   return record, true
 end
 
---- Every claim of this sandbox, page by page. States come from the claims alone; a session's
--- ownership chain is checked before anything is sent to it.
-function provider_mt:list()
-  local op = "sandbox.list"
-  local records, continue = {}, nil
-  for _ = 1, MAX_LIST_PAGES do
-    local query = { { "labelSelector", kubernetes.MANAGED_BY_LABEL .. "=" .. kubernetes.MANAGED_BY },
-      { "limit", tostring(LIST_LIMIT) } }
-    if continue then query[#query + 1] = { "continue", continue } end
-    local page, err = self.api:call{ operation = op, verb = "list", resource = "sandboxclaims",
-      namespace = self.namespace, method = "GET", path = self:claims_path(), query = query }
-    if not page then return nil, err end
-    if type(page.items) ~= "table" then
-      return nil, errors.unexpected(op, "items", "the claim list has no items")
+--- Finds the Sandboxes `wanted` names and their pods with one list of each collection (however
+-- many pages), rather than two reads per session: a lookup for `chain`, or nil and an error.
+-- Only the objects wanted are kept, so memory grows with this sandbox's sessions, not with
+-- the namespace.
+function provider_mt:bulk_lookup(operation, wanted)
+  local found = { sandboxes = {}, pods = {} }
+  local pods_wanted = {}
+  local ok, err = self:each_listed(operation, "sandboxes", {}, function(sandbox)
+    local name = meta(sandbox).name
+    if wanted[name] then
+      found.sandboxes[name] = sandbox
+      local pod_name = pod_name_of(sandbox, name)
+      if type(pod_name) == "string" then pods_wanted[pod_name] = true end
     end
-    for _, claim in ipairs(page.items) do
-      if type(claim) == "table" and self:owns(claim) and dns_label(meta(claim).name) then
-        records[#records + 1] = { id = meta(claim).name, state = claim_state(claim),
-          generation = 1, claim_uid = meta(claim).uid,
-          created_at = rfc3339.parse(meta(claim).creationTimestamp) }
-      end
-    end
-    -- A page may hold fewer items than the limit and still not be the last.
-    continue = type(page.metadata) == "table" and page.metadata.continue or nil
-    if type(continue) ~= "string" or continue == "" then return records end
+  end)
+  if not ok then return nil, err end
+  if next(pods_wanted) then
+    ok, err = self:each_listed(operation, "pods", {}, function(pod)
+      if pods_wanted[meta(pod).name] then found.pods[meta(pod).name] = pod end
+    end)
+    if not ok then return nil, err end
   end
-  return nil, unreachable(op, "the claim list did not end within " .. MAX_LIST_PAGES .. " pages")
+  return function(resource, name) return found[resource][name] end
 end
 
---- Idempotent: an absent claim is terminated. One that is not this sandbox's is refused.
+--- Every session of this sandbox: its claims, page by page, each with its chain checked as
+-- `get` checks it — a session whose chain does not hold is not listed. The Sandboxes and
+-- pods are read with one list each (only when some claim names a Sandbox).
+function provider_mt:list()
+  local op = "sandbox.list"
+  local claims, wanted = {}, {}
+  local ok, err = self:each_listed(op, "sandboxclaims",
+    { { "labelSelector", kubernetes.MANAGED_BY_LABEL .. "=" .. kubernetes.MANAGED_BY } },
+    function(claim)
+      if self:owns(claim) and dns_label(meta(claim).name) then
+        claims[#claims + 1] = claim
+        local sb_name = sandbox_name(claim)
+        if sb_name then wanted[sb_name] = true end
+      end
+    end)
+  if not ok then return nil, err end
+  local lookup
+  if next(wanted) then
+    lookup, err = self:bulk_lookup(op, wanted)
+    if not lookup then return nil, err end
+  end
+  local records = {}
+  for _, claim in ipairs(claims) do
+    local record, rerr = self:record(claim, op, lookup)
+    if rerr then return nil, rerr end
+    if record then records[#records + 1] = record end
+  end
+  return records
+end
+
+--- Idempotent: an absent claim is terminated. One that is not this sandbox's is refused, and
+-- so is one whose chain does not hold: its Sandbox or pod is another's, and "never operated
+-- on" means no DELETE. That is the refusal another pool's claim gets, not the success an
+-- absent one gets: the claim is still there, and a caller told its session was terminated
+-- would believe the claim gone; a chain that broke under a claim sandkit made is worth an
+-- error someone reads. The claim is left to its owner and to its own shutdownTime.
 function provider_mt:terminate(id)
   local op = "sandbox.terminate"
   local bad = bad_id(op, id)
@@ -785,6 +869,8 @@ function provider_mt:terminate(id)
   if err then return nil, err end
   if not claim then return true end
   if not self:owns(claim) then return nil, not_ours(op, id) end
+  local pod, why = self:chain(claim, op)
+  if pod == nil then return nil, why end
   local ok
   ok, err = self:delete_claim(id, meta(claim).uid, op)
   if not ok then return nil, failed(op, "claim " .. id .. " could not be deleted", err) end
