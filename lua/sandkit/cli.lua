@@ -4,7 +4,8 @@
 -- The command line is read from tables: COMMANDS (each command's arguments and options, OPTIONS
 -- describing every option) and the chosen provider's CLI_OPTIONS (`--provider NAME`, default
 -- local): a provider module lists the flags it takes, and they are accepted before the command
--- and after it alike.
+-- and after it alike (`convert` turns a flag's text into the option's value; `secret_file` says
+-- the value is read from the file the flag names).
 --
 -- A SIGINT, SIGTERM, SIGHUP or SIGPIPE ends any wait at once (core.trap): the remote command is
 -- stopped, a throwaway session removed, and the status is 128 + the signal. While a session is
@@ -74,6 +75,22 @@ local function env_pair(text)
   local k, v = text:match("^([^=]+)=(.*)$")
   if not k then return nil, "K=V" end
   return { k, v }
+end
+
+--- Bytes a secret's file may hold: a token is tens of characters, so a bigger file is not one.
+local MAX_SECRET_FILE = 4096
+
+--- A secret from the file a provider's `--…-file` flag names (`secret_file` in its CLI_OPTIONS):
+-- on a command line `ps` would show it to everyone. Surrounding whitespace is not the secret's.
+local function secret_from_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil, "a readable file" end
+  local text = f:read(MAX_SECRET_FILE + 1) or ""
+  f:close()
+  if #text > MAX_SECRET_FILE then return nil, "a file of at most " .. MAX_SECRET_FILE .. " bytes" end
+  text = text:gsub("^%s+", ""):gsub("%s+$", "")
+  if text == "" then return nil, "a file holding the secret (this one is empty)" end
+  return text
 end
 
 --- The command's environment from the --env pairs, the last of a name winning.
@@ -601,8 +618,10 @@ local function command_help(command, provider, pflags)
     out[#out + 1] = "\noptions:\n"
     for _, name in ipairs(command.options) do out[#out + 1] = option_line(name, OPTIONS[name]) end
   end
-  local names = {}
-  for name in pairs(pflags) do names[#names + 1] = name end
+  local own, names = {}, {}
+  for _, name in ipairs(command.options or {}) do own[name] = true end
+  -- A provider flag the command takes as its own option means that option after the command.
+  for name in pairs(pflags) do if not own[name] then names[#names + 1] = name end end
   table.sort(names)
   out[#out + 1] = "\nprovider options (" .. provider .. "):\n" .. option_line("provider", GLOBAL.provider)
   for _, name in ipairs(names) do out[#out + 1] = option_line(name, pflags[name]) end
@@ -641,12 +660,14 @@ local function parse(args, pflags, provider)
       local name, value = a:match("^%-%-([^=]+)=(.*)$")
       name = name or a:sub(3)
       local spec, into = GLOBAL[name], p.opts
-      if not spec and pflags[name] then spec, into = pflags[name], p.provider_opts end
+      -- The command's own option first: a provider flag of the same name (kubernetes'
+      -- --lifetime) sets the sandbox's default, which the command's option overrides anyway.
       if not spec and command and command.options then
         for _, allowed in ipairs(command.options) do
           if allowed == name then spec = OPTIONS[name] end
         end
       end
+      if not spec and pflags[name] then spec, into = pflags[name], p.provider_opts end
       if not spec then
         local known = {}
         for k in pairs(GLOBAL) do known[k] = true end
@@ -671,7 +692,8 @@ local function parse(args, pflags, provider)
           if value == nil then return nil, "--" .. name .. " needs a value (" .. spec.arg .. ")", command end
         end
         local converted, why = value, nil
-        if spec.convert then converted, why = spec.convert(value) end
+        if spec.secret_file then converted, why = secret_from_file(value)
+        elseif spec.convert then converted, why = spec.convert(value) end
         if converted == nil then return nil, "--" .. name .. " takes " .. why .. ", not " .. value, command end
         if spec.list then
           into[key] = into[key] or {}
