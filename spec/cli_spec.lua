@@ -350,6 +350,27 @@ describe("the sandkit command", function()
     assert.equal("running", cjson.decode((sandkit_cmd("ls --json"))).sessions[1].state)
   end)
 
+  it("on SIGTERM stops the command, removes its throwaway session and its agent, and exits 143", function()
+    local nap = remote_nap()
+    local pid, output = start("run -- sh -c 'echo started; exec sleep " .. nap .. "'")
+    wait_until(function() return output():find("started\n") end, 10, "the command to start")
+    -- The shell prints before it execs sleep: wait for sleep itself.
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
+      "the remote command to be found by its argv")
+    local sessions = cjson.decode((sandkit_cmd("ls --json"))).sessions
+    assert.equal(1, #sessions)
+    local agent_pid = assert(assert(sandkit.sandbox{ provider = "local", root = root }):get(sessions[1].id)).record.pid
+    core.kill(pid, core.SIGTERM)
+    local _, status = core.reap(pid, true)
+    assert.equal(143, status)
+    local _, err = output()
+    assert.equal("sandkit: stopped by SIGTERM\n", err)
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 0 end, 5,
+      "the remote command to stop")
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "the throwaway session is gone")
+    wait_until(function() return not core.alive(agent_pid) end, 5, "the session's agent to exit")
+  end)
+
   it("removes a throwaway session when the reader of its output goes away", function()
     local out, _, status = local_state.sh("bash -c " .. q(command("run -- sh -c 'yes | head -c 100000000'")
       .. " | head -c 1 >/dev/null; exit ${PIPESTATUS[0]}"))
