@@ -303,6 +303,28 @@ describe("the sandkit command", function()
     end
   end)
 
+  it("says on stderr when the agent dropped a job's output, followed or polled to its end", function()
+    sandkit_cmd("create jobs")
+    local id = (sandkit_cmd("job start jobs -- head -c 5000000 /dev/zero")):match("^(%S+)\n$")
+    local message = "^sandkit: the output was truncated: the agent kept at most its own cap of each stream\n$"
+    local out, err, status = sandkit_cmd("job poll jobs " .. id .. " --follow")
+    assert.equal(0, status)
+    assert.is_true(#out < 5000000, "the agent's cap kept " .. #out .. " bytes")
+    assert.matches(message, err)
+    local doc = cjson.decode((sandkit_cmd("job poll jobs " .. id .. " --json")))
+    assert.is_true(doc.exit.truncated)
+    -- A poll past the last frame sees only the end, and says the same.
+    out, err, status = sandkit_cmd("job poll jobs " .. id .. " --since " .. (doc.next + 100000000))
+    assert.equal(0, status)
+    assert.equal("", out)
+    assert.matches(message, err)
+    -- Output that was all kept is not reported.
+    local whole = (sandkit_cmd("job start jobs -- echo whole")):match("^(%S+)\n$")
+    out, err = sandkit_cmd("job poll jobs " .. whole .. " --follow")
+    assert.equal("whole\n", out)
+    assert.equal("", err)
+  end)
+
   it("writes whole lines with --lines, so stdout and stderr never split a line", function()
     local script = "printf out1; printf err1 >&2; sleep 0.2; printf 'out2\\n'; sleep 0.2; "
       .. "printf 'err2\\n' >&2; printf tail"
@@ -415,6 +437,78 @@ describe("the sandkit command", function()
     local job_help, _, job_status = sandkit_cmd("job --help")
     assert.equal(0, job_status, "job --help asks what help job does")
     assert.equal((sandkit_cmd("help job")), job_help)
+  end)
+
+  it("exits 125 for a session that does not exist, whichever command names it", function()
+    sandkit_cmd("create real")
+    local src = root .. "/up.txt"
+    files.write(src, "up")
+    for _, args in ipairs{ "run --session nosuch -- true", "put nosuch " .. q(src) .. " /x", "get nosuch /x -",
+        "job start nosuch -- true", "job poll nosuch j1", "job poll nosuch j1 --follow",
+        "job poll nosuch j1 --json", "job cancel nosuch j1", "rm nosuch", "rm real nosuch" } do
+      local out, err, status = sandkit_cmd(args)
+      assert.equal(125, status, args .. ": " .. err)
+      assert.equal("", out, args)
+      assert.matches("^sandkit: no session named nosuch[^\n]*\n$", err, nil, args)
+    end
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "rm removed the session it knew")
+  end)
+
+  it("exits with a job's own status when a poll sees it ended, and 0 while it runs or with --json", function()
+    sandkit_cmd("create jobs")
+    local id = (sandkit_cmd("job start jobs -- sh -c 'exit 5'")):match("^(%S+)\n$")
+    assert.equal(5, select(3, sandkit_cmd("job poll jobs " .. id .. " --follow")))
+    assert.equal(5, select(3, sandkit_cmd("job poll jobs " .. id)))
+    assert.equal(0, select(3, sandkit_cmd("job poll jobs " .. id .. " --json")))
+    local nap = remote_nap()
+    local running = (sandkit_cmd("job start jobs -- sleep " .. nap)):match("^(%S+)\n$")
+    local _, err, status = sandkit_cmd("job poll jobs " .. running)
+    assert.equal(0, status)
+    assert.matches("running; next:", err)
+    assert.equal(0, select(3, sandkit_cmd("job cancel jobs " .. running)))
+  end)
+
+  it("lists each exit status once, and each kind of failure under one status", function()
+    local help = sandkit_cmd("--help")
+    local table_text = assert(help:match("\nexit status:\n(.*)$"))
+    local seen = {}
+    for line in table_text:gmatch("[^\n]+") do
+      -- A status starts its line at column 3; the lines that go on describing one are indented deeper.
+      local statuses = line:match("^  (%d[%d, ]*%d)") or line:match("^  (%d+)")
+      for status in (statuses or ""):gmatch("%d+") do
+        assert.is_nil(seen[status], "status " .. status .. " is listed twice")
+        seen[status] = true
+      end
+    end
+    assert.is_true(seen["1"] and seen["125"] and seen["143"], "the table was read")
+    for _, kind in ipairs{ "no such session", "the command line is wrong", "outlived %-%-timeout" } do
+      local count = select(2, table_text:gsub(kind, ""))
+      assert.equal(1, count, kind)
+    end
+    assert.matches("job poll", table_text:match("^  N  .-\n  1 "), nil, "N names job poll as well as run")
+  end)
+
+  it("describes every job command under help job and job --help, and each one alone", function()
+    local help, _, status = sandkit_cmd("help job")
+    assert.equal(0, status)
+    assert.matches("^usage: sandkit job ", help)
+    for _, sub in ipairs{ "start", "poll", "cancel" } do
+      assert.matches("\n  job " .. sub .. " NAME", help, nil, sub .. " is listed")
+    end
+    assert.matches("start a detached job", help)
+    assert.matches("stop a job", help)
+    local job_help
+    job_help, _, status = sandkit_cmd("job --help")
+    assert.equal(0, status)
+    assert.equal(help, job_help)
+    local poll_help = sandkit_cmd("help job poll")
+    assert.matches("^usage: sandkit job poll NAME JOB", poll_help)
+    assert.matches("\n  %-%-follow ", poll_help)
+    assert.matches("\n  %-%-since N ", poll_help)
+    assert.is_nil(poll_help:find("--id ID", 1, true), "only poll's own options")
+    assert.equal(poll_help, (sandkit_cmd("job poll --help")))
+    local _, err = sandkit_cmd("job")
+    assert.matches("see `sandkit job %-%-help`", err)
   end)
 
   it("takes provider options after the command as well as before it", function()
