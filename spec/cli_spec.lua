@@ -62,6 +62,20 @@ describe("the sandkit command", function()
     return pid, function() return files.read(out) or "", files.read(err) or "" end
   end
 
+  --- Starts `sandkit ARGS -- sh -c 'echo started; exec sleep …'` as start() does and waits until
+  -- the remote sleep runs: pid, output, and the sleep's unique argument.
+  local function start_remote_sleep(args)
+    -- The agent runs commands in a PID namespace of their own, so a command's `$$` is not a
+    -- host pid: the remote command is found by its argv, made unique here.
+    local nap = remote_nap()
+    local pid, output = start(args .. " -- sh -c 'echo started; exec sleep " .. nap .. "'")
+    wait_until(function() return output():find("started\n") end, 10, "the command to start")
+    -- The shell prints before it execs sleep: wait for sleep itself.
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
+      "the remote command to be found by its argv")
+    return pid, output, nap
+  end
+
   it("streams a command's stdout and stderr to its own and exits with its status", function()
     local out, err, status = sandkit_cmd("run -- sh -c 'echo hi; echo oops >&2; exit 3'")
     assert.equal("hi\n", out)
@@ -334,14 +348,7 @@ describe("the sandkit command", function()
   end)
 
   it("on SIGINT stops the command at once, removes its throwaway session and exits 130", function()
-    -- The agent runs commands in a PID namespace of their own, so a command's `$$` is not a
-    -- host pid: the remote command is found by its argv, made unique here.
-    local nap = remote_nap()
-    local pid, output = start("run -- sh -c 'echo started; exec sleep " .. nap .. "'")
-    wait_until(function() return output():find("started\n") end, 10, "the command to start")
-    -- The shell prints before it execs sleep: wait for sleep itself.
-    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
-      "the remote command to be found by its argv")
+    local pid, output, nap = start_remote_sleep("run")
     local signalled = core.now()
     core.kill(pid, core.SIGINT)
     local _, status = core.reap(pid, true)
@@ -358,12 +365,7 @@ describe("the sandkit command", function()
 
   it("on SIGTERM stops the command in a named session, keeps the session and exits 143", function()
     sandkit_cmd("create kept")
-    local nap = remote_nap()
-    local pid, output = start("run --session kept -- sh -c 'echo started; exec sleep " .. nap .. "'")
-    wait_until(function() return output():find("started\n") end, 10, "the command to start")
-    -- The shell prints before it execs sleep: wait for sleep itself.
-    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
-      "the remote command to be found by its argv")
+    local pid, _, nap = start_remote_sleep("run --session kept")
     core.kill(pid, core.SIGTERM)
     local _, status = core.reap(pid, true)
     assert.equal(143, status)
@@ -373,12 +375,7 @@ describe("the sandkit command", function()
   end)
 
   it("on SIGTERM stops the command, removes its throwaway session and its agent, and exits 143", function()
-    local nap = remote_nap()
-    local pid, output = start("run -- sh -c 'echo started; exec sleep " .. nap .. "'")
-    wait_until(function() return output():find("started\n") end, 10, "the command to start")
-    -- The shell prints before it execs sleep: wait for sleep itself.
-    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
-      "the remote command to be found by its argv")
+    local pid, output, nap = start_remote_sleep("run")
     local sessions = cjson.decode((sandkit_cmd("ls --json"))).sessions
     assert.equal(1, #sessions)
     local agent_pid = assert(assert(sandkit.sandbox{ provider = "local", root = root }):get(sessions[1].id)).record.pid
