@@ -62,6 +62,20 @@ describe("the sandkit command", function()
     return pid, function() return files.read(out) or "", files.read(err) or "" end
   end
 
+  --- Starts `sandkit ARGS -- sh -c 'echo started; exec sleep …'` as start() does and waits until
+  -- the remote sleep runs: pid, output, and the sleep's unique argument.
+  local function start_remote_sleep(args)
+    -- The agent runs commands in a PID namespace of their own, so a command's `$$` is not a
+    -- host pid: the remote command is found by its argv, made unique here.
+    local nap = remote_nap()
+    local pid, output = start(args .. " -- sh -c 'echo started; exec sleep " .. nap .. "'")
+    wait_until(function() return output():find("started\n") end, 10, "the command to start")
+    -- The shell prints before it execs sleep: wait for sleep itself.
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
+      "the remote command to be found by its argv")
+    return pid, output, nap
+  end
+
   it("streams a command's stdout and stderr to its own and exits with its status", function()
     local out, err, status = sandkit_cmd("run -- sh -c 'echo hi; echo oops >&2; exit 3'")
     assert.equal("hi\n", out)
@@ -303,6 +317,28 @@ describe("the sandkit command", function()
     end
   end)
 
+  it("says on stderr when the agent dropped a job's output, followed or polled to its end", function()
+    sandkit_cmd("create jobs")
+    local id = (sandkit_cmd("job start jobs -- head -c 5000000 /dev/zero")):match("^(%S+)\n$")
+    local message = "^sandkit: the output was truncated: the agent kept at most its own cap of each stream\n$"
+    local out, err, status = sandkit_cmd("job poll jobs " .. id .. " --follow")
+    assert.equal(0, status)
+    assert.is_true(#out < 5000000, "the agent's cap kept " .. #out .. " bytes")
+    assert.matches(message, err)
+    local doc = cjson.decode((sandkit_cmd("job poll jobs " .. id .. " --json")))
+    assert.is_true(doc.exit.truncated)
+    -- A poll past the last frame sees only the end, and says the same.
+    out, err, status = sandkit_cmd("job poll jobs " .. id .. " --since " .. (doc.next + 100000000))
+    assert.equal(0, status)
+    assert.equal("", out)
+    assert.matches(message, err)
+    -- Output that was all kept is not reported.
+    local whole = (sandkit_cmd("job start jobs -- echo whole")):match("^(%S+)\n$")
+    out, err = sandkit_cmd("job poll jobs " .. whole .. " --follow")
+    assert.equal("whole\n", out)
+    assert.equal("", err)
+  end)
+
   it("writes whole lines with --lines, so stdout and stderr never split a line", function()
     local script = "printf out1; printf err1 >&2; sleep 0.2; printf 'out2\\n'; sleep 0.2; "
       .. "printf 'err2\\n' >&2; printf tail"
@@ -312,14 +348,7 @@ describe("the sandkit command", function()
   end)
 
   it("on SIGINT stops the command at once, removes its throwaway session and exits 130", function()
-    -- The agent runs commands in a PID namespace of their own, so a command's `$$` is not a
-    -- host pid: the remote command is found by its argv, made unique here.
-    local nap = remote_nap()
-    local pid, output = start("run -- sh -c 'echo started; exec sleep " .. nap .. "'")
-    wait_until(function() return output():find("started\n") end, 10, "the command to start")
-    -- The shell prints before it execs sleep: wait for sleep itself.
-    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
-      "the remote command to be found by its argv")
+    local pid, output, nap = start_remote_sleep("run")
     local signalled = core.now()
     core.kill(pid, core.SIGINT)
     local _, status = core.reap(pid, true)
@@ -336,18 +365,29 @@ describe("the sandkit command", function()
 
   it("on SIGTERM stops the command in a named session, keeps the session and exits 143", function()
     sandkit_cmd("create kept")
-    local nap = remote_nap()
-    local pid, output = start("run --session kept -- sh -c 'echo started; exec sleep " .. nap .. "'")
-    wait_until(function() return output():find("started\n") end, 10, "the command to start")
-    -- The shell prints before it execs sleep: wait for sleep itself.
-    wait_until(function() return #agent_process.processes{ "sleep", nap } == 1 end, 5,
-      "the remote command to be found by its argv")
+    local pid, _, nap = start_remote_sleep("run --session kept")
     core.kill(pid, core.SIGTERM)
     local _, status = core.reap(pid, true)
     assert.equal(143, status)
     wait_until(function() return #agent_process.processes{ "sleep", nap } == 0 end, 5,
       "the remote command to stop")
     assert.equal("running", cjson.decode((sandkit_cmd("ls --json"))).sessions[1].state)
+  end)
+
+  it("on SIGTERM stops the command, removes its throwaway session and its agent, and exits 143", function()
+    local pid, output, nap = start_remote_sleep("run")
+    local sessions = cjson.decode((sandkit_cmd("ls --json"))).sessions
+    assert.equal(1, #sessions)
+    local agent_pid = assert(assert(sandkit.sandbox{ provider = "local", root = root }):get(sessions[1].id)).record.pid
+    core.kill(pid, core.SIGTERM)
+    local _, status = core.reap(pid, true)
+    assert.equal(143, status)
+    local _, err = output()
+    assert.equal("sandkit: stopped by SIGTERM\n", err)
+    wait_until(function() return #agent_process.processes{ "sleep", nap } == 0 end, 5,
+      "the remote command to stop")
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "the throwaway session is gone")
+    wait_until(function() return not core.alive(agent_pid) end, 5, "the session's agent to exit")
   end)
 
   it("removes a throwaway session when the reader of its output goes away", function()
@@ -394,6 +434,78 @@ describe("the sandkit command", function()
     local job_help, _, job_status = sandkit_cmd("job --help")
     assert.equal(0, job_status, "job --help asks what help job does")
     assert.equal((sandkit_cmd("help job")), job_help)
+  end)
+
+  it("exits 125 for a session that does not exist, whichever command names it", function()
+    sandkit_cmd("create real")
+    local src = root .. "/up.txt"
+    files.write(src, "up")
+    for _, args in ipairs{ "run --session nosuch -- true", "put nosuch " .. q(src) .. " /x", "get nosuch /x -",
+        "job start nosuch -- true", "job poll nosuch j1", "job poll nosuch j1 --follow",
+        "job poll nosuch j1 --json", "job cancel nosuch j1", "rm nosuch", "rm real nosuch" } do
+      local out, err, status = sandkit_cmd(args)
+      assert.equal(125, status, args .. ": " .. err)
+      assert.equal("", out, args)
+      assert.matches("^sandkit: no session named nosuch[^\n]*\n$", err, nil, args)
+    end
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "rm removed the session it knew")
+  end)
+
+  it("exits with a job's own status when a poll sees it ended, and 0 while it runs or with --json", function()
+    sandkit_cmd("create jobs")
+    local id = (sandkit_cmd("job start jobs -- sh -c 'exit 5'")):match("^(%S+)\n$")
+    assert.equal(5, select(3, sandkit_cmd("job poll jobs " .. id .. " --follow")))
+    assert.equal(5, select(3, sandkit_cmd("job poll jobs " .. id)))
+    assert.equal(0, select(3, sandkit_cmd("job poll jobs " .. id .. " --json")))
+    local nap = remote_nap()
+    local running = (sandkit_cmd("job start jobs -- sleep " .. nap)):match("^(%S+)\n$")
+    local _, err, status = sandkit_cmd("job poll jobs " .. running)
+    assert.equal(0, status)
+    assert.matches("running; next:", err)
+    assert.equal(0, select(3, sandkit_cmd("job cancel jobs " .. running)))
+  end)
+
+  it("lists each exit status once, and each kind of failure under one status", function()
+    local help = sandkit_cmd("--help")
+    local table_text = assert(help:match("\nexit status:\n(.*)$"))
+    local seen = {}
+    for line in table_text:gmatch("[^\n]+") do
+      -- A status starts its line at column 3; the lines that go on describing one are indented deeper.
+      local statuses = line:match("^  (%d[%d, ]*%d)") or line:match("^  (%d+)")
+      for status in (statuses or ""):gmatch("%d+") do
+        assert.is_nil(seen[status], "status " .. status .. " is listed twice")
+        seen[status] = true
+      end
+    end
+    assert.is_true(seen["1"] and seen["125"] and seen["143"], "the table was read")
+    for _, kind in ipairs{ "no such session", "the command line is wrong", "outlived %-%-timeout" } do
+      local count = select(2, table_text:gsub(kind, ""))
+      assert.equal(1, count, kind)
+    end
+    assert.matches("job poll", table_text:match("^  N  .-\n  1 "), nil, "N names job poll as well as run")
+  end)
+
+  it("describes every job command under help job and job --help, and each one alone", function()
+    local help, _, status = sandkit_cmd("help job")
+    assert.equal(0, status)
+    assert.matches("^usage: sandkit job ", help)
+    for _, sub in ipairs{ "start", "poll", "cancel" } do
+      assert.matches("\n  job " .. sub .. " NAME", help, nil, sub .. " is listed")
+    end
+    assert.matches("start a detached job", help)
+    assert.matches("stop a job", help)
+    local job_help
+    job_help, _, status = sandkit_cmd("job --help")
+    assert.equal(0, status)
+    assert.equal(help, job_help)
+    local poll_help = sandkit_cmd("help job poll")
+    assert.matches("^usage: sandkit job poll NAME JOB", poll_help)
+    assert.matches("\n  %-%-follow ", poll_help)
+    assert.matches("\n  %-%-since N ", poll_help)
+    assert.is_nil(poll_help:find("--id ID", 1, true), "only poll's own options")
+    assert.equal(poll_help, (sandkit_cmd("job poll --help")))
+    local _, err = sandkit_cmd("job")
+    assert.matches("see `sandkit job %-%-help`", err)
   end)
 
   it("takes provider options after the command as well as before it", function()

@@ -1,8 +1,9 @@
--- The `sandkit` command with --provider kubernetes: the provider's options as flags before
--- any subcommand, against the fake cluster of spec/support/kube_cluster.lua.
+-- The `sandkit` command with --provider kubernetes: the provider's options as flags, against
+-- the fake cluster of spec/support/kube_cluster.lua; each flag is seen in what reaches it.
 
 local kube_cluster = require "support.kube_cluster"
 local local_state = require "support.local_state"
+local rfc3339 = require "sandkit.kubernetes.rfc3339"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 local q = local_state.shell_quote
@@ -10,7 +11,7 @@ local q = local_state.shell_quote
 describe("the sandkit command with --provider kubernetes", function()
   local cluster, flags
   setup(function()
-    cluster = kube_cluster.start{ pools = { ["py-pool"] = {} } }
+    cluster = kube_cluster.start{ pools = { ["py-pool"] = {} }, router_token = "router-secret" }
     flags = table.concat({ "--provider kubernetes", "--warm-pool py-pool", "--signing-key", q(cluster.key_path),
       "--key-id", cluster.key_id, "--kubeconfig", q(cluster:kubeconfig()), "--namespace", kube_cluster.NAMESPACE,
       "--ready-timeout 20" }, " ")
@@ -45,6 +46,100 @@ describe("the sandkit command with --provider kubernetes", function()
     assert.equal("up", (sandkit("get cli-1 /up.txt -")))
     assert.equal(0, select(3, sandkit("rm cli-1")))
     assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED\n$", (sandkit("ls")), "no session is left")
+  end)
+
+  local function claims()
+    return cluster:state().objects.sandboxclaims[kube_cluster.NAMESPACE] or {}
+  end
+
+  local function shutdown_in(name)
+    local claim = assert(claims()[name], name)
+    return rfc3339.parse(claim.spec.lifecycle.shutdownTime) - os.time()
+  end
+
+  it("gives claims the --lifetime before the command, and a command's own --lifetime after it", function()
+    local _, err, status = sandkit("--lifetime 120 create life-a")
+    assert.equal(0, status, err)
+    assert.is_true(math.abs(shutdown_in("life-a") - 120) <= 5, "shutdownTime " .. shutdown_in("life-a") .. "s away")
+    _, err, status = sandkit("--lifetime 120 create life-b --lifetime 300")
+    assert.equal(0, status, err)
+    assert.is_true(math.abs(shutdown_in("life-b") - 300) <= 5, "the command's own wins")
+    _, err, status = sandkit("--lifetime 120 ls")
+    assert.equal(0, status, "a command that makes no claim takes the flag as well: " .. err)
+    _, err, status = sandkit("--lifetime 1.5 ls")
+    assert.equal(2, status)
+    assert.matches("%-%-lifetime takes a whole positive number of seconds", err)
+    assert.equal(0, select(3, sandkit("rm life-a life-b")))
+  end)
+
+  it("reaches the pod's agent through the API server's proxy with --transport apiserver", function()
+    local before = #cluster:api_requests("POST", "/proxy/v1/exec$")
+    local out, err, status = sandkit("--transport apiserver run -- echo proxied")
+    assert.equal(0, status, err)
+    assert.equal("proxied\n", out)
+    local proxied = cluster:api_requests("POST", "/proxy/v1/exec$")
+    assert.equal(before + 1, #proxied, "the command went through pods/proxy")
+    local namespace = kube_cluster.NAMESPACE:gsub("%-", "%%-")
+    assert.matches("^/api/v1/namespaces/" .. namespace .. "/pods/[^/]+:8971/proxy/v1/exec$", proxied[#proxied].path)
+  end)
+
+  it("reaches the agent through the router with --router-url and the token of --router-token-file", function()
+    local token_file = cluster.dir .. "/router-token"
+    local f = assert(io.open(token_file, "w"))
+    f:write("router-secret\n")
+    f:close()
+    local before = #cluster:api_requests("POST", "^/v1/exec$")
+    local out, err, status = sandkit("--transport router --router-url " .. q(cluster.router_url)
+      .. " --router-token-file " .. q(token_file) .. " run -- echo routed")
+    local _
+    assert.equal(0, status, err)
+    assert.equal("routed\n", out)
+    local routed = cluster:api_requests("POST", "^/v1/exec$")
+    assert.equal(before + 1, #routed)
+    local h = routed[#routed].headers
+    assert.equal("Bearer router-secret", h.authorization, "the file's token, without its newline")
+    assert.equal(kube_cluster.NAMESPACE, h["x-sandbox-namespace"])
+    assert.equal("8971", h["x-sandbox-port"])
+    assert.truthy(h["x-sandbox-id"])
+    -- Without the token the router refuses: the flag is what carried it.
+    _, err, status = sandkit("--transport router --router-url " .. q(cluster.router_url) .. " run -- true")
+    assert.is_not.equal(0, status)
+    assert.matches("401", err)
+    -- A file too big to hold a token is refused before anything is sent.
+    f = assert(io.open(token_file, "w"))
+    f:write(string.rep("x", 4097))
+    f:close()
+    _, err, status = sandkit("--transport router --router-url " .. q(cluster.router_url)
+      .. " --router-token-file " .. q(token_file) .. " ls")
+    assert.equal(2, status)
+    assert.matches("%-%-router%-token%-file takes a file of at most 4096 bytes", err)
+    assert.is_nil(next(claims()), "no claim is left")
+  end)
+
+  it("reads the kubeconfig context --context names instead of the current one", function()
+    -- A second context, made current, whose namespace differs: requests show which one was read.
+    local path = cluster.dir .. "/kubeconfig-two-contexts"
+    local text = assert(io.open(cluster:kubeconfig())):read("a")
+    text = text:gsub("current%-context: fake", "- name: other\n  context:\n    cluster: fake\n    user: me\n"
+      .. "    namespace: elsewhere\ncurrent-context: other")
+    local f = assert(io.open(path, "w"))
+    f:write(text)
+    f:close()
+    local base = "--provider kubernetes --warm-pool py-pool --signing-key " .. q(cluster.key_path)
+      .. " --key-id " .. cluster.key_id .. " --kubeconfig " .. q(path)
+    local function listed_namespace(with)
+      local before = #cluster:api_requests("GET", "/sandboxclaims$")
+      local _, err, status = sandkit("ls", base .. with)
+      assert.equal(0, status, err)
+      local lists = cluster:api_requests("GET", "/sandboxclaims$")
+      assert.equal(before + 1, #lists)
+      return lists[#lists].path:match("/namespaces/([^/]+)/")
+    end
+    assert.equal("elsewhere", listed_namespace(""), "without --context, the current one")
+    assert.equal(kube_cluster.NAMESPACE, listed_namespace(" --context fake"))
+    local _, err, status = sandkit("ls", base .. " --context nosuch")
+    assert.is_not.equal(0, status)
+    assert.matches("nosuch", err)
   end)
 
   it("refuses a flag the provider does not take, and a number that is not one, as usage errors", function()

@@ -261,7 +261,9 @@ describe("a kubernetes sandbox", function()
     end
     for _, flag in ipairs(kubernetes.CLI_OPTIONS) do
       assert.is_true(kubernetes.OPTIONS[flag.option], flag.flag)
-      assert.equal(flag.option, (flag.flag:gsub("%-", "_")), "flags are the options' names")
+      -- A secret's flag names the file it is read from: the option's name and "-file".
+      local name = flag.secret_file and assert(flag.flag:match("^(.+)%-file$")) or flag.flag
+      assert.equal(flag.option, (name:gsub("%-", "_")), "flags are the options' names")
     end
   end)
 

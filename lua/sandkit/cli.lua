@@ -4,7 +4,8 @@
 -- The command line is read from tables: COMMANDS (each command's arguments and options, OPTIONS
 -- describing every option) and the chosen provider's CLI_OPTIONS (`--provider NAME`, default
 -- local): a provider module lists the flags it takes, and they are accepted before the command
--- and after it alike.
+-- and after it alike (`convert` turns a flag's text into the option's value; `secret_file` says
+-- the value is read from the file the flag names).
 --
 -- A SIGINT, SIGTERM, SIGHUP or SIGPIPE ends any wait at once (core.trap): the remote command is
 -- stopped, a throwaway session removed, and the status is 128 + the signal. While a session is
@@ -36,13 +37,14 @@ local SIGNAL_NAMES = { [core.SIGINT] = "SIGINT", [core.SIGTERM] = "SIGTERM", [co
 
 local EXIT_STATUS = [[
 exit status:
-  N    run and job poll --follow: the command's own status (128+N when signal N killed
-       it; 137 for a cancelled job); 0 when any other command succeeds
-  1    sandkit could not do what was asked: no such session, a refused file, a failed call
+  N    run, and job poll (without --json) once the job has ended: the command's own
+       status (128+N when signal N killed it; 137 for a cancelled job); 0 when any other
+       command succeeds, and when job poll sees the job still running
+  1    sandkit could not do what was asked: a refused file, a failed call
   2    the command line is wrong
   124  the command outlived --timeout (default a day)
-  125  sandkit could not run the command (no such session, none could be made) or lost
-       its outcome
+  125  no such session (whichever command names it), or sandkit could not run the
+       command (none could be made) or lost its outcome
   127  the command could not be started: its program or --cwd is missing, or the agent
        refused it (a --cwd outside the session, a bad --env)
   129, 130, 141, 143
@@ -74,6 +76,22 @@ local function env_pair(text)
   local k, v = text:match("^([^=]+)=(.*)$")
   if not k then return nil, "K=V" end
   return { k, v }
+end
+
+--- Bytes a secret's file may hold: a token is tens of characters, so a bigger file is not one.
+local MAX_SECRET_FILE = 4096
+
+--- A secret from the file a provider's `--…-file` flag names (`secret_file` in its CLI_OPTIONS):
+-- on a command line `ps` would show it to everyone. Surrounding whitespace is not the secret's.
+local function secret_from_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil, "a readable file" end
+  local text = f:read(MAX_SECRET_FILE + 1) or ""
+  f:close()
+  if #text > MAX_SECRET_FILE then return nil, "a file of at most " .. MAX_SECRET_FILE .. " bytes" end
+  text = text:gsub("^%s+", ""):gsub("%s+$", "")
+  if text == "" then return nil, "a file holding the secret (this one is empty)" end
+  return text
 end
 
 --- The command's environment from the --env pairs, the last of a name winning.
@@ -206,6 +224,22 @@ local function exit_status(code)
   return code
 end
 
+--- Says on stderr when the agent dropped output of a command that ended (its exit frame, or a
+-- job page's `exit`): stdout alone cannot tell a script that it did. `cap` is the cap the
+-- command asked for (nil: the agent's own).
+local function say_if_truncated(exit, cap)
+  if exit.truncated then
+    io.stderr:write("sandkit: the output was truncated: the agent kept at most "
+      .. (cap and (cap .. " bytes") or "its own cap") .. " of each stream\n")
+  end
+end
+
+--- The status of a command that ran to its end.
+local function command_ended(exit, cap)
+  say_if_truncated(exit, cap)
+  return exit_status(exit.code)
+end
+
 local function iso_time(t)
   return t and os.date("!%Y-%m-%dT%H:%M:%SZ", t) or nil
 end
@@ -263,6 +297,13 @@ end
 
 -- Sessions ----------------------------------------------------------------------------------
 
+--- Every command that names a session fails alike when it cannot have it (absent, not running,
+-- its provider unreachable): a status of sandkit's own, which `run` and `job poll` must keep
+-- apart from the 1 a command exits with.
+local function no_session(message)
+  return fail(EXIT_SANDKIT, message)
+end
+
 local function open_session(sandbox, name)
   local session, err = sandbox:get(name)
   if session then
@@ -307,9 +348,9 @@ local function run(ctx)
     if not session then return fail(EXIT_SANDKIT, one_line(err)) end
   else
     session, err = run_session(sandbox, o.session, o.create, o.lifetime)
-    if not session then return fail(EXIT_SANDKIT, err) end
+    if not session then return no_session(err) end
   end
-  local status, truncated
+  local exit
   local ok, failure = interruptible(function()
     local stream, serr = session:stream(ctx.argv, copts)
     if not stream then error(serr, 0) end
@@ -321,7 +362,7 @@ local function run(ctx)
         break
       end
       if frame.type == "exit" then
-        status, truncated = frame.code, frame.truncated
+        exit = frame
       else
         write_frame(frame)
       end
@@ -332,11 +373,7 @@ local function run(ctx)
   if throwaway then sandbox:terminate(session.id) end
   if interrupt.pending then return interrupted_status() end
   if not ok then return fail(status_of_error(failure), one_line(failure)) end
-  if truncated then
-    io.stderr:write("sandkit: the output was truncated: the agent kept at most "
-      .. (o.output_cap and (o.output_cap .. " bytes") or "its own cap") .. " of each stream\n")
-  end
-  return exit_status(status)
+  return command_ended(exit, o.output_cap)
 end
 
 local function create(ctx)
@@ -385,8 +422,15 @@ end
 local function rm(ctx)
   local status = 0
   for _, name in ipairs(ctx.args) do
-    local ok, err = ctx.sandbox:terminate(name)
-    if not ok then status = fail(EXIT_FAILED, name .. ": " .. one_line(err)) end
+    -- A name rm does not know is a mistake to report, as rm(1) does, not a removal that happened.
+    local existing, err = ctx.sandbox:get(name)
+    if not existing then
+      status = no_session(err and (name .. ": " .. one_line(err)) or ("no session named " .. name))
+    else
+      local ok
+      ok, err = ctx.sandbox:terminate(name)
+      if not ok then status = fail(EXIT_FAILED, name .. ": " .. one_line(err)) end
+    end
   end
   return status
 end
@@ -427,9 +471,7 @@ local function transfer(fn, ...)
 end
 
 local function put(ctx)
-  local name, src, dst = ctx.args[1], ctx.args[2], ctx.args[3]
-  local session, err = open_session(ctx.sandbox, name)
-  if not session then return fail(EXIT_FAILED, err) end
+  local session, src, dst = ctx.session, ctx.args[2], ctx.args[3]
   if src ~= "-" and localfile.is_directory(src) then
     return fail(EXIT_FAILED, src .. " is a directory: put copies one file (tar it, and put the archive)")
   end
@@ -437,9 +479,7 @@ local function put(ctx)
 end
 
 local function get(ctx)
-  local name, src, dst = ctx.args[1], ctx.args[2], ctx.args[3]
-  local session, err = open_session(ctx.sandbox, name)
-  if not session then return fail(EXIT_FAILED, err) end
+  local session, src, dst = ctx.session, ctx.args[2], ctx.args[3]
   -- Into a directory, as cp does: under the remote file's own name.
   if dst ~= "-" and localfile.is_directory(dst) then
     dst = dst:gsub("/+$", "") .. "/" .. (src:match("([^/]+)/*$") or src)
@@ -448,11 +488,8 @@ local function get(ctx)
 end
 
 local function job_start(ctx)
-  local session, err = open_session(ctx.sandbox, ctx.args[1])
-  if not session then return fail(EXIT_FAILED, err) end
   local o = ctx.opts
-  local started
-  started, err = session:start_job(ctx.argv, { timeout = o.timeout or DEFAULT_TIMEOUT, cwd = o.cwd,
+  local started, err = ctx.session:start_job(ctx.argv, { timeout = o.timeout or DEFAULT_TIMEOUT, cwd = o.cwd,
     env = env_map(o.env), id = o.id })
   if not started then return fail(status_of_error(err), one_line(err)) end
   if o.json then print_json{ id = started.id } else io.stdout:write(started.id, "\n") end
@@ -460,16 +497,13 @@ local function job_start(ctx)
 end
 
 local function job_cancel(ctx)
-  local session, err = open_session(ctx.sandbox, ctx.args[1])
-  if not session then return fail(EXIT_FAILED, err) end
-  local ok
-  ok, err = assert(session:job(ctx.args[2])):cancel()
+  local ok, err = assert(ctx.session:job(ctx.args[2])):cancel()
   if not ok then return fail(EXIT_FAILED, one_line(err)) end
   return 0
 end
 
 local function job_ending_status(page, job_id)
-  if page.exit then return exit_status(page.exit.code) end
+  if page.exit then return command_ended(page.exit) end
   local failure = sandkit.errors.command_failed(page.error and page.error.code or "unknown",
     page.error and page.error.message or "the job ended without an exit status")
   return fail(status_of_error(failure), "job " .. job_id .. ": " .. one_line(failure))
@@ -478,22 +512,19 @@ end
 local function job_poll(ctx)
   local job_id, o = ctx.args[2], ctx.opts
   if o.follow and o.json then return fail(EXIT_USAGE, "--follow streams output; --json prints one poll") end
-  local session, err = open_session(ctx.sandbox, ctx.args[1])
-  if not session then return fail(o.follow and EXIT_SANDKIT or EXIT_FAILED, err) end
-  local handle = assert(session:job(job_id))
+  local handle = assert(ctx.session:job(job_id))
   if o.follow then
-    local status
+    local exit
     local ok, failure = interruptible(function()
       for frame in handle:frames{ since = o.since } do
-        if frame.type == "exit" then status = frame.code else write_frame(frame) end
+        if frame.type == "exit" then exit = frame else write_frame(frame) end
       end
     end)
     if interrupt.pending then return interrupted_status() end
     if not ok then return fail(status_of_error(failure), "job " .. job_id .. ": " .. one_line(failure)) end
-    return exit_status(status)
+    return command_ended(exit)
   end
-  local page
-  page, err = handle:poll(o.since)
+  local page, err = handle:poll(o.since)
   if not page then return fail(EXIT_FAILED, one_line(err)) end
   if o.json then
     local frames = json.array{}
@@ -504,6 +535,7 @@ local function job_poll(ctx)
       exit = page.exit and { code = page.exit.code, truncated = page.exit.truncated,
         signal = page.exit.signal or json.null } or json.null,
       error = page.error and { code = page.error.code, message = page.error.message } or json.null }
+    if page.exit then say_if_truncated(page.exit) end
     return 0
   end
   for _, frame in ipairs(page.frames) do write_frame(frame) end
@@ -516,7 +548,8 @@ local function job_poll(ctx)
 end
 
 --- The commands, in the order --help lists them. `args` are the positional arguments (a
--- trailing "..." repeats the last; brackets make one optional), `argv` a command after --.
+-- trailing "..." repeats the last; brackets make one optional), `argv` a command after --,
+-- `session` the argument naming the session the command works in (opened before it runs).
 local COMMANDS = {
   { name = "run", handler = run, argv = true,
     options = { "session", "create", "lifetime", "timeout", "cwd", "env", "output-cap", "lines" },
@@ -532,26 +565,34 @@ local COMMANDS = {
     summary = "terminate sessions and remove their files" },
   { name = "prune", handler = prune, options = { "json" }, synopsis = "prune [--json]",
     summary = "remove the sessions whose agent is gone; prints their names" },
-  { name = "put", handler = put, args = { "NAME", "LOCAL", "REMOTE" }, synopsis = "put NAME LOCAL|- REMOTE",
+  { name = "put", handler = put, args = { "NAME", "LOCAL", "REMOTE" }, session = 1,
+    synopsis = "put NAME LOCAL|- REMOTE",
     summary = "copy a local file (- : standard input) into a session" },
-  { name = "get", handler = get, args = { "NAME", "REMOTE", "LOCAL" }, synopsis = "get NAME REMOTE LOCAL|-",
+  { name = "get", handler = get, args = { "NAME", "REMOTE", "LOCAL" }, session = 1,
+    synopsis = "get NAME REMOTE LOCAL|-",
     summary = "copy a file out of a session (- : standard output)" },
-  { name = "job start", handler = job_start, args = { "NAME" }, argv = true,
+  { name = "job start", handler = job_start, args = { "NAME" }, argv = true, session = 1,
     options = { "id", "timeout", "cwd", "env", "json" },
     synopsis = "job start NAME [--id ID] [--timeout S] [--cwd DIR] [--env K=V]... [--json]\n"
       .. "      -- ARGV...",
     summary = "start a detached job; prints its id" },
-  { name = "job poll", handler = job_poll, args = { "NAME", "JOB" }, options = { "since", "follow", "json" },
+  { name = "job poll", handler = job_poll, args = { "NAME", "JOB" }, session = 1,
+    options = { "since", "follow", "json" },
     synopsis = "job poll NAME JOB [--since N] [--follow | --json]",
-    summary = "print the job's output after seq N; with --follow until it ends, exiting\n"
-      .. "with its status" },
-  { name = "job cancel", handler = job_cancel, args = { "NAME", "JOB" }, synopsis = "job cancel NAME JOB",
+    summary = "print the job's output after seq N, exiting with its status once it has\n"
+      .. "ended; with --follow, print until it ends" },
+  { name = "job cancel", handler = job_cancel, args = { "NAME", "JOB" }, session = 1, synopsis = "job cancel NAME JOB",
     summary = "stop a job" },
   { name = "help", args = { "[COMMAND]" }, synopsis = "help [COMMAND]",
     summary = "this text, or a command's own" },
 }
 local BY_NAME = {}
 for _, command in ipairs(COMMANDS) do BY_NAME[command.name] = command end
+--- `job` alone is no command but the name of three: its help describes them all.
+BY_NAME.job = { name = "job", group = {} }
+for _, command in ipairs(COMMANDS) do
+  if command.name:match("^job ") then table.insert(BY_NAME.job.group, command) end
+end
 
 -- Help --------------------------------------------------------------------------------------
 
@@ -584,25 +625,44 @@ local function provider_synopsis(provider, pflags)
   return table.concat(parts, " ")
 end
 
-local function global_help(provider, pflags)
-  local out = { "usage: sandkit " .. provider_synopsis(provider, pflags) .. " COMMAND ...\n\n" }
-  for _, c in ipairs(COMMANDS) do
+--- Each command's synopsis and summary, as --help lists them.
+local function command_list(commands)
+  local out = {}
+  for _, c in ipairs(commands) do
     out[#out + 1] = "  " .. c.synopsis .. "\n" .. "        " .. indent(c.summary, 8) .. "\n"
   end
+  return table.concat(out)
+end
+
+local function global_help(provider, pflags)
+  local out = { "usage: sandkit " .. provider_synopsis(provider, pflags) .. " COMMAND ...\n\n",
+    command_list(COMMANDS) }
   out[#out + 1] = "\n`sandkit COMMAND --help` describes a command's options; `sandkit --version` prints\n"
     .. "the version. Provider options go before or after the command.\n\n"
   out[#out + 1] = EXIT_STATUS
   return table.concat(out)
 end
 
+--- A group's help (`help job`): what each of its commands does, and where each one's options are.
+local function group_help(group)
+  local subs = {}
+  for i, c in ipairs(group.group) do subs[i] = c.name:sub(#group.name + 2) end
+  return "usage: sandkit " .. group.name .. " " .. table.concat(subs, "|") .. " ...\n\n"
+    .. command_list(group.group)
+    .. "\n`sandkit " .. group.name .. " COMMAND --help` describes a command's options.\n"
+end
+
 local function command_help(command, provider, pflags)
+  if command.group then return group_help(command) end
   local out = { "usage: sandkit " .. command.synopsis .. "\n\n" .. command.summary .. "\n" }
   if command.options and #command.options > 0 then
     out[#out + 1] = "\noptions:\n"
     for _, name in ipairs(command.options) do out[#out + 1] = option_line(name, OPTIONS[name]) end
   end
-  local names = {}
-  for name in pairs(pflags) do names[#names + 1] = name end
+  local own, names = {}, {}
+  for _, name in ipairs(command.options or {}) do own[name] = true end
+  -- A provider flag the command takes as its own option means that option after the command.
+  for name in pairs(pflags) do if not own[name] then names[#names + 1] = name end end
   table.sort(names)
   out[#out + 1] = "\nprovider options (" .. provider .. "):\n" .. option_line("provider", GLOBAL.provider)
   for _, name in ipairs(names) do out[#out + 1] = option_line(name, pflags[name]) end
@@ -641,12 +701,14 @@ local function parse(args, pflags, provider)
       local name, value = a:match("^%-%-([^=]+)=(.*)$")
       name = name or a:sub(3)
       local spec, into = GLOBAL[name], p.opts
-      if not spec and pflags[name] then spec, into = pflags[name], p.provider_opts end
+      -- The command's own option first: a provider flag of the same name (kubernetes'
+      -- --lifetime) sets the sandbox's default, which the command's option overrides anyway.
       if not spec and command and command.options then
         for _, allowed in ipairs(command.options) do
           if allowed == name then spec = OPTIONS[name] end
         end
       end
+      if not spec and pflags[name] then spec, into = pflags[name], p.provider_opts end
       if not spec then
         local known = {}
         for k in pairs(GLOBAL) do known[k] = true end
@@ -671,7 +733,8 @@ local function parse(args, pflags, provider)
           if value == nil then return nil, "--" .. name .. " needs a value (" .. spec.arg .. ")", command end
         end
         local converted, why = value, nil
-        if spec.convert then converted, why = spec.convert(value) end
+        if spec.secret_file then converted, why = secret_from_file(value)
+        elseif spec.convert then converted, why = spec.convert(value) end
         if converted == nil then return nil, "--" .. name .. " takes " .. why .. ", not " .. value, command end
         if spec.list then
           into[key] = into[key] or {}
@@ -689,7 +752,7 @@ local function parse(args, pflags, provider)
       return nil, "unknown option " .. a, command
     elseif pending_job then
       command = BY_NAME["job " .. a]
-      if not command then return nil, "job needs start, poll or cancel, not " .. a, BY_NAME["job start"] end
+      if not command then return nil, "job needs start, poll or cancel, not " .. a, BY_NAME.job end
       pending_job = false
     elseif not command then
       if a == "job" then
@@ -699,7 +762,6 @@ local function parse(args, pflags, provider)
         if not command then
           local names = {}
           for name in pairs(BY_NAME) do if not name:find(" ") then names[name] = true end end
-          names.job = true
           local near = options_check.nearest(a, names)
           return nil, "unknown command " .. a .. (near and ("; did you mean " .. near .. "?") or "")
         end
@@ -711,8 +773,8 @@ local function parse(args, pflags, provider)
   end
   if pending_job then
     -- `job --help` asks what `help job` does; anything else lacks the job's own command.
-    if not p.opts.help then return nil, "job needs start, poll or cancel", BY_NAME["job start"] end
-    command = BY_NAME["job start"]
+    if not p.opts.help then return nil, "job needs start, poll or cancel", BY_NAME.job end
+    command = BY_NAME.job
   end
   p.command = command
   return p
@@ -751,7 +813,6 @@ function cli.main(args)
   end
   if command and command.name == "help" then
     local topic = p.args[1] and table.concat(p.args, " ")
-    if topic == "job" then topic = "job start" end
     if topic and not BY_NAME[topic] then return fail(EXIT_USAGE, "no command " .. topic) end
     io.stdout:write(topic and command_help(BY_NAME[topic], provider, pflags) or global_help(provider, pflags))
     return 0
@@ -779,7 +840,12 @@ function cli.main(args)
     return fail(err.code == "INVALID_INPUT" and EXIT_USAGE or EXIT_FAILED, one_line(err))
   end
   install_signals()
-  return command.handler({ sandbox = sandbox, opts = p.opts, args = p.args, argv = p.argv })
+  local ctx = { sandbox = sandbox, opts = p.opts, args = p.args, argv = p.argv }
+  if command.session then
+    ctx.session, err = open_session(sandbox, p.args[command.session])
+    if not ctx.session then return no_session(err) end
+  end
+  return command.handler(ctx)
 end
 
 return cli

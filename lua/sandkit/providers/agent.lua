@@ -16,22 +16,11 @@ local agent = {}
 --- The sandbox options this provider takes besides the common ones (sandkit.sandbox).
 agent.OPTIONS = options_check.set{ "url", "token", "ready_timeout", "ca_file" }
 
---- The agent's bearer token, from a file: on a command line `ps` would show it to everyone.
-local function read_token(path)
-  local f = io.open(path, "rb")
-  if not f then return nil, "a readable file holding the agent's token" end
-  -- A token is 44 characters; anything past a few KiB is not a token file.
-  local text = f:read(4096) or ""
-  f:close()
-  text = text:gsub("%s+$", "")
-  if text == "" then return nil, "a file holding the agent's token (this one is empty)" end
-  return text
-end
-
 --- Flags of the `sandkit` command for this provider (see cli.lua).
 agent.CLI_OPTIONS = {
   { flag = "url", arg = "URL", option = "url", help = "the agent's address, http(s)://host:port" },
-  { flag = "token-file", arg = "FILE", option = "token", convert = read_token,
+  -- The token comes from a file (`secret_file`, read by cli.lua): `ps` shows argv to everyone.
+  { flag = "token-file", arg = "FILE", option = "token", secret_file = true,
     help = "a file holding the agent's bearer token" },
 }
 

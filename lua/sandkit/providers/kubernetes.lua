@@ -50,13 +50,20 @@ local function cli_seconds(text)
   return nil, "a positive number of seconds"
 end
 
+local function cli_whole_seconds(text)
+  local n = json.integer(tonumber(text))
+  if n and n > 0 then return n end
+  return nil, "a whole positive number of seconds"
+end
+
 local function cli_port(text)
   local n = json.integer(tonumber(text))
   if n and n >= 1 and n <= 65535 then return n end
   return nil, "a port number"
 end
 
---- The options the `sandkit` command takes as flags before the command (--provider kubernetes).
+--- The options the `sandkit` command takes as flags, before or after the command (--provider
+-- kubernetes). A secret comes from a file (`secret_file`): argv is readable by everyone (`ps`).
 kubernetes.CLI_OPTIONS = {
   { flag = "warm-pool", arg = "POOL", option = "warm_pool", help = "the SandboxWarmPool claims draw from" },
   { flag = "namespace", arg = "NS", option = "namespace",
@@ -69,8 +76,12 @@ kubernetes.CLI_OPTIONS = {
   { flag = "transport", arg = "direct|apiserver|router", option = "transport",
     help = "how requests reach the pod's agent (default direct)" },
   { flag = "router-url", arg = "URL", option = "router_url", help = "agent-sandbox's router, for --transport router" },
+  { flag = "router-token-file", arg = "FILE", option = "router_token", secret_file = true,
+    help = "a file holding the router's bearer token (its ROUTER_AUTH_TOKEN)" },
   { flag = "agent-port", arg = "PORT", option = "agent_port", convert = cli_port,
     help = "the agent's port in the pod (default 8971)" },
+  { flag = "lifetime", arg = "S", option = "lifetime", convert = cli_whole_seconds,
+    help = "seconds a claim lives (default 3600); after create or run, that claim's own" },
   { flag = "ready-timeout", arg = "S", option = "ready_timeout", convert = cli_seconds,
     help = "seconds a claim gets to serve (default 180)" },
   { flag = "capability-lifetime", arg = "S", option = "capability_lifetime", convert = cli_seconds,
