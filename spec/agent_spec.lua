@@ -851,6 +851,22 @@ describe("sandkit-agent start-up and shutdown", function()
     a:stop()
   end)
 
+  it("takes a body timeout within the documented range, from a flag or the environment", function()
+    local doc = read_file("docs/agent.md")
+    local low, high = doc:match("| `%-%-body%-timeout MS` |[^\n]-from (%d+) to (%d+)%.")
+    assert.truthy(low, "docs/agent.md names no range for --body-timeout")
+    local a, log, status = start_agent{ args = { "--body-timeout", tostring(low - 1) } }
+    assert.is_nil(a)
+    assert.equal(2, status)
+    assert.truthy(log:find("--body-timeout must be at least " .. low .. " ms", 1, true), log)
+    a, log, status = start_agent{ env = { SANDKIT_AGENT_BODY_TIMEOUT = tostring(high + 1) } }
+    assert.is_nil(a)
+    assert.equal(2, status)
+    assert.truthy(log:find("--body-timeout must be a whole number of at most " .. high, 1, true), log)
+    assert(start_agent{ args = { "--body-timeout", low } }):stop()
+    assert(start_agent{ env = { SANDKIT_AGENT_BODY_TIMEOUT = high } }):stop()
+  end)
+
   it("kills every running command's group on SIGTERM and exits 0", function()
     local S = assert(start_agent())
     finally(function() S:stop() end)
