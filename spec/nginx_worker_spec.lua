@@ -339,6 +339,8 @@ describe("sandkit in an nginx phase without cosockets", function()
 
   after_each(function()
     if server then server:stop() end
+    -- An agent started against the rule has no session record to be terminated by: end it here.
+    for _, pid in ipairs(agent_process.processes{ root }) do core.kill(pid, core.SIGTERM) end
     local_state.clean(root)
   end)
 
