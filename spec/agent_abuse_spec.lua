@@ -63,6 +63,19 @@ local function push(c, total, piece)
   return sent
 end
 
+-- Sends text one byte every 50 ms (steady progress, inside any idle timeout) for at most 3 s;
+-- returns how long the agent kept the connection, or nil when it outlived the trickle.
+local function trickle(c, text)
+  local t0 = socket.gettime()
+  for i = 1, #text do
+    if socket.gettime() - t0 >= 3 then return nil end
+    if not c:send(text:sub(i, i)) then return socket.gettime() - t0 end
+    c:settimeout(0.05)
+    local data, err = c.sock:receive(1)
+    if data or err ~= "timeout" then return socket.gettime() - t0 end
+  end
+end
+
 local function exec_ok(A)
   local t0 = socket.gettime()
   local res = assert(raw.request(A.port, "POST", "/v1/exec", { headers = A:auth(), timeout = 5,
@@ -165,20 +178,10 @@ describe("sandkit-agent under abuse", function()
       local A = assert(start_agent{ args = { "--header-timeout", "500" } })
       finally(function() A:stop() end)
       local c = assert(raw.connect(A.port))
-      local t0 = socket.gettime()
-      local request = "GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: " .. string.rep("a", 100)
-      local closed_at
-      -- one byte every 50 ms: always inside any idle timeout, never a whole head
-      for i = 1, #request do
-        local ok = c:send(request:sub(i, i))
-        if not ok then closed_at = socket.gettime() break end
-        c:settimeout(0.05)
-        local data, err = c.sock:receive(1)
-        if data or err == "closed" then closed_at = socket.gettime() break end
-      end
+      -- never a whole head
+      local held = trickle(c, "GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: " .. string.rep("a", 100))
       c:close()
-      assert.truthy(closed_at, "the connection outlived a head sent a byte at a time")
-      local held = closed_at - t0
+      assert.truthy(held, "the connection outlived a head sent a byte at a time")
       assert.is_true(held >= 0.4 and held < 2, "held " .. held .. " s")
       assert.are.equal(0, A:stop())
     end)
@@ -188,19 +191,10 @@ describe("sandkit-agent under abuse", function()
       finally(function() A:stop() end)
       local c = send_head(A, "PUT", "/v1/files", { Authorization = "Bearer " .. A.token,
         ["Content-Length"] = "1000" })
-      local t0 = socket.gettime()
-      local closed_at
-      -- one byte every 50 ms, for at most 3 s: steady progress that would finish the body
-      -- only after 50 s
-      while socket.gettime() - t0 < 3 do
-        if not c:send("x") then closed_at = socket.gettime() break end
-        c:settimeout(0.05)
-        local data, err = c.sock:receive(1)
-        if data or err ~= "timeout" then closed_at = socket.gettime() break end
-      end
+      -- the whole body would take 50 s
+      local held = trickle(c, string.rep("x", 1000))
       c:close()
-      assert.truthy(closed_at, "the connection outlived a body sent a byte at a time")
-      local held = closed_at - t0
+      assert.truthy(held, "the connection outlived a body sent a byte at a time")
       assert.is_true(held >= 0.4 and held < 2, "held " .. held .. " s")
       assert.are.equal(0, A:stop())
     end)

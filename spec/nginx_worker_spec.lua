@@ -175,52 +175,38 @@ describe("sandkit inside an nginx worker", function()
     assert.is_true(elapsed < 3, string.format("8 concurrent sleeps took %.2f s", elapsed))
   end)
 
-  it("runs sandkit.run tasks at the same time, on light threads that leave the worker free", function()
-    -- Command i starts, then waits for command i+1 (mod n) and for the spec's `go`: run one
-    -- after another, the first would wait until its timeout.
+  --- Runs three commands through the handler at path, which must run them at the same time:
+  -- command i starts, then waits for command i+1 (mod 3) and for the spec's `go`, so one after
+  -- another the first would wait until its timeout. `bound` (seconds, below that timeout)
+  -- fails a serialising worker instead of waiting on it. While they wait, the worker serves
+  -- other requests.
+  local function ring_fanout(path, bound)
     local n, argvs = 3, {}
     for i = 1, n do
       argvs[i] = { "sh", "-c", string.format("touch ring-%d; while [ ! -e ring-%d ] || [ ! -e go ]; "
         .. "do sleep 0.01; done; echo done %d", i, i % n + 1, i) }
     end
-    local fanout = curl("/fanout", argvs, files_dir .. "/fanout.out")
-    assert.is_true(within(20, function()
+    local out = files_dir .. "/fanout.out"
+    local fanout = curl(path, argvs, out)
+    assert.is_true(within(bound, function()
       for i = 1, n do
         if not files.read(files_dir .. "/ring-" .. i) then return false end
       end
       return true
-    end), "the tasks did not all start")
-    -- While the tasks wait, the worker serves other requests.
+    end), "the commands did not all start\n" .. gateway:error_log())
     local pong = assert(raw_http.request(gateway.port, "GET", "/ping", { timeout = 2 }))
     assert.equal("pong\n", pong.body)
     files.write(files_dir .. "/go", "")
-    assert.is_true(within(20, function() return core.reap(fanout) end))
-    local text = assert(files.read(files_dir .. "/fanout.out"))
-    assert.same({ "done 1\n", "done 2\n", "done 3\n" }, cjson.decode(text))
+    assert.is_true(within(bound, function() return core.reap(fanout) end))
+    assert.same({ "done 1\n", "done 2\n", "done 3\n" }, cjson.decode((assert(files.read(out)))))
+  end
+
+  it("runs sandkit.run tasks at the same time, on light threads that leave the worker free", function()
+    ring_fanout("/fanout", 20) -- each task's exec has 60 s
   end)
 
   it("runs session:exec calls on plain ngx.thread light threads at the same time", function()
-    -- As with sandkit.run above: command i starts, then waits for command i+1 (mod n) and for
-    -- the spec's `go`. Run one after another, the first would time out (10 s) before the
-    -- second started, so the bounds below fail a serialising worker instead of waiting on it.
-    local n, argvs = 3, {}
-    for i = 1, n do
-      argvs[i] = { "sh", "-c", string.format("touch ring-%d; while [ ! -e ring-%d ] || [ ! -e go ]; "
-        .. "do sleep 0.01; done; echo done %d", i, i % n + 1, i) }
-    end
-    local fanout = curl("/thread_fanout", argvs, files_dir .. "/thread_fanout.out")
-    assert.is_true(within(8, function()
-      for i = 1, n do
-        if not files.read(files_dir .. "/ring-" .. i) then return false end
-      end
-      return true
-    end), "the threads' commands did not all start\n" .. gateway:error_log())
-    local pong = assert(raw_http.request(gateway.port, "GET", "/ping", { timeout = 2 }))
-    assert.equal("pong\n", pong.body)
-    files.write(files_dir .. "/go", "")
-    assert.is_true(within(8, function() return core.reap(fanout) end))
-    local text = assert(files.read(files_dir .. "/thread_fanout.out"))
-    assert.same({ "done 1\n", "done 2\n", "done 3\n" }, cjson.decode(text))
+    ring_fanout("/thread_fanout", 8) -- each thread's exec has 10 s
   end)
 
   it("runs a command from a timer, after the request that scheduled it ended", function()
