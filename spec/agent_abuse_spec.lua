@@ -63,6 +63,19 @@ local function push(c, total, piece)
   return sent
 end
 
+-- Sends text one byte every 50 ms (steady progress, inside any idle timeout) for at most 3 s;
+-- returns how long the agent kept the connection, or nil when it outlived the trickle.
+local function trickle(c, text)
+  local t0 = socket.gettime()
+  for i = 1, #text do
+    if socket.gettime() - t0 >= 3 then return nil end
+    if not c:send(text:sub(i, i)) then return socket.gettime() - t0 end
+    c:settimeout(0.05)
+    local data, err = c.sock:receive(1)
+    if data or err ~= "timeout" then return socket.gettime() - t0 end
+  end
+end
+
 local function exec_ok(A)
   local t0 = socket.gettime()
   local res = assert(raw.request(A.port, "POST", "/v1/exec", { headers = A:auth(), timeout = 5,
@@ -165,21 +178,66 @@ describe("sandkit-agent under abuse", function()
       local A = assert(start_agent{ args = { "--header-timeout", "500" } })
       finally(function() A:stop() end)
       local c = assert(raw.connect(A.port))
-      local t0 = socket.gettime()
-      local request = "GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: " .. string.rep("a", 100)
-      local closed_at
-      -- one byte every 50 ms: always inside any idle timeout, never a whole head
-      for i = 1, #request do
-        local ok = c:send(request:sub(i, i))
-        if not ok then closed_at = socket.gettime() break end
-        c:settimeout(0.05)
-        local data, err = c.sock:receive(1)
-        if data or err == "closed" then closed_at = socket.gettime() break end
-      end
+      -- never a whole head
+      local held = trickle(c, "GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: " .. string.rep("a", 100))
       c:close()
-      assert.truthy(closed_at, "the connection outlived a head sent a byte at a time")
-      local held = closed_at - t0
+      assert.truthy(held, "the connection outlived a head sent a byte at a time")
       assert.is_true(held >= 0.4 and held < 2, "held " .. held .. " s")
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("closes a connection whose body does not arrive whole within the body timeout", function()
+      local A = assert(start_agent{ args = { "--body-timeout", "500" } })
+      finally(function() A:stop() end)
+      local c = send_head(A, "PUT", "/v1/files", { Authorization = "Bearer " .. A.token,
+        ["Content-Length"] = "1000" })
+      -- the whole body would take 50 s
+      local held = trickle(c, string.rep("x", 1000))
+      c:close()
+      assert.truthy(held, "the connection outlived a body sent a byte at a time")
+      assert.is_true(held >= 0.4 and held < 2, "held " .. held .. " s")
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("answers 503 AGENT_BUSY when every allowed connection is busy, and serves once one is free", function()
+      local A = assert(start_agent{ args = { "--max-connections", "2" } })
+      finally(function() A:stop() end)
+      assert.truthy(read_file(A.log):find("at most 2 connections", 1, true))
+      -- Each command runs until the spec creates its release file.
+      local busy = {}
+      for i = 1, 2 do
+        busy[i] = A:stream({ command = { "sh", "-c", "echo started; while [ ! -e release-" .. i
+          .. " ]; do sleep 0.01; done" }, timeoutMs = 60000 })
+        local first = cjson.decode((assert(busy[i]:next_line())))
+        assert.are.equal("started\n", unb64(first.data))
+      end
+      local c = assert(raw.connect(A.port))
+      assert(c:request("POST", "/v1/exec", A:auth(), cjson.encode({ command = { "echo", "x" }, timeoutMs = 5000 })))
+      c:settimeout(3)
+      local status = c:read_head()
+      assert.are.equal(503, status)
+      assert.matches("^AGENT_BUSY: ", c:read_body())
+      c:close()
+      write_file(A.root .. "/release-1", "")
+      repeat
+        local line, err = busy[1]:next_line()
+        assert.is_nil(err)
+      until line == nil
+      -- The finished command's connection is idle now, and gives way to a new one.
+      assert.is_true(exec_ok(A) < 2)
+      write_file(A.root .. "/release-2", "")
+      for _, b in ipairs(busy) do b:close() end
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("serves the documented number of connections by default", function()
+      local doc = read_file("docs/agent.md")
+      local default = doc:match("| `%-%-max%-connections N` |[^\n]-Default (%d+)%.")
+      assert.truthy(default, "docs/agent.md names no default for --max-connections")
+      -- A descriptor limit with room for more than the default, so that it does not lower it.
+      local A = assert(start_agent{ prefix = "prlimit --nofile=4096:4096" })
+      finally(function() A:stop() end)
+      assert.truthy(read_file(A.log):find("at most " .. default .. " connections", 1, true), read_file(A.log))
       assert.are.equal(0, A:stop())
     end)
 

@@ -851,6 +851,26 @@ describe("sandkit-agent start-up and shutdown", function()
     a:stop()
   end)
 
+  it("takes a body timeout within the documented range, from a flag or the environment", function()
+    local doc = read_file("docs/agent.md")
+    local low, high = doc:match("| `%-%-body%-timeout MS` |[^\n]-from (%d+) to (%d+)%.")
+    assert.truthy(low, "docs/agent.md names no range for --body-timeout")
+    -- An agent that starts when it should not is stopped before the spec fails.
+    local function refusal(opts)
+      local a, log, status = start_agent(opts)
+      if a then a:stop() end
+      assert.is_nil(a, "the agent started")
+      assert.equal(2, status)
+      return log
+    end
+    local log = refusal{ args = { "--body-timeout", tostring(low - 1) } }
+    assert.truthy(log:find("--body-timeout must be at least " .. low .. " ms", 1, true), log)
+    log = refusal{ env = { SANDKIT_AGENT_BODY_TIMEOUT = tostring(high + 1) } }
+    assert.truthy(log:find("--body-timeout must be a whole number of at most " .. high, 1, true), log)
+    assert(start_agent{ args = { "--body-timeout", low } }):stop()
+    assert(start_agent{ env = { SANDKIT_AGENT_BODY_TIMEOUT = high } }):stop()
+  end)
+
   it("kills every running command's group on SIGTERM and exits 0", function()
     local S = assert(start_agent())
     finally(function() S:stop() end)

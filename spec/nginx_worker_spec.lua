@@ -20,6 +20,7 @@ local LOCATIONS = [[
     location = /stream { content_by_lua_block { require("support.nginx_app").stream() } }
     location = /exec { content_by_lua_block { require("support.nginx_app").exec() } }
     location = /fanout { content_by_lua_block { require("support.nginx_app").fanout() } }
+    location = /thread_fanout { content_by_lua_block { require("support.nginx_app").thread_fanout() } }
     location = /leave { content_by_lua_block { require("support.nginx_app").leave_early() } }
     location = /timer { content_by_lua_block { require("support.nginx_app").in_timer() } }
     location = /phase {
@@ -174,28 +175,38 @@ describe("sandkit inside an nginx worker", function()
     assert.is_true(elapsed < 3, string.format("8 concurrent sleeps took %.2f s", elapsed))
   end)
 
-  it("runs sandkit.run tasks at the same time, on light threads that leave the worker free", function()
-    -- Command i starts, then waits for command i+1 (mod n) and for the spec's `go`: run one
-    -- after another, the first would wait until its timeout.
+  --- Runs three commands through the handler at path, which must run them at the same time:
+  -- command i starts, then waits for command i+1 (mod 3) and for the spec's `go`, so one after
+  -- another the first would wait until its timeout. `bound` (seconds, below that timeout)
+  -- fails a serialising worker instead of waiting on it. While they wait, the worker serves
+  -- other requests.
+  local function ring_fanout(path, bound)
     local n, argvs = 3, {}
     for i = 1, n do
       argvs[i] = { "sh", "-c", string.format("touch ring-%d; while [ ! -e ring-%d ] || [ ! -e go ]; "
         .. "do sleep 0.01; done; echo done %d", i, i % n + 1, i) }
     end
-    local fanout = curl("/fanout", argvs, files_dir .. "/fanout.out")
-    assert.is_true(within(20, function()
+    local out = files_dir .. "/fanout.out"
+    local fanout = curl(path, argvs, out)
+    assert.is_true(within(bound, function()
       for i = 1, n do
         if not files.read(files_dir .. "/ring-" .. i) then return false end
       end
       return true
-    end), "the tasks did not all start")
-    -- While the tasks wait, the worker serves other requests.
+    end), "the commands did not all start\n" .. gateway:error_log())
     local pong = assert(raw_http.request(gateway.port, "GET", "/ping", { timeout = 2 }))
     assert.equal("pong\n", pong.body)
     files.write(files_dir .. "/go", "")
-    assert.is_true(within(20, function() return core.reap(fanout) end))
-    local text = assert(files.read(files_dir .. "/fanout.out"))
-    assert.same({ "done 1\n", "done 2\n", "done 3\n" }, cjson.decode(text))
+    assert.is_true(within(bound, function() return core.reap(fanout) end))
+    assert.same({ "done 1\n", "done 2\n", "done 3\n" }, cjson.decode((assert(files.read(out)))))
+  end
+
+  it("runs sandkit.run tasks at the same time, on light threads that leave the worker free", function()
+    ring_fanout("/fanout", 20) -- each task's exec has 60 s
+  end)
+
+  it("runs session:exec calls on plain ngx.thread light threads at the same time", function()
+    ring_fanout("/thread_fanout", 8) -- each thread's exec has 10 s
   end)
 
   it("runs a command from a timer, after the request that scheduled it ended", function()
@@ -278,5 +289,76 @@ describe("sandkit inside an nginx worker", function()
     local answer = assert(raw_http.request(gateway.port, "GET", "/phase" .. query()))
     assert.matches("cannot wait in nginx's set phase", answer.body, 1, true)
     assert.equal(1, #core.listdir(root .. "/sessions"), "only the spec's own session exists")
+  end)
+end)
+
+-- The phases where nginx offers no cosockets and no ngx.sleep: init_by_lua and
+-- init_worker_by_lua (probed as nginx starts, what sandkit said kept in a shared dict that a
+-- location then reports), set_by_lua (above), header_filter_by_lua and body_filter_by_lua.
+-- Each must refuse, naming the phase, before anything starts.
+describe("sandkit in an nginx phase without cosockets", function()
+  local server, root
+
+  before_each(function()
+    root = local_state.new()
+    local probe = string.format("require('support.nginx_app').probe_into_dict(%q)", root)
+    server = nginx.start{
+      http = "  lua_shared_dict phase_probe 64k;\n"
+        .. "  init_by_lua_block { " .. probe .. " }\n"
+        .. "  init_worker_by_lua_block { " .. probe .. " }",
+      server = [[
+    location = /report { content_by_lua_block { require("support.nginx_app").phase_report() } }
+    location = /filters {
+      content_by_lua_block { ngx.say("body") }
+      header_filter_by_lua_block {
+        local said = require("support.nginx_app").phase_probe(ngx.unescape_uri(ngx.var.arg_root))
+        ngx.header["X-Header-Filter"] = said
+      }
+      body_filter_by_lua_block {
+        if ngx.arg[2] then
+          ngx.arg[1] = ngx.arg[1] .. require("support.nginx_app").phase_probe(ngx.unescape_uri(ngx.var.arg_root))
+        end
+      }
+    }
+]] }
+  end)
+
+  after_each(function()
+    if server then server:stop() end
+    -- An agent started against the rule has no session record to be terminated by: end it here.
+    for _, pid in ipairs(agent_process.processes{ root }) do core.kill(pid, core.SIGTERM) end
+    local_state.clean(root)
+  end)
+
+  --- Asserts that said is sandkit's refusal naming phase, and that nothing was started.
+  local function refused(phase, said)
+    assert.matches("cannot wait in nginx's " .. phase .. " phase", said, 1, true)
+    assert.equal(0, #(core.listdir(root .. "/sessions") or {}), "a session was made")
+    assert.equal(0, #agent_process.processes{ root }, "an agent was started")
+  end
+
+  local function report(phase)
+    local answer = assert(raw_http.request(server.port, "GET", "/report?phase=" .. phase))
+    assert.equal(200, answer.status, answer.body .. server:error_log())
+    return answer.body
+  end
+
+  it("refuses in init_by_lua, naming the phase, and starts nothing", function()
+    refused("init", report("init"))
+  end)
+
+  it("refuses in init_worker_by_lua, naming the phase, and starts nothing", function()
+    refused("init_worker", report("init_worker"))
+  end)
+
+  it("refuses in header_filter_by_lua, naming the phase, and starts nothing", function()
+    local answer = assert(raw_http.request(server.port, "GET", "/filters?root=" .. root))
+    refused("header_filter", answer.headers["x-header-filter"] or "")
+  end)
+
+  it("refuses in body_filter_by_lua, naming the phase, and starts nothing", function()
+    local answer = assert(raw_http.request(server.port, "GET", "/filters?root=" .. root))
+    assert.equal("body\n", answer.body:sub(1, 5))
+    refused("body_filter", answer.body:sub(6))
   end)
 end)

@@ -76,4 +76,30 @@ describe("a stream through the real sandkit-agent", function()
     assert.equal(1000, capped)
     assert.is_true(truncated)
   end)
+
+  it("makes exec say truncated exactly when max_output cut its output, whoever cut it", function()
+    local session = assert(assert(sandkit.sandbox{ provider = "local", root = root }):create{ id = "cut" })
+    local function exec(script, opts)
+      opts.timeout = 30
+      return assert(session:exec({ "sh", "-c", script }, opts))
+    end
+    -- The agent cuts: exec asks it for max_output as its outputCap.
+    local r = exec("head -c 5000 /dev/zero", { max_output = 1000 })
+    assert.equal(1000, #r.stdout)
+    assert.is_true(r.truncated)
+    r = exec("head -c 5000 /dev/zero >&2", { max_output = 1000 })
+    assert.equal(1000, #r.stderr)
+    assert.is_true(r.truncated, "a cut stderr is a truncated result too")
+    -- Exec cuts: the agent was told to send everything.
+    r = exec("head -c 5000 /dev/zero", { max_output = 1000, output_cap = 0 })
+    assert.equal(1000, #r.stdout)
+    assert.is_true(r.truncated)
+    -- Output of exactly max_output bytes, on each stream, is whole.
+    r = exec("head -c 1000 /dev/zero; head -c 1000 /dev/zero >&2", { max_output = 1000 })
+    assert.equal(1000, #r.stdout)
+    assert.equal(1000, #r.stderr)
+    assert.is_false(r.truncated)
+    r = exec("head -c 1000 /dev/zero", { max_output = 1000, output_cap = 0 })
+    assert.is_false(r.truncated)
+  end)
 end)

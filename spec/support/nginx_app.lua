@@ -232,6 +232,46 @@ function app.phase_refusal()
   return ok and "no refusal" or tostring(err)
 end
 
+--- What sandkit says when asked for a local session under root in the phase this runs in.
+function app.phase_probe(root)
+  local ok, err = pcall(function()
+    return assert(sandkit.sandbox{ provider = "local", root = root }):create{}
+  end)
+  return ok and "no refusal" or tostring(err)
+end
+
+--- Runs phase_probe in a phase that answers no request (init_by_lua, init_worker_by_lua) and
+-- keeps what it said in the shared dict `phase_probe` under the phase's name, for
+-- phase_report.
+function app.probe_into_dict(root)
+  ngx.shared.phase_probe:set(ngx.get_phase(), app.phase_probe(root))
+end
+
+--- GET ?phase=P -> what phase_probe said in phase P (probe_into_dict), or 404.
+function app.phase_report()
+  local said = ngx.shared.phase_probe:get(ngx.var.arg_phase or "")
+  if not said then return fail(404, "nothing probed in that phase") end
+  ngx.say(said)
+end
+
+--- POST ?root=R&session=ID, body: a list of argvs -> their stdout, each run by session:exec on
+-- a light thread of its own (ngx.thread.spawn), all waited for with ngx.thread.wait.
+function app.thread_fanout()
+  local argvs = body_json()
+  local session = session_of(local_sandbox())
+  local threads = {}
+  for i, argv in ipairs(argvs) do
+    threads[i] = ngx.thread.spawn(function() return session:exec(argv, { timeout = 10 }) end)
+  end
+  local out = {}
+  for i, thread in ipairs(threads) do
+    local ok, result, err = ngx.thread.wait(thread)
+    if not ok or not result then return fail(500, "thread " .. i .. ": " .. tostring(err or result)) end
+    out[i] = result.stdout
+  end
+  reply(out)
+end
+
 --- POST { options, ids } -> the state of each session (or "absent"), read by one sandbox from
 -- sandkit.run tasks at the same time, as requests of one worker sharing a sandbox would.
 function app.fanout_get()

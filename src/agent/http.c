@@ -25,9 +25,6 @@
  * keep pooled connections about this long, and an idle one costs a socket and a few hundred
  * bytes; the connection cap bounds how many there can be. */
 #define IDLE_TIMEOUT_S 60
-/* A buffered body (at most the body limit) must arrive whole within this long after its head:
- * the largest one takes 120 s only below 0.4 MB/s. Only authorized requests get this far. */
-#define BODY_TIMEOUT_S 120
 /* A streamed body or a whole reply that makes no progress for this long is given up. */
 #define STALL_TIMEOUT_S 60
 /* Input held while a request is being answered: one pipelined head. More than that while the
@@ -586,7 +583,7 @@ static void admit(struct conn *c, size_t head_len)
 		}
 		req->reserved = want;
 		srv.body_bytes += want;
-		arm(c, BODY_TIMEOUT_S * 1000);
+		arm(c, srv.cfg.body_timeout_ms);
 	} else {
 		arm(c, STALL_TIMEOUT_S * 1000);
 	}
@@ -736,7 +733,8 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 		log_debug("closed a connection whose request head took over %u ms",
 			  srv.cfg.header_timeout_ms);
 	else if (c->state == C_BODY)
-		log_debug("closed a connection whose request body stalled");
+		log_debug("closed a connection whose request body took over %u ms",
+			  srv.cfg.body_timeout_ms);
 	conn_close(c);
 }
 

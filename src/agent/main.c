@@ -42,6 +42,10 @@
 /* --header-timeout bounds: a head needs some time; past ten minutes it is no deadline. */
 #define HEADER_TIMEOUT_MIN_MS 10
 #define HEADER_TIMEOUT_MAX_MS 600000
+/* --body-timeout bounds: below, as the head's; above, an hour is room for the largest body on a
+ * link of about 12 kB/s, and past it the deadline protects nothing. */
+#define BODY_TIMEOUT_MIN_MS 10
+#define BODY_TIMEOUT_MAX_MS 3600000
 /* Freed heap the agent keeps for reuse rather than hand back to the kernel (see main). */
 #define HEAP_KEEP (32 * 1024 * 1024)
 
@@ -79,6 +83,8 @@ static const char usage_text[] =
 	"  --header-timeout MS    SANDKIT_AGENT_HEADER_TIMEOUT  time for a request's line and\n"
 	"                                                 headers, from its first byte (default\n"
 	"                                                 10000)\n"
+	"  --body-timeout MS      SANDKIT_AGENT_BODY_TIMEOUT  time for a buffered request body as\n"
+	"                                                 a whole, after its head (default 120000)\n"
 	"  --require-activation   SANDKIT_AGENT_REQUIRE_ACTIVATION=1  answer 503 until the first\n"
 	"                                                 authorized POST /v1/activate\n"
 	"  --ready-fd N           SANDKIT_AGENT_READY_FD  after binding, write one line\n"
@@ -113,6 +119,7 @@ static void die(const char *fmt, ...)
 struct raw_options {
 	const char *root, *listen, *token_file, *no_auth, *output_cap, *require_activation;
 	const char *ready_fd, *ready_file, *isolate, *log, *max_connections, *header_timeout;
+	const char *body_timeout;
 	const char *auth, *session_id, *public_keys;
 	const char *hide[ISOLATE_HIDE_MAX];
 	size_t nhide;
@@ -240,6 +247,7 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_READY_FD"), getenv("SANDKIT_AGENT_READY_FILE"),
 		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"),
 		getenv("SANDKIT_AGENT_MAX_CONNECTIONS"), getenv("SANDKIT_AGENT_HEADER_TIMEOUT"),
+		getenv("SANDKIT_AGENT_BODY_TIMEOUT"),
 		getenv("SANDKIT_AGENT_AUTH"), getenv("SANDKIT_AGENT_SESSION_ID"),
 		getenv("SANDKIT_AGENT_PUBLIC_KEYS"), { NULL }, 0,
 	};
@@ -263,6 +271,7 @@ static void configure(int argc, char **argv)
 		{ "log", required_argument, NULL, 'L' },
 		{ "max-connections", required_argument, NULL, 'm' },
 		{ "header-timeout", required_argument, NULL, 'H' },
+		{ "body-timeout", required_argument, NULL, 'B' },
 		{ "auth", required_argument, NULL, 'A' },
 		{ "session-id", required_argument, NULL, 's' },
 		{ "public-keys", required_argument, NULL, 'k' },
@@ -285,6 +294,7 @@ static void configure(int argc, char **argv)
 		case 'L': o.log = optarg; break;
 		case 'm': o.max_connections = optarg; break;
 		case 'H': o.header_timeout = optarg; break;
+		case 'B': o.body_timeout = optarg; break;
 		case 'A': o.auth = optarg; break;
 		case 's': o.session_id = optarg; break;
 		case 'k': o.public_keys = optarg; break;
@@ -334,6 +344,11 @@ static void configure(int argc, char **argv)
 		: HTTP_DEFAULT_HEADER_TIMEOUT_MS;
 	if (c->header_timeout_ms < HEADER_TIMEOUT_MIN_MS)
 		die("--header-timeout must be at least %d ms", HEADER_TIMEOUT_MIN_MS);
+	c->body_timeout_ms = o.body_timeout
+		? (unsigned)parse_u64("--body-timeout", o.body_timeout, BODY_TIMEOUT_MAX_MS)
+		: HTTP_DEFAULT_BODY_TIMEOUT_MS;
+	if (c->body_timeout_ms < BODY_TIMEOUT_MIN_MS)
+		die("--body-timeout must be at least %d ms", BODY_TIMEOUT_MIN_MS);
 	c->require_activation = require_activation;
 	c->ready_fd = -1;
 	if (o.ready_fd) {

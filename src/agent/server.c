@@ -282,7 +282,7 @@ int server_start(unsigned *port)
 {
 	struct http_config cfg = {
 		agent.cfg.listen_host, agent.cfg.listen_port, agent.cfg.max_connections,
-		agent.cfg.header_timeout_ms, AGENT_BODY_MAX, dispatch,
+		agent.cfg.header_timeout_ms, agent.cfg.body_timeout_ms, AGENT_BODY_MAX, dispatch,
 	};
 	return http_start(&cfg, port);
 }
