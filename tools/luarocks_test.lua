@@ -4,10 +4,16 @@
 -- an OpenResty install has). A make command in the rockspec could not tell the two apart.
 -- Arguments reach make: `luarocks test -- BUSTED_ARGS=spec/cli_spec.lua`.
 
+-- Named on make's command line, not left to its defaults: a LUA_PC or LUA in the environment
+-- (a make that runs this one exports its own) would otherwise choose the other interpreter.
 local argv = { "make", "all", "test" }
 if rawget(_G, "jit") then
   argv[#argv + 1] = "LUA_PC=luajit"
-elseif _VERSION ~= "Lua 5.4" then
+  argv[#argv + 1] = "LUA=luajit"
+elseif _VERSION == "Lua 5.4" then
+  argv[#argv + 1] = "LUA_PC=lua5.4"
+  argv[#argv + 1] = "LUA=lua5.4"
+else
   io.stderr:write("sandkit is built and tested for Lua 5.4 and LuaJIT 2.1, not " .. _VERSION .. "\n")
   os.exit(1)
 end
