@@ -47,9 +47,15 @@ end
 
 local am_root = agent_process.am_root
 
+--- Ends what a failed containment left, so one failure does not leave sleeps behind.
+local function kill_survivors(lengths)
+  for _, pid in ipairs(survivors(lengths)) do os.execute("kill -KILL " .. pid .. " 2>/dev/null") end
+end
+
 --- Kills the agent outright and asserts that nothing it started is left within the bound.
 local function assert_nothing_survives_sigkill(agent)
   local lengths, stream = start_commands(agent)
+  finally(function() kill_survivors(lengths) end)
   assert.truthy(agent.pid and pid_alive(agent.pid))
   os.execute("kill -KILL " .. agent.pid)
   assert.is_true(within(5, function() return #survivors(lengths) == 0 end),
@@ -85,7 +91,9 @@ describe("sandkit-agent containment", function()
 
   it("kills what commands left behind, setsid escapees included, when stopped with SIGTERM", function()
     local A = assert(start_agent())
+    finally(function() A:stop() end)
     local lengths, stream = start_commands(A)
+    finally(function() kill_survivors(lengths) end)
     assert.are.equal(0, A:stop())
     assert.is_true(within(5, function() return #survivors(lengths) == 0 end),
       "left running after SIGTERM: " .. table.concat(survivors(lengths), " "))
@@ -123,13 +131,17 @@ describe("sandkit-agent containment", function()
   it("says at start that it cannot contain commands where the machine forbids it", function()
     -- A user namespace that may create no further ones, and no capabilities in it: neither
     -- arrangement the agent tries can work.
-    local A, log = start_agent{ prefix = "unshare --user --map-root-user sh -c "
+    local prefix = "unshare --user --map-root-user sh -c "
       .. files.shell_quote("echo 0 > /proc/sys/user/max_user_namespaces && exec setpriv "
-        .. "--bounding-set=-all --inh-caps=-all --securebits=+noroot,+noroot_locked \"$@\"") .. " wrapper" }
-    if not A then
-      pending("this machine cannot make the user namespace the test needs: " .. tostring(log))
+        .. "--bounding-set=-all --inh-caps=-all --securebits=+noroot,+noroot_locked \"$@\"") .. " wrapper"
+    -- The arrangement alone, without the agent: only its failure makes the test pending; an
+    -- agent that will not start inside it is the failure this test is for.
+    if not files.execute(prefix .. " true 2>/dev/null") then
+      pending("this machine cannot make the user namespace the test needs")
       return
     end
+    local A, log = start_agent{ prefix = prefix }
+    assert.truthy(A, "the agent did not start where it cannot contain commands: " .. tostring(log))
     finally(function() A:stop() end)
     local text = files.read(A.log)
     assert.truthy(text:find("commands NOT contained, what they leave behind may outlive an agent "

@@ -6,11 +6,11 @@
 
 local assert = require "luassert"
 local files = require "support.files"
+local procs = require "support.processes"
 local raw = require "support.raw_http"
 local cjson = require "cjson"
 local core = require "sandkit.core"
 local json = require "sandkit.json"
-local socket = require "socket"
 
 local AGENT = os.getenv("SANDKIT_AGENT")
 
@@ -33,9 +33,7 @@ local function run(cmd)
   return out
 end
 
-local function tmpdir()
-  return (run("mktemp -d"):gsub("%s+$", ""))
-end
+local tmpdir = files.temp_dir
 
 local function exists(path)
   return files.execute("test -e " .. shell_quote(path) .. " || test -L " .. shell_quote(path))
@@ -48,13 +46,9 @@ end
 local b64 = core.b64encode
 local function unb64(s) return core.b64decode(s) or "" end
 
--- A process is gone once it is absent or a zombie (dead, waiting for whoever reaps orphans);
--- nil stands for one that was gone before its host pid could be looked up.
+-- nil stands for a process that was gone before its host pid could be looked up.
 local function pid_alive(pid)
-  local stat = pid and read_file("/proc/" .. pid .. "/stat")
-  if not stat then return false end
-  local state = stat:match("^%d+ %b() (%a)")
-  return state ~= "Z" and state ~= "X"
+  return pid ~= nil and procs.alive(pid)
 end
 
 -- Host pids of the live processes whose argv holds every string of `words` in a row (argv
@@ -75,10 +69,9 @@ end
 -- Host pids of the live children of pid whose name (comm) is `comm`.
 local function children(pid, comm)
   local found = {}
-  for _, name in ipairs(core.listdir("/proc")) do
-    local stat = name:match("^%d+$") and read_file("/proc/" .. name .. "/stat")
-    local c, state, ppid = (stat or ""):match("^%d+ %((.-)%) (%a) (%d+)")
-    if c == comm and tonumber(ppid) == pid and state ~= "Z" then found[#found + 1] = tonumber(name) end
+  for _, child in ipairs(procs.children(pid)) do
+    local c = (read_file("/proc/" .. child .. "/comm") or ""):gsub("\n$", "")
+    if c == comm and procs.alive(child) then found[#found + 1] = child end
   end
   return found
 end
@@ -89,15 +82,7 @@ local function am_root()
   return (run("id -u"):gsub("%s+$", "")) == "0"
 end
 
--- Polls pred until it holds or the bound passes; true when it held.
-local function within(seconds, pred)
-  local deadline = socket.gettime() + seconds
-  repeat
-    if pred() then return true end
-    socket.sleep(0.02)
-  until socket.gettime() > deadline
-  return pred()
-end
+local within = procs.within
 
 local function new_token()
   local f = assert(io.open("/dev/urandom", "rb"))
@@ -188,7 +173,9 @@ local function start_agent(opts)
   local line = pipe:read("*l")
   if not line then
     pipe:close()
-    return nil, read_file(log) or "", tonumber(read_file(status_file))
+    local text, status = read_file(log) or "", tonumber(read_file(status_file))
+    os.execute("rm -rf " .. shell_quote(dir))
+    return nil, text, status
   end
   local ready = cjson.decode(line)
   return setmetatable({
