@@ -245,14 +245,22 @@ describe("sandkit inside an nginx worker", function()
 
   -- In the two below the handler leaves right after the first frame, so the command may be gone
   -- before the spec looks: that it started is what the "started" frame proves.
+  --- The handler's reply: the first frame it read, which must be the command's first line.
+  local function assert_started(first)
+    local frame = cjson.decode(first)
+    assert.same({ type = "stdout", seq = 0, data = "started\n" }, frame)
+  end
+
   it("stops the command when its handler leaves the loop and closes the iterator", function()
-    local conn, running = start_sleeper("/leave", "&mode=close")
+    local conn, running, first = start_sleeper("/leave", "&mode=close")
+    assert_started(first)
     assert.is_true(within(1, function() return not running() end), "the command outlived its stream")
     conn:close()
   end)
 
   it("stops the command when its handler leaves the loop without closing, as the request ends", function()
-    local conn, running = start_sleeper("/leave", "&mode=leave")
+    local conn, running, first = start_sleeper("/leave", "&mode=leave")
+    assert_started(first)
     assert.is_true(within(1, function() return not running() end),
       "the stream outlived its request")
     conn:close()
