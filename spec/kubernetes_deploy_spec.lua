@@ -5,11 +5,11 @@
 local cjson = require "cjson"
 local core = require "sandkit.core"
 local lyaml = require "lyaml"
-local wait = require "sandkit.wait"
 local capability = require "sandkit.kubernetes.capability"
 local fake_http = require "support.fake_http"
 local files = require "support.files"
 local kube_cluster = require "support.kube_cluster"
+local processes = require "support.processes"
 local raw = require "support.raw_http"
 
 local function manifests(name)
@@ -128,10 +128,7 @@ describe("deploy/kubernetes", function()
         headers = { Authorization = "Bearer " .. minter:token("another-pods-uid") } }))
       assert.equal(403, res.status)
     end)
-    core.kill(pid, core.SIGTERM)
-    local deadline = wait.now() + 5
-    while not core.reap(pid) and wait.now() < deadline do wait.sleep(0.01) end
-    if not core.reap(pid) then core.kill(pid, core.SIGKILL) core.reap(pid, true) end
+    processes.stop(pid, 5)
     core.remove_tree(dir)
     os.remove(dir .. ".log")
     assert(ok, err)
@@ -145,10 +142,9 @@ describe("deploy/kubernetes", function()
         "py-pool", cluster.key_path, cluster.key_id, kube_cluster.NAMESPACE },
         { stdout = out, stderr = out, env = files.child_env{ KUBECONFIG = cluster:kubeconfig(),
           HOME = cluster.dir } }))
-      local deadline = wait.now() + 30
-      while not core.reap(pid) do
-        assert(wait.now() < deadline, "the example did not finish")
-        wait.sleep(0.02)
+      if not processes.within(30, function() return core.reap(pid) end) then
+        processes.stop(pid, 5)
+        error("the example did not finish")
       end
       local said = files.read(out) or ""
       assert.matches("hello from sandkit\n[^\n]+\nexit\t3\n", said)

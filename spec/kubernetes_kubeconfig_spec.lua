@@ -9,6 +9,7 @@ local wait = require "sandkit.wait"
 local auth = require "sandkit.kubernetes.auth"
 local kubeconfig = require "sandkit.kubernetes.kubeconfig"
 local files = require "support.files"
+local processes = require "support.processes"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 local PLUGIN = os.getenv("PWD") .. "/spec/support/kube_exec_plugin.sh"
@@ -209,16 +210,13 @@ local function load_with_env(env, sa_dir)
   ]])
   local pid = assert(core.spawn({ LUA, script, sa_dir or "", dir .. "/out.json" },
     { env = files.child_env(env), stderr = dir .. "/err" }))
-  local deadline = wait.now() + 10
-  while not core.reap(pid) do
-    assert(wait.now() < deadline, "the loader did not finish")
-    wait.sleep(0.01)
-  end
-  local text = files.read(dir .. "/out.json")
-  assert(text, files.read(dir .. "/err"))
-  local out = cjson.decode(text)
+  local finished = processes.within(10, function() return core.reap(pid) end)
+  if not finished then processes.stop(pid, 5) end
+  local text, err = files.read(dir .. "/out.json"), files.read(dir .. "/err")
   core.remove_tree(dir)
-  return out
+  assert(finished, "the loader did not finish")
+  assert(text, err)
+  return cjson.decode(text)
 end
 
 describe("the kubeconfig search", function()

@@ -92,7 +92,8 @@ describe("the OpenResty example", function()
       env = processes.env({ HOME = profile }) }))
     local finished = reaped(browser, BROWSER_TIMEOUT)
     if not finished then
-      core.kill(browser, core.SIGKILL)
+      -- Its own session (setsid): the renderers and the zygote go with it.
+      os.execute("kill -KILL -- -" .. browser)
       core.reap(browser, true)
     end
     local page = files.read(dom) or ""
