@@ -5,6 +5,7 @@
 local core = require "sandkit.core"
 local azure_dataplane = require "support.azure_dataplane"
 local agents = require "support.azure_agents"
+local files = require "support.files"
 local local_state = require "support.local_state"
 
 local record = azure_dataplane.record
@@ -45,9 +46,8 @@ describe("a command on a session without an agent", function()
   end)
 
   it("reaches the program with its arguments, environment and working directory untouched by the shell", function()
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(core.mkdir(dir, 448))
+    local dir = files.temp_dir()
+    finally(function() core.remove_tree(dir) end)
     local dp = azure_dataplane.new():on("execute_shell_command", run_here)
     local result = assert(native_session(dp):exec(
       { "sh", "-c", 'printf "%s|%s|%s" "$1" "$K" "$(pwd)"', "x", "a'b; $(false) \"q\" *" },
@@ -55,7 +55,6 @@ describe("a command on a session without an agent", function()
     assert.equal("a'b; $(false) \"q\" *|v w'$HOME|" .. dir, result.stdout)
     assert.equal("", result.stderr)
     assert.equal(0, result.code)
-    os.remove(dir)
   end)
 
   it("is killed with its process group at its timeout and reported as timeoutExceeded after its output", function()

@@ -9,6 +9,7 @@ local core = require "sandkit.core"
 local aws_control_plane = require "support.aws_control_plane"
 local aws_endpoint_proxy = require "support.aws_endpoint_proxy"
 local fake_http = require "support.fake_http"
+local files = require "support.files"
 local nginx = require "support.nginx"
 local raw_http = require "support.raw_http"
 
@@ -121,9 +122,7 @@ describe("inside nginx, the azure provider", function()
   end
 
   it("creates and activates a session through the REST data plane, streams, moves a file and terminates", function()
-    dir = os.tmpname()
-    os.remove(dir)
-    assert(core.mkdir(dir, 448))
+    dir = files.temp_dir()
     assert(core.mkdir(dir .. "/root", 448))
     local token = core.b64encode(core.random(32))
     assert(core.write_private(dir .. "/token", token))
