@@ -5,6 +5,7 @@
 local core = require "sandkit.core"
 local microvms = require "sandkit.aws.microvms"
 local aws_control_plane = require "support.aws_control_plane"
+local files = require "support.files"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 
@@ -63,13 +64,8 @@ end
 --- Runs `code` in a child Lua with exactly `env` (plus the module paths) and returns its stdout.
 local function run_child(code, env)
   local out = os.tmpname()
-  local full = { LUA_PATH = package.path, LUA_CPATH = package.cpath, PATH = os.getenv("PATH") }
-  -- A sanitizer build of the C core loads only where its runtime is preloaded (make check-asan).
-  for _, name in ipairs({ "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" }) do
-    full[name] = os.getenv(name)
-  end
-  for k, v in pairs(env) do full[k] = v end
-  local pid = assert(core.spawn({ LUA, "-e", code }, { env = full, stdout = out, stderr = out }))
+  local pid = assert(core.spawn({ LUA, "-e", code }, { env = files.child_env(env), stdout = out,
+    stderr = out }))
   core.reap(pid, true)
   local f = assert(io.open(out))
   local text = f:read("a")

@@ -53,11 +53,15 @@ function files.execute(command)
   return r == true or r == 0
 end
 
+--- The variables that carry the sanitizer runtime `make check-asan` preloads: a child loading
+-- the C module built with it needs them; other programs (curl, Chromium) must not get them.
+files.SANITIZER_ENV = { "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" }
+
 --- The environment of a Lua child process that loads this checkout's sandkit: its paths, and
 -- the sanitizer runtime when `make check-asan` preloads it; `extra` is added.
 function files.child_env(extra)
   local env = { LUA_PATH = package.path, LUA_CPATH = package.cpath, PATH = os.getenv("PATH") }
-  for _, name in ipairs{ "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" } do env[name] = os.getenv(name) end
+  for _, name in ipairs(files.SANITIZER_ENV) do env[name] = os.getenv(name) end
   for k, v in pairs(extra or {}) do env[k] = v end
   return env
 end

@@ -64,14 +64,10 @@ function processes.children(pid)
   return found
 end
 
---- Sanitizer settings a child needs to load the C module built with them; other programs
--- (curl, Chromium) must not get the preloaded runtime, which breaks them.
-local SANITIZER_ENV = { "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" }
-
 function processes.env(extra, sanitized)
   local env = { PATH = os.getenv("PATH") }
   if sanitized then
-    for _, name in ipairs(SANITIZER_ENV) do env[name] = os.getenv(name) end
+    for _, name in ipairs(files.SANITIZER_ENV) do env[name] = os.getenv(name) end
   end
   for k, v in pairs(extra or {}) do env[k] = v end
   return env
