@@ -421,7 +421,7 @@ static int transfer_feed(lua_State *L)
 	long n = sk_transfer_feed(u->t, data, len);
 	if (n < 0)
 		return luaL_error(L, "the transfer takes no more body bytes (no body_stream, finished, "
-				     "or out of memory)");
+				     "past its body_length, or out of memory)");
 	lua_pushinteger(L, (lua_Integer)n);
 	return 1;
 }

@@ -595,22 +595,18 @@ local function read_head(sock, deadline)
   end
 end
 
---- Sends a streamed request body from spec.body_reader (a function returning the next piece,
--- nil at the end, or nil and an error), each piece within spec.stall_timeout, reporting
--- progress to spec.on_body(bytes_sent). Returns true, or nil and a failure (the head went out).
+--- Sends a streamed request body from spec.body_reader (sandkit.http's, which holds the source
+-- to its body_length and reports progress: it returns the next piece, nil at the end, or nil,
+-- detail and the source's error), each piece within spec.stall_timeout. Returns true, or nil
+-- and a failure (the head went out).
 local function send_body(sock, spec)
-  local chunked, length, sent = not spec.body_length, spec.body_length, 0
+  local chunked = not spec.body_length
   local stall_ms = ceil((spec.stall_timeout or SLICE_MS / 1000) * 1000)
   while true do
-    local piece, err = spec.body_reader()
+    local piece, why, source_error = spec.body_reader()
     if piece == nil then
-      if err ~= nil then
-        return nil, { kind = "failed", sent = true, source_error = err,
-          detail = "the request body's source failed: " .. tostring(err) }
-      end
-      if length and sent ~= length then
-        return nil, { kind = "failed", sent = true,
-          detail = format("the request body's source gave %d bytes, not the %d announced", sent, length) }
+      if why ~= nil then
+        return nil, { kind = "failed", sent = true, detail = why, source_error = source_error }
       end
       local ok, serr = true, nil
       if chunked then ok, serr = sock:send("0\r\n\r\n") end
@@ -618,18 +614,12 @@ local function send_body(sock, spec)
       return true
     end
     if #piece > 0 then
-      sent = sent + #piece
-      if length and sent > length then
-        return nil, { kind = "failed", sent = true,
-          detail = format("the request body's source gave more than the %d bytes announced", length) }
-      end
       sock:settimeout(stall_ms)
       local ok, serr = sock:send(chunked and { format("%x\r\n", #piece), piece, "\r\n" } or piece)
       if not ok then
         return nil, { kind = "failed", sent = true,
           detail = "sending the request body failed: " .. tostring(serr) }
       end
-      if spec.on_body then spec.on_body(sent) end
     end
   end
 end
