@@ -186,6 +186,17 @@ describe("the cosocket transport", function()
     assert.equal(1, #server:requests_to("/b"))
   end)
 
+  it("never resends a request whose pooled connection took it and gave no answer by the deadline", function()
+    -- The server keeps the connection open and says nothing: the request may be in hand, so
+    -- sending it again would repeat it after its deadline already passed.
+    server = numbered_server("if req.path == '/slow' then return conn:sleep(30) end")
+    local a = exchange({ method = "GET", url = server.url .. "/a" },
+      { method = "GET", url = server.url .. "/slow", timeout = 1 })
+    assert.equal(200, a[1].status, cjson.encode(a[1]))
+    assert.equal("timeout", a[2].failure and a[2].failure.kind, cjson.encode(a[2]))
+    assert.equal(1, #server:requests_to("/slow"))
+  end)
+
   --- Sends a PUT to the gateway's own /echo with a body from a reader, from inside the worker.
   local function upload(request)
     request.url = gateway.url .. "/echo"

@@ -669,7 +669,9 @@ local function attempt(spec, url, head_bytes, fresh)
   local head, rest, detail, got = read_head(sock, deadline)
   if not head then
     sock:close()
-    return nil, { kind = rest, sent = true, detail = detail, stale = reused and not got }
+    -- Only a pooled connection that died before any byte of an answer is stale: one that
+    -- took the request and said nothing by the deadline may be acting on it.
+    return nil, { kind = rest, sent = true, detail = detail, stale = reused and rest == "failed" and not got }
   end
   return sock, head, rest
 end
