@@ -56,6 +56,11 @@ local MIN_BUFFER = 16 * 1024
 -- then cost page faults on every read. (nginx's lua_socket_buffer_size bounds a read too: at
 -- its default of a page, a stream costs a system call per 4 KiB.)
 local MAX_READ = 127 * 1024
+--- PEM text a request may hand in (ca_pem, client_cert_pem, client_key_pem, a ca_file's
+-- contents): the libcurl transport's bound (SK_TRANSFER_MAX_PEM, a megabyte, several times
+-- a whole system CA bundle), so both transports refuse the same requests.
+local MAX_PEM = core.MAX_PEM
+local PEM_FIELDS = { "ca_pem", "client_cert_pem", "client_key_pem" }
 --- A chunk-size line with its extensions; servers write a few dozen bytes.
 local MAX_CHUNK_LINE = 4096
 --- How long a pooled connection may idle, and how many one origin keeps: an agent's keep-alive
@@ -203,8 +208,12 @@ local function request_anchors(spec)
   if spec.ca_file == nil then return nil end
   local f, err = io.open(spec.ca_file, "rb")
   if not f then return nil, "the request's CA file cannot be read: " .. tostring(err) end
-  local text = f:read("*a")
+  -- One byte past the bound tells a file over it from one exactly at it, without reading more.
+  local text = f:read(MAX_PEM + 1) or ""
   f:close()
+  if #text > MAX_PEM then
+    return nil, format("the request's CA file %s is over %d bytes", spec.ca_file, MAX_PEM)
+  end
   return text, "ca_file " .. spec.ca_file
 end
 
@@ -687,6 +696,11 @@ function cosocket.send(spec)
     error("a request needs a method and a url", 3)
   end
   if not spec.method:match("^%u+$") then error("invalid request method " .. spec.method, 3) end
+  for _, field in ipairs(PEM_FIELDS) do
+    local pem = spec[field]
+    -- Refused before anything parses it, as the libcurl transport refuses it.
+    if type(pem) == "string" and #pem > MAX_PEM then error(format("PEM text over %d bytes", MAX_PEM), 3) end
+  end
   local url, why = parse_url(spec.url)
   if not url then return nil, { kind = "refused", sent = false, detail = why } end
   local head_bytes = request_head(spec, url)
