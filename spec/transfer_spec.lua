@@ -213,6 +213,36 @@ describe("a transfer", function()
     shorter:close()
   end)
 
+  it("never lets another request reuse the connection of a fresh_connect or streamed-body request", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return {
+        accept = function(conn)
+          conn.state.n = (conn.state.n or 0) + 1
+          conn.number = conn.state.n
+        end,
+        handle = function(req, conn) respond.status(conn, "200 OK", tostring(conn.number)) end,
+      }
+    ]])
+    local client = core.client()
+    local function body_of(t)
+      run_until(client, function() return t:state().done end)
+      local body = t:read()
+      t:close()
+      return body
+    end
+    local fresh = body_of(client:request{ method = "POST", url = server.url .. "/run", fresh_connect = true })
+    local after_fresh = body_of(client:request{ method = "GET", url = server.url .. "/a" })
+    local stream = client:request{ method = "PUT", url = server.url .. "/up", body_stream = true, body_length = 1 }
+    assert.equal(1, stream:feed("x"))
+    stream:finish()
+    local streamed = body_of(stream)
+    local after_stream = body_of(client:request{ method = "GET", url = server.url .. "/b" })
+    assert.are_not.equal(fresh, after_fresh)
+    assert.are_not.equal(streamed, after_stream)
+    assert.equal(after_fresh, after_stream, "an idempotent request's connection is pooled")
+  end)
+
   it("refuses a request with both a body and a body stream", function()
     local client = core.client()
     assert.has_error(function()

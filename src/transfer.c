@@ -396,7 +396,10 @@ static void set_stream_body(CURL *e, sk_transfer *t, const struct sk_request *re
 	curl_off_t length = req->body_length >= 0 ? (curl_off_t)req->body_length : -1;
 	curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
 	curl_easy_setopt(e, CURLOPT_READDATA, t);
+	/* A stream cannot be rewound for a resend on a dead pooled connection; and, as for
+	 * fresh_connect, its connection is never pooled afterwards. */
 	curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+	curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
 	if (strcmp(req->method, "PUT") == 0) {
 		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
 		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, length);
@@ -618,8 +621,14 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
 	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
 	curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
-	if (req->fresh_connect)
+	/* A request that may start a command goes out on a connection of its own, never one
+	 * pooled (a dead one would make libcurl send it twice), and that connection is closed
+	 * when it is over rather than pooled: the nginx transport does the same, so both keep
+	 * the pool for idempotent requests alone. */
+	if (req->fresh_connect) {
 		curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+		curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
+	}
 	if (req->connect_timeout_ms > 0)
 		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
 	if (req->body_stream) {

@@ -60,7 +60,8 @@ struct sk_request {
 	size_t body_len;
 	/* Never send this request on a pooled connection. libcurl silently resends a request
 	 * whose reused connection turns out dead; for a request that may start a command, that
-	 * resend could run it twice. A fresh connection has no such retry. */
+	 * resend could run it twice. A fresh connection has no such retry, and it is closed when
+	 * the request is over, never pooled for another. */
 	int fresh_connect;
 	const char *ca_file;     /* NULL: the system's trust store */
 	/* TLS material in memory, PEM text (not copied: libcurl copies it at start). ca_pem is the
