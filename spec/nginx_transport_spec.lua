@@ -52,6 +52,20 @@ describe("the cosocket transport", function()
       server = [[
     location = /exchange { content_by_lua_block { require("support.nginx_app").exchange() } }
     location = /upload { content_by_lua_block { require("support.nginx_app").upload() } }
+    location = /pem_bound { content_by_lua_block {
+      -- A request with one PEM field padded in the worker with newlines to `size` bytes (as a
+      -- request body it would pass nginx's own bound): its status, failure or raised error.
+      local cjson = require "cjson"
+      ngx.req.read_body()
+      local spec = cjson.decode(ngx.req.get_body_data())
+      local field, size = spec.pad, spec.size
+      spec.pad, spec.size = nil, nil
+      spec[field] = (spec[field] or "") .. string.rep("\n", size - #(spec[field] or ""))
+      spec.deadline = require("sandkit.core").now() + 10
+      local ok, answer, failure = pcall(require("sandkit.http").exchange, spec)
+      ngx.print(cjson.encode(not ok and { error = tostring(answer) }
+        or answer and { status = answer.status } or { failure = failure }))
+    } }
     location = /echo { content_by_lua_block {
       ngx.req.read_body()
       ngx.print(ngx.var.http_transfer_encoding or "length", " ", ngx.req.get_body_data() or "")
@@ -132,6 +146,34 @@ describe("the cosocket transport", function()
       end
     end)
 
+    it("bounds the PEM text a request hands in as the libcurl transport does, refusing it before parsing", function()
+      local ca = files.read(gateway.dir .. "/ca.crt")
+      local function padded(field, size, spec)
+        spec = spec or {}
+        spec.method, spec.url, spec.pad, spec.size = "GET", tls_url("good"), field, size
+        local answer = assert(raw_http.request(gateway.port, "POST", "/pem_bound",
+          { body = cjson.encode(spec), timeout = 30 }))
+        assert(answer.status == 200, answer.body .. gateway:error_log())
+        return cjson.decode(answer.body)
+      end
+      local bound = 1024 * 1024
+      assert.equal(200, padded("ca_pem", bound, { ca_pem = ca }).status, "at the bound exactly: accepted")
+      assert.matches("PEM text over 1048576 bytes", padded("ca_pem", bound + 1, { ca_pem = ca }).error, 1, true)
+      local client = { client_cert_pem = files.read(gateway.dir .. "/client.crt"),
+        client_key_pem = files.read(gateway.dir .. "/client.key") }
+      assert.matches("PEM text over 1048576 bytes", padded("client_cert_pem", bound + 1, client).error, 1, true)
+      assert.matches("PEM text over 1048576 bytes", padded("client_key_pem", bound + 1, client).error, 1, true)
+      -- A CA file is read no further than one byte past the bound.
+      local at, over = gateway.dir .. "/ca_at_bound.crt", gateway.dir .. "/ca_over_bound.crt"
+      files.write(at, ca .. string.rep("\n", bound - #ca))
+      files.write(over, ca .. string.rep("\n", bound + 1 - #ca))
+      local answers = exchange({ method = "GET", url = tls_url("good"), ca_file = at },
+        { method = "GET", url = tls_url("good"), ca_file = over })
+      assert.equal(200, answers[1].status, cjson.encode(answers[1]))
+      assert.equal("refused", answers[2].failure.kind)
+      assert.matches("is over 1048576 bytes", answers[2].failure.detail, 1, true)
+    end)
+
     it("presents client_cert_pem and client_key_pem for mutual TLS", function()
       local a = exchange{ method = "GET", url = tls_url("good"),
         client_cert_pem = files.read(gateway.dir .. "/client.crt"),
@@ -184,6 +226,17 @@ describe("the cosocket transport", function()
     assert.equal("a", a[1].body)
     assert.equal(200, a[2].status, cjson.encode(a[2]))
     assert.equal(1, #server:requests_to("/b"))
+  end)
+
+  it("never resends a request whose pooled connection took it and gave no answer by the deadline", function()
+    -- The server keeps the connection open and says nothing: the request may be in hand, so
+    -- sending it again would repeat it after its deadline already passed.
+    server = numbered_server("if req.path == '/slow' then return conn:sleep(30) end")
+    local a = exchange({ method = "GET", url = server.url .. "/a" },
+      { method = "GET", url = server.url .. "/slow", timeout = 1 })
+    assert.equal(200, a[1].status, cjson.encode(a[1]))
+    assert.equal("timeout", a[2].failure and a[2].failure.kind, cjson.encode(a[2]))
+    assert.equal(1, #server:requests_to("/slow"))
   end)
 
   --- Sends a PUT to the gateway's own /echo with a body from a reader, from inside the worker.

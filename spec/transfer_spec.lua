@@ -193,10 +193,107 @@ describe("a transfer", function()
     t:close()
   end)
 
+  it("takes no body byte past the length it announced, and fails a body finished short", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn) respond.status(conn, "204 No Content") end }
+    ]])
+    local client = core.client()
+    local longer = client:request{ method = "PUT", url = server.url .. "/longer", body_stream = true,
+      body_length = 5 }
+    assert.equal(3, longer:feed("abc"))
+    assert.has_error(function() longer:feed("defg") end)
+    longer:close()
+    local shorter = client:request{ method = "PUT", url = server.url .. "/shorter", body_stream = true,
+      body_length = 5 }
+    assert.equal(3, shorter:feed("abc"))
+    shorter:finish()
+    run_until(client, function() return shorter:state().done end)
+    assert.is_false(shorter:state().ok)
+    shorter:close()
+  end)
+
+  it("never lets another request reuse the connection of a fresh_connect or streamed-body request", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return {
+        accept = function(conn)
+          conn.state.n = (conn.state.n or 0) + 1
+          conn.number = conn.state.n
+        end,
+        handle = function(req, conn) respond.status(conn, "200 OK", tostring(conn.number)) end,
+      }
+    ]])
+    local client = core.client()
+    local function body_of(t)
+      run_until(client, function() return t:state().done end)
+      local body = t:read()
+      t:close()
+      return body
+    end
+    local fresh = body_of(client:request{ method = "POST", url = server.url .. "/run", fresh_connect = true })
+    local after_fresh = body_of(client:request{ method = "GET", url = server.url .. "/a" })
+    local stream = client:request{ method = "PUT", url = server.url .. "/up", body_stream = true, body_length = 1 }
+    assert.equal(1, stream:feed("x"))
+    stream:finish()
+    local streamed = body_of(stream)
+    local after_stream = body_of(client:request{ method = "GET", url = server.url .. "/b" })
+    assert.are_not.equal(fresh, after_fresh)
+    assert.are_not.equal(streamed, after_stream)
+    assert.equal(after_fresh, after_stream, "an idempotent request's connection is pooled")
+  end)
+
   it("refuses a request with both a body and a body stream", function()
     local client = core.client()
     assert.has_error(function()
       client:request{ method = "PUT", url = "http://127.0.0.1:9/", body = "x", body_stream = true }
     end)
+  end)
+end)
+
+describe("a streamed request body over the libcurl transport", function()
+  local http = require "sandkit.http"
+  local server
+  before_each(function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn) respond.status(conn, "204 No Content") end }
+    ]])
+  end)
+  after_each(function() server:stop() end)
+
+  --- A PUT whose body a reader hands over piece by piece (failing after `fail_after` pieces).
+  local function upload(pieces, length, fail_after)
+    local i, progress = 0, nil
+    local resp, failure = http.send{ method = "PUT", url = server.url .. "/up", body_length = length,
+      stall_timeout = 5, header_timeout = 5, on_body = function(n) progress = n end,
+      body_reader = function()
+        i = i + 1
+        if fail_after and i > fail_after then return nil, "the source went away" end
+        return pieces[i]
+      end }
+    if resp then resp:close() end
+    return resp, failure, progress
+  end
+
+  it("goes out whole with the length announced, reporting its progress", function()
+    local resp, _, progress = upload({ "abc", "", "defg" }, 7)
+    assert.equal(204, resp.status)
+    assert.equal(7, progress)
+    assert.equal("abcdefg", server:requests_to("/up")[1].body)
+  end)
+
+  it("fails a streamed body whose source fails, or gives other than the length announced", function()
+    local _, broken = upload({ "abc", "defg" }, nil, 1)
+    assert.equal("the source went away", broken.source_error)
+    assert.matches("the request body's source failed", broken.detail, 1, true)
+    local started = core.now()
+    local _, longer = upload({ "abc", "defg" }, 5)
+    assert.matches("more than the 5 bytes announced", longer and longer.detail or "", 1, true)
+    local _, shorter = upload({ "abc" }, 5)
+    assert.matches("gave 3 bytes, not the 5 announced", shorter and shorter.detail or "", 1, true)
+    -- Refused when the source went wrong, not when a server gave up waiting for the rest.
+    assert.is_true(core.now() - started < 5, "failed at once")
+    assert.equal(0, #server:requests_to("/up"), "no request with a wrong body reached the server")
   end)
 end)

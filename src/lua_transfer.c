@@ -10,6 +10,8 @@
  *                             body_stream =, body_length =,
  *                             ca_pem =, client_cert_pem =, client_key_pem =,  -- PEM text
  *                             tls_server_name = }                             -- see transfer.h
+ *   core.MAX_PEM    -- SK_TRANSFER_MAX_PEM, the most PEM text a request may hand in, so the
+ *                      nginx transport refuses what this one refuses
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
@@ -421,7 +423,7 @@ static int transfer_feed(lua_State *L)
 	long n = sk_transfer_feed(u->t, data, len);
 	if (n < 0)
 		return luaL_error(L, "the transfer takes no more body bytes (no body_stream, finished, "
-				     "or out of memory)");
+				     "past its body_length, or out of memory)");
 	lua_pushinteger(L, (lua_Integer)n);
 	return 1;
 }
@@ -515,4 +517,6 @@ void skl_open_transfer(lua_State *L)
 	lua_pop(L, 1);
 	lua_pushcfunction(L, client_new);
 	lua_setfield(L, -2, "client");
+	lua_pushinteger(L, (lua_Integer)SK_TRANSFER_MAX_PEM);
+	lua_setfield(L, -2, "MAX_PEM");
 }

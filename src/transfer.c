@@ -42,6 +42,10 @@ struct sk_transfer {
 	char *send_buf;
 	size_t send_start, send_len;
 	uint64_t uploaded;
+	/* The announced length (-1: chunked) and the bytes fed so far, which never pass it: bytes
+	 * past a Content-Length would be read as the start of another request. */
+	int64_t send_length;
+	uint64_t fed;
 
 	struct header_span header[SK_TRANSFER_MAX_HEADERS];
 	int header_count;
@@ -359,6 +363,10 @@ static size_t on_read(char *dest, size_t size, size_t nitems, void *ud)
 	sk_transfer *t = ud;
 	size_t room = size * nitems;
 	if (t->send_len == 0) {
+		/* A body finished short of its Content-Length would leave the server waiting for
+		 * the rest: the transfer fails instead. */
+		if (t->send_finished && t->send_length >= 0 && t->uploaded < (uint64_t)t->send_length)
+			return CURL_READFUNC_ABORT;
 		if (t->send_finished)
 			return 0; /* the end of the body */
 		t->send_paused = 1;
@@ -388,7 +396,10 @@ static void set_stream_body(CURL *e, sk_transfer *t, const struct sk_request *re
 	curl_off_t length = req->body_length >= 0 ? (curl_off_t)req->body_length : -1;
 	curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
 	curl_easy_setopt(e, CURLOPT_READDATA, t);
+	/* A stream cannot be rewound for a resend on a dead pooled connection; and, as for
+	 * fresh_connect, its connection is never pooled afterwards. */
 	curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+	curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
 	if (strcmp(req->method, "PUT") == 0) {
 		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
 		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, length);
@@ -610,12 +621,19 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
 	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, on_prereq);
 	curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
-	if (req->fresh_connect)
+	/* A request that may start a command goes out on a connection of its own, never one
+	 * pooled (a dead one would make libcurl send it twice), and that connection is closed
+	 * when it is over rather than pooled: the nginx transport does the same, so both keep
+	 * the pool for idempotent requests alone. */
+	if (req->fresh_connect) {
 		curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
+		curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L);
+	}
 	if (req->connect_timeout_ms > 0)
 		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, req->connect_timeout_ms);
 	if (req->body_stream) {
 		t->streaming = 1;
+		t->send_length = req->body_length;
 		set_stream_body(e, t, req);
 	} else {
 		set_method(e, req);
@@ -720,6 +738,8 @@ long sk_transfer_feed(sk_transfer *t, const char *data, size_t len)
 {
 	if (!t->streaming || t->send_finished)
 		return -1;
+	if (t->send_length >= 0 && len > (uint64_t)t->send_length - t->fed)
+		return -1;
 	if (t->send_buf == NULL) {
 		t->send_buf = malloc(SK_TRANSFER_SEND_BUFFER);
 		if (t->send_buf == NULL)
@@ -733,6 +753,7 @@ long sk_transfer_feed(sk_transfer *t, const char *data, size_t len)
 	size_t n = len < room ? len : room;
 	memcpy(t->send_buf + t->send_start + t->send_len, data, n);
 	t->send_len += n;
+	t->fed += n;
 	if (n > 0 && t->send_paused) {
 		t->send_paused = 0;
 		resume_direction(t);

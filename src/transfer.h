@@ -60,7 +60,8 @@ struct sk_request {
 	size_t body_len;
 	/* Never send this request on a pooled connection. libcurl silently resends a request
 	 * whose reused connection turns out dead; for a request that may start a command, that
-	 * resend could run it twice. A fresh connection has no such retry. */
+	 * resend could run it twice. A fresh connection has no such retry, and it is closed when
+	 * the request is over, never pooled for another. */
 	int fresh_connect;
 	const char *ca_file;     /* NULL: the system's trust store */
 	/* TLS material in memory, PEM text (not copied: libcurl copies it at start). ca_pem is the
@@ -138,7 +139,8 @@ int sk_transfer_paused(const sk_transfer *t);
 
 /* Streamed request bodies (body_stream). Copies up to len bytes into the send buffer and
  * returns how many it took (0 when full: wait for the transfer's progress, then feed the
- * rest); -1 when the transfer has no streamed body, its body was finished, or memory ran out. */
+ * rest); -1 when the transfer has no streamed body, its body was finished, the bytes would
+ * pass its body_length, or memory ran out. A body finished short of its body_length fails. */
 long sk_transfer_feed(sk_transfer *t, const char *data, size_t len);
 /* Marks the end of the streamed body; libcurl ends it once the buffer drained. */
 void sk_transfer_finish(sk_transfer *t);

@@ -56,6 +56,11 @@ local MIN_BUFFER = 16 * 1024
 -- then cost page faults on every read. (nginx's lua_socket_buffer_size bounds a read too: at
 -- its default of a page, a stream costs a system call per 4 KiB.)
 local MAX_READ = 127 * 1024
+--- PEM text a request may hand in (ca_pem, client_cert_pem, client_key_pem, a ca_file's
+-- contents): the libcurl transport's bound (SK_TRANSFER_MAX_PEM, a megabyte, several times
+-- a whole system CA bundle), so both transports refuse the same requests.
+local MAX_PEM = core.MAX_PEM
+local PEM_FIELDS = { "ca_pem", "client_cert_pem", "client_key_pem" }
 --- A chunk-size line with its extensions; servers write a few dozen bytes.
 local MAX_CHUNK_LINE = 4096
 --- How long a pooled connection may idle, and how many one origin keeps: an agent's keep-alive
@@ -203,8 +208,12 @@ local function request_anchors(spec)
   if spec.ca_file == nil then return nil end
   local f, err = io.open(spec.ca_file, "rb")
   if not f then return nil, "the request's CA file cannot be read: " .. tostring(err) end
-  local text = f:read("*a")
+  -- One byte past the bound tells a file over it from one exactly at it, without reading more.
+  local text = f:read(MAX_PEM + 1) or ""
   f:close()
+  if #text > MAX_PEM then
+    return nil, format("the request's CA file %s is over %d bytes", spec.ca_file, MAX_PEM)
+  end
   return text, "ca_file " .. spec.ca_file
 end
 
@@ -595,22 +604,18 @@ local function read_head(sock, deadline)
   end
 end
 
---- Sends a streamed request body from spec.body_reader (a function returning the next piece,
--- nil at the end, or nil and an error), each piece within spec.stall_timeout, reporting
--- progress to spec.on_body(bytes_sent). Returns true, or nil and a failure (the head went out).
+--- Sends a streamed request body from spec.body_reader (sandkit.http's, which holds the source
+-- to its body_length and reports progress: it returns the next piece, nil at the end, or nil,
+-- detail and the source's error), each piece within spec.stall_timeout. Returns true, or nil
+-- and a failure (the head went out).
 local function send_body(sock, spec)
-  local chunked, length, sent = not spec.body_length, spec.body_length, 0
+  local chunked = not spec.body_length
   local stall_ms = ceil((spec.stall_timeout or SLICE_MS / 1000) * 1000)
   while true do
-    local piece, err = spec.body_reader()
+    local piece, why, source_error = spec.body_reader()
     if piece == nil then
-      if err ~= nil then
-        return nil, { kind = "failed", sent = true, source_error = err,
-          detail = "the request body's source failed: " .. tostring(err) }
-      end
-      if length and sent ~= length then
-        return nil, { kind = "failed", sent = true,
-          detail = format("the request body's source gave %d bytes, not the %d announced", sent, length) }
+      if why ~= nil then
+        return nil, { kind = "failed", sent = true, detail = why, source_error = source_error }
       end
       local ok, serr = true, nil
       if chunked then ok, serr = sock:send("0\r\n\r\n") end
@@ -618,18 +623,12 @@ local function send_body(sock, spec)
       return true
     end
     if #piece > 0 then
-      sent = sent + #piece
-      if length and sent > length then
-        return nil, { kind = "failed", sent = true,
-          detail = format("the request body's source gave more than the %d bytes announced", length) }
-      end
       sock:settimeout(stall_ms)
       local ok, serr = sock:send(chunked and { format("%x\r\n", #piece), piece, "\r\n" } or piece)
       if not ok then
         return nil, { kind = "failed", sent = true,
           detail = "sending the request body failed: " .. tostring(serr) }
       end
-      if spec.on_body then spec.on_body(sent) end
     end
   end
 end
@@ -679,7 +678,9 @@ local function attempt(spec, url, head_bytes, fresh)
   local head, rest, detail, got = read_head(sock, deadline)
   if not head then
     sock:close()
-    return nil, { kind = rest, sent = true, detail = detail, stale = reused and not got }
+    -- Only a pooled connection that died before any byte of an answer is stale: one that
+    -- took the request and said nothing by the deadline may be acting on it.
+    return nil, { kind = rest, sent = true, detail = detail, stale = reused and rest == "failed" and not got }
   end
   return sock, head, rest
 end
@@ -695,6 +696,11 @@ function cosocket.send(spec)
     error("a request needs a method and a url", 3)
   end
   if not spec.method:match("^%u+$") then error("invalid request method " .. spec.method, 3) end
+  for _, field in ipairs(PEM_FIELDS) do
+    local pem = spec[field]
+    -- Refused before anything parses it, as the libcurl transport refuses it.
+    if type(pem) == "string" and #pem > MAX_PEM then error(format("PEM text over %d bytes", MAX_PEM), 3) end
+  end
   local url, why = parse_url(spec.url)
   if not url then return nil, { kind = "refused", sent = false, detail = why } end
   local head_bytes = request_head(spec, url)

@@ -46,34 +46,68 @@ response_mt.__index = response_mt
 -- Returns a response, or nil and a failure: { kind = "refused" (nothing was sent) |
 -- "timeout" (no headers in time) | "failed" (the connection failed after sending),
 -- sent = bool, detail = the transport's sentence, source_error = the reader's error when it failed }.
+--
+-- A source that gives more or fewer bytes than its body_length fails the request as soon as
+-- it does, over either transport: bytes past a Content-Length would reach the server as the
+-- start of another request, and a body cut short would leave it waiting for the rest.
+
+--- The body_reader a transport calls: spec.body_reader's pieces, held to spec.body_length, with
+-- spec.on_body told of every piece the transport took (it asks for the next one only then).
+-- Returns a piece, nil at the end, or nil, detail, the source's own error.
+local function counted_reader(spec)
+  local reader, length, on_body = spec.body_reader, spec.body_length, spec.on_body
+  local sent, handed = 0, 0
+  return function()
+    if handed > 0 then
+      sent, handed = sent + handed, 0
+      if on_body then on_body(sent) end
+    end
+    local piece, err = reader()
+    if piece == nil then
+      if err ~= nil then return nil, "the request body's source failed: " .. tostring(err), err end
+      if length and sent ~= length then
+        return nil, string.format("the request body's source gave %d bytes, not the %d announced", sent, length)
+      end
+      return nil
+    end
+    if length and sent + #piece > length then
+      return nil, string.format("the request body's source gave more than the %d bytes announced", length)
+    end
+    handed = #piece
+    return piece
+  end
+end
+
 function http.send(spec)
+  local reader
+  if spec.body_reader then
+    local request = {}
+    for k, v in pairs(spec) do request[k] = v end
+    reader = counted_reader(spec)
+    request.body_reader, request.on_body = reader, nil
+    spec = request
+  end
   if wait.check_nginx() then
     local t, status = require("sandkit.cosocket").send(spec)
     if not t then return nil, status end
     return setmetatable({ transfer = t, status = status }, response_mt)
   end
   local client = http.client()
-  local reader = spec.body_reader
-  local request = spec
-  if reader then
-    request = {}
-    for k, v in pairs(spec) do request[k] = v end
-    request.body_reader, request.body_stream = nil, true
-  end
-  local t = client:request(request)
+  if reader then spec.body_reader, spec.body_stream = nil, true end
+  local t = client:request(spec)
   local deadline = spec.header_deadline
-  local pending, fed, feeding = nil, 0, reader ~= nil
+  local pending, feeding = nil, reader ~= nil
   if feeding then deadline = core.now() + spec.stall_timeout end
   while true do
     while feeding do
       if not pending then
-        local chunk, rerr = reader()
+        local chunk, why, source_error = reader()
         if chunk == nil then
-          if rerr ~= nil then
+          if why ~= nil then
             local st = t:state()
             t:close()
-            return nil, { kind = st.sent and "failed" or "refused", sent = st.sent,
-              detail = "the request body's source failed: " .. tostring(rerr), source_error = rerr }
+            return nil, { kind = st.sent and "failed" or "refused", sent = st.sent, detail = why,
+              source_error = source_error }
           end
           t:finish()
           feeding = false
@@ -83,11 +117,7 @@ function http.send(spec)
         pending = chunk
       end
       local taken = t:feed(pending)
-      if taken > 0 then
-        fed = fed + taken
-        deadline = core.now() + spec.stall_timeout
-        if spec.on_body then spec.on_body(fed) end
-      end
+      if taken > 0 then deadline = core.now() + spec.stall_timeout end
       if taken < #pending then
         pending = pending:sub(taken + 1)
         break

@@ -6,8 +6,9 @@
 --
 -- Each stdout/stderr frame it returns carries exactly one line, its `data` ending in "\n", in
 -- the order the lines were completed, with the seq of the frame that completed it. A stream's
--- unterminated last line comes just before the exit frame (stdout's first when both have one),
--- and before the error when the stream fails, so output that arrived is never lost. A line
+-- unterminated last line comes just before the exit frame (when both streams have one, the one
+-- begun first comes first), and before the error when the stream fails, so output that arrived
+-- is never lost. A line
 -- longer than MAX_LINE is handed on in MAX_LINE pieces: memory stays bounded whatever a
 -- command writes.
 

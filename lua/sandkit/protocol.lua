@@ -410,9 +410,15 @@ end
 local function poll_frame(raw)
   local t = type(raw) == "table" and raw.t
   if t == "exit" then
-    local code = to_integer(raw.code)
-    if not code then return nil, "an exit frame without an integer code" end
-    return { type = "exit", code = code, truncated = raw.truncated == true, signal = to_integer(raw.signal) }
+    -- The ranges the stream's decoder holds an exit frame to (src/frames.c), so a frame means
+    -- the same on both: a code outside int32 makes it unreadable, a signal outside 0..INT32_MAX
+    -- is no signal.
+    local code, signal = to_integer(raw.code), to_integer(raw.signal)
+    if not code or code < -2147483648 or code > 2147483647 then
+      return nil, "an exit frame without a 32-bit integer code"
+    end
+    if signal and (signal < 0 or signal > 2147483647) then signal = nil end
+    return { type = "exit", code = code, truncated = raw.truncated == true, signal = signal }
   elseif t == "error" then
     if type(raw.code) ~= "string" or type(raw.message) ~= "string" then
       return nil, "an error frame without a code and a message"

@@ -232,6 +232,36 @@ for what, line in pairs{ type = '{"t":"error","t":"exit","code":0}\n', code = '{
   })
 end
 
+-- The decoder reads an exit code as a 32-bit integer (src/frames.c): past it the frame is not an ending.
+for _, pair in ipairs{ { "2^31", '{"t":"exit","code":2147483648}\n' },
+    { "-2^31 - 1", '{"t":"exit","code":-2147483649}\n' } } do
+  local what, line = pair[1], pair[2]
+  case("leaves the outcome unknown when an exit code is outside 32 bits (" .. what .. ")", {
+    route = "function(req, conn) respond.frames(conn, { " .. string.format("%q", line) .. " }) end",
+    act = items_of,
+    check = function(items)
+      assert.equal(1, #items, "no exit is delivered")
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
+      assert.is_false(items[1].retryable)
+      assert.is_true(found(items[1].text, "did not parse"), items[1].text)
+    end,
+  })
+end
+
+-- A signal is a number from 0 to 2^31 - 1: outside it the exit stands, without a signal.
+for _, pair in ipairs{ { "9", 9 }, { "-1" }, { "2147483648" } } do
+  local signal, kept = pair[1], pair[2]
+  case("keeps an exit frame's signal only from 0 to 2^31 - 1 (" .. signal .. ")", {
+    route = string.format([[function(req, conn)
+      respond.frames(conn, { '{"t":"exit","code":1,"signal":%s}\n' })
+    end]], signal),
+    act = items_of,
+    check = function(items)
+      assert.same({ type = "exit", code = 1, truncated = false, signal = kept }, items[1])
+    end,
+  })
+end
+
 --- A failure mid-chunk ends the stream there: the exit frame behind it never surfaces.
 local function only_the_failure(items)
   assert.equal(1, #items, "the exit frame must not follow the failure")
@@ -748,7 +778,9 @@ case("deliver their frames once each and end with the exit frame", {
 
 -- Polling the same cursor again returns the same frame: a retry would loop for ever.
 for what, frame in pairs{ ["bad base64"] = '{"t":"stdout","seq":0,"data":"!!not base64!!"}',
-    ["an unknown type"] = '{"t":"stdin","seq":0,"data":"aGk="}', ["no seq"] = '{"t":"stdout","data":"aGk="}' } do
+    ["an unknown type"] = '{"t":"stdin","seq":0,"data":"aGk="}', ["no seq"] = '{"t":"stdout","data":"aGk="}',
+    ["an exit code of 2^31"] = '{"t":"exit","code":2147483648}',
+    ["an exit code of -2^31 - 1"] = '{"t":"exit","code":-2147483649}' } do
   case("whose poll carries a frame that cannot be read leave the outcome unknown (" .. what .. ")", {
     route = string.format([[function(req, conn)
       respond.status(conn, "200 OK", '{"running":true,"frames":[%s]}', "application/json")
@@ -809,6 +841,21 @@ case("whose start answers with its id twice leave the outcome unknown", {
     assert.is_true(found(r.err.text, "twice"), r.err.text)
   end,
 })
+
+-- As on the stream, a signal outside 0..2^31 - 1 is no signal, and the exit stands.
+for _, pair in ipairs{ { "9", 9 }, { "-1" }, { "2147483648" } } do
+  local signal, kept = pair[1], pair[2]
+  case("whose poll carries an exit frame keep its signal only from 0 to 2^31 - 1 (" .. signal .. ")", {
+    route = string.format([[function(req, conn)
+      respond.status(conn, "200 OK", '{"running":false,"frames":[{"t":"exit","code":1,"signal":%s}]}',
+        "application/json")
+    end]], signal),
+    act = function(session) return assert(session:job("j1"):poll()).exit end,
+    check = function(exit)
+      assert.same({ code = 1, truncated = false, signal = kept }, exit)
+    end,
+  })
+end
 
 case("whose poll carries an exit frame take it as the job's ending", {
   route = [[function(req, conn)
