@@ -407,18 +407,23 @@ end
 
 --- One frame of a poll, as the exec stream would read it: output, an exit, or an error, which
 -- is the job's failure. nil and why when it cannot be read.
+--- An ending as the stream's decoder holds an exit frame to (src/frames.c), so a poll's frame
+-- and its envelope mean what a stream's frame would: nil for a code outside int32; a signal
+-- outside 0..INT32_MAX is no signal.
+local function exit_of(code, signal, truncated)
+  code, signal = to_integer(code), to_integer(signal)
+  if not code or code < -2147483648 or code > 2147483647 then return nil end
+  if signal and (signal < 0 or signal > 2147483647) then signal = nil end
+  return { code = code, truncated = truncated == true, signal = signal }
+end
+
 local function poll_frame(raw)
   local t = type(raw) == "table" and raw.t
   if t == "exit" then
-    -- The ranges the stream's decoder holds an exit frame to (src/frames.c), so a frame means
-    -- the same on both: a code outside int32 makes it unreadable, a signal outside 0..INT32_MAX
-    -- is no signal.
-    local code, signal = to_integer(raw.code), to_integer(raw.signal)
-    if not code or code < -2147483648 or code > 2147483647 then
-      return nil, "an exit frame without a 32-bit integer code"
-    end
-    if signal and (signal < 0 or signal > 2147483647) then signal = nil end
-    return { type = "exit", code = code, truncated = raw.truncated == true, signal = signal }
+    local exit = exit_of(raw.code, raw.signal, raw.truncated)
+    if not exit then return nil, "an exit frame without a 32-bit integer code" end
+    exit.type = "exit"
+    return exit
   elseif t == "error" then
     if type(raw.code) ~= "string" or type(raw.message) ~= "string" then
       return nil, "an error frame without a code and a message"
@@ -471,9 +476,13 @@ function protocol.job_poll(conn, job_id, since)
   end
   -- `next` is the cursor for the following poll: the highest seq seen, or `since` again.
   local page = { running = value.running, frames = {}, next = since }
-  local code = to_integer(value.exitCode)
-  if code then
-    page.exit = { code = code, truncated = value.truncated == true, signal = to_integer(value.signal) }
+  if value.exitCode ~= nil and value.exitCode ~= json.null then
+    page.exit = exit_of(value.exitCode, value.signal, value.truncated)
+    -- An ending that cannot be read is the job's outcome unknown, as for such a frame.
+    if not page.exit then
+      return nil, outcome_unknown("the poll's exitCode could not be read",
+        errors.unexpected(JOB_POLL, "exitCode", "not a 32-bit integer"))
+    end
   end
   if type(value.frames) == "table" then
     for _, raw in ipairs(value.frames) do

@@ -798,6 +798,41 @@ for what, frame in pairs{ ["bad base64"] = '{"t":"stdout","seq":0,"data":"!!not 
   })
 end
 
+-- The envelope's ending is held to the frame's ranges: an exitCode that is no 32-bit integer is
+-- no ending to read, and the poll's answer stays the same however often it is asked.
+for _, pair in ipairs{ { "2^31", "2147483648" }, { "-2^31 - 1", "-2147483649" }, { "a string", '"0"' } } do
+  case("whose poll's envelope carries an exitCode that cannot be read leave the outcome unknown ("
+      .. pair[1] .. ")", {
+    route = string.format([[function(req, conn)
+      respond.status(conn, "200 OK", '{"running":false,"frames":[],"exitCode":%s}', "application/json")
+    end]], pair[2]),
+    act = function(session)
+      local page, err = session:job("j1"):poll()
+      return { page = page, err = plain(err) }
+    end,
+    check = function(r)
+      assert.is_nil(r.page)
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+      assert.is_false(r.err.retryable)
+      assert.is_true(found(r.err.text, "exitCode"), r.err.text)
+    end,
+  })
+end
+
+for _, pair in ipairs{ { "9", 9 }, { "-1" }, { "2147483648" } } do
+  local signal, kept = pair[1], pair[2]
+  case("whose poll's envelope carries a signal keep it only from 0 to 2^31 - 1 (" .. signal .. ")", {
+    route = string.format([[function(req, conn)
+      respond.status(conn, "200 OK", '{"running":false,"frames":[],"exitCode":1,"signal":%s}',
+        "application/json")
+    end]], signal),
+    act = function(session) return assert(session:job("j1"):poll()).exit end,
+    check = function(exit)
+      assert.same({ code = 1, truncated = false, signal = kept }, exit)
+    end,
+  })
+end
+
 -- A page that names a member twice is one page to a reader keeping the first copy and another to
 -- one keeping the last: each of these is read as a successful exit by lua-cjson.
 for what, text in pairs{
