@@ -415,6 +415,46 @@ describe("the sandkit command", function()
     assert.matches("did you mean %-%-timeout%?", err)
   end)
 
+  it("refuses a number past what its flag can mean, naming the flag, with status 2 and nothing made", function()
+    sandkit_cmd("create jobs")
+    for _, case in ipairs{ { "run --timeout 1e999 -- true", "timeout" }, { "run --timeout inf -- true", "timeout" },
+        { "run --output-cap 1e300 -- true", "output%-cap" }, { "job poll jobs j1 --since 1e300", "since" },
+        { "create s2 --lifetime 1e999", "lifetime" }, { "run --lifetime inf -- true", "lifetime" } } do
+      local out, err, status = sandkit_cmd(case[1])
+      assert.equal(2, status, case[1] .. ": " .. err)
+      assert.equal("", out, case[1])
+      assert.matches("^sandkit: %-%-" .. case[2] .. " takes [^\n]+\n$", err, nil, case[1])
+    end
+    local doc = cjson.decode((sandkit_cmd("ls --json")))
+    assert.equal(1, #doc.sessions, "no session was made")
+    assert.same({ "jobs" }, core.listdir(root .. "/sessions"), "nor any session's folder")
+  end)
+
+  it("refuses a secret file holding more than one word, as the token could not be sent", function()
+    local secret = root .. "/token"
+    for _, text in ipairs{ "two words\n", "line\nbreak\n", "\n \n" } do
+      files.write(secret, text)
+      local out, err, status = local_state.sh(local_state.lua_env() .. " " .. LUA
+        .. " bin/sandkit --provider agent --url http://127.0.0.1:9 --token-file " .. q(secret) .. " run -- true")
+      assert.equal(2, status, err)
+      assert.equal("", out)
+      assert.matches("^sandkit: %-%-token%-file takes a file holding [^\n]+\n$", err)
+    end
+  end)
+
+  it("says a provider sandkit has but cannot load could not be loaded, with status 125", function()
+    local shadow = root .. "/shadow"
+    assert(core.mkdir(shadow, 448))
+    assert(core.mkdir(shadow .. "/sandkit", 448))
+    assert(core.mkdir(shadow .. "/sandkit/providers", 448))
+    files.write(shadow .. "/sandkit/providers/agent.lua", "error('a dependency is missing')\n")
+    local out, err, status = local_state.sh("LUA_PATH=" .. q(shadow .. "/?.lua;" .. package.path)
+      .. " LUA_CPATH=" .. q(package.cpath) .. " " .. LUA .. " bin/sandkit --provider agent ls")
+    assert.equal(125, status, err)
+    assert.equal("", out)
+    assert.matches("^sandkit: [^\n]*agent provider could not be loaded: [^\n]*a dependency is missing\n$", err)
+  end)
+
   it("prints its version, its help and each command's help", function()
     local out, _, status = sandkit_cmd("--version")
     assert.equal(0, status)

@@ -69,6 +69,14 @@ describe("the sandkit command with --provider kubernetes", function()
     _, err, status = sandkit("--lifetime 1.5 ls")
     assert.equal(2, status)
     assert.matches("%-%-lifetime takes a whole positive number of seconds", err)
+    -- A lifetime no claim can be given is refused, and no claim is made: by the command line
+    -- when it is no number, by the provider when no shutdownTime can be written for it.
+    for _, case in ipairs{ { "inf", 2 }, { "1e300", 1 } } do
+      _, err, status = sandkit("create life-c --lifetime " .. case[1])
+      assert.equal(case[2], status, case[1] .. ": " .. err)
+      assert.matches("^sandkit: [^\n]*lifetime[^\n]*\n$", err, nil, "--lifetime " .. case[1])
+      assert.is_nil((cluster:state().objects.sandboxclaims[kube_cluster.NAMESPACE] or {})["life-c"], case[1])
+    end
     assert.equal(0, select(3, sandkit("rm life-a life-b")))
   end)
 
@@ -153,5 +161,50 @@ describe("the sandkit command with --provider kubernetes", function()
     _, err, status = sandkit("ls", "--provider kubernetes --namespace " .. kube_cluster.NAMESPACE)
     assert.equal(2, status)
     assert.matches("warm_pool", err)
+  end)
+end)
+
+describe("the sandkit command when a throwaway claim cannot be removed", function()
+  local cluster, flags
+  setup(function()
+    -- RBAC that lets claims be made but not deleted: every removal fails, the same way each time.
+    cluster = kube_cluster.start{ pools = { ["py-pool"] = {} },
+      faults = { forbid = { ["delete sandboxclaims"] = true } } }
+    flags = table.concat({ "--provider kubernetes", "--warm-pool py-pool", "--signing-key", q(cluster.key_path),
+      "--key-id", cluster.key_id, "--kubeconfig", q(cluster:kubeconfig()), "--namespace", kube_cluster.NAMESPACE,
+      "--ready-timeout 20" }, " ")
+  end)
+  teardown(function() if cluster then cluster:stop() end end)
+
+  local function sandkit(args)
+    return local_state.sh(local_state.lua_env() .. " HOME=" .. q(cluster.dir) .. " " .. LUA
+      .. " bin/sandkit " .. flags .. " " .. args)
+  end
+
+  --- The claims left in the namespace, by name.
+  local function claims()
+    local names = {}
+    for name in pairs(cluster:state().objects.sandboxclaims[kube_cluster.NAMESPACE] or {}) do
+      names[#names + 1] = name
+    end
+    return names
+  end
+
+  it("says which session it left behind, and exits 125 though the command succeeded", function()
+    local out, err, status = sandkit("run -- echo done")
+    assert.equal("done\n", out, err)
+    assert.equal(125, status, err)
+    local left = claims()
+    assert.equal(1, #left, "the claim is still there")
+    assert.matches("^sandkit: session " .. left[1]:gsub("%-", "%%-") .. " was not removed: [^\n]+\n$", err)
+  end)
+
+  it("keeps the status of a command that failed, and still says what it left behind", function()
+    local before = #claims()
+    local out, err, status = sandkit("run -- sh -c 'exit 3'")
+    assert.equal("", out, err)
+    assert.equal(3, status, err)
+    assert.equal(before + 1, #claims())
+    assert.matches("^sandkit: session [%w%-]+ was not removed: [^\n]+\n$", err)
   end)
 end)

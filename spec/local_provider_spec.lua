@@ -278,6 +278,34 @@ describe("the local provider", function()
     assert.equal("lifetime", err.field)
   end)
 
+  it("refuses an endless lifetime before anything starts, leaving nothing under the root", function()
+    for _, lifetime in ipairs{ math.huge, 0 / 0 } do
+      local session, err = sandbox:create{ id = "endless", lifetime = lifetime }
+      assert.is_nil(session)
+      assert.equal("INVALID_INPUT", err.code, tostring(err))
+      assert.equal("lifetime", err.field)
+      assert.same({}, core.listdir(root .. "/sessions") or {}, "nothing is left under the root")
+    end
+  end)
+
+  it("stops the agent it started and leaves nothing when anything fails after the start", function()
+    local started
+    local real = sandbox.provider.await_agent
+    -- The record is written and then something raises, as a failing encoder or disk would.
+    sandbox.provider.await_agent = function(...)
+      started = real(...)
+      error("the disk went away", 0)
+    end
+    local session, err = sandbox:create{ id = "halfway" }
+    sandbox.provider.await_agent = nil
+    assert.is_nil(session)
+    assert.equal("SANDBOX_UNREACHABLE", err.code)
+    assert.matches("the disk went away", err.message, 1, true)
+    assert.is_table(started, "the agent had started")
+    assert.is_false(core.alive(started.pid), "the agent it started is gone")
+    assert.is_nil(core.listdir(root .. "/sessions/halfway"), "its folder is gone")
+  end)
+
   it("refuses a sandkit-agent that does not exist as bad input, not as an unsupported operation", function()
     local missing = assert(sandkit.sandbox{ provider = "local", root = root, agent_path = "/no/such/sandkit-agent" })
     local session, err = missing:create{ id = "orphan" }

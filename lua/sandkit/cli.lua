@@ -15,6 +15,7 @@ local core = require "sandkit.core"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
+local rfc3339 = require "sandkit.kubernetes.rfc3339"
 local sandkit = require "sandkit"
 local wait = require "sandkit.wait"
 
@@ -44,7 +45,8 @@ exit status:
   2    the command line is wrong
   124  the command outlived --timeout (default a day)
   125  no such session (whichever command names it), or sandkit could not run the
-       command (none could be made) or lost its outcome
+       command (none could be made) or lost its outcome, or could not remove the
+       throwaway session of a run whose command succeeded
   127  the command could not be started: its program or --cwd is missing, or the agent
        refused it (a --cwd outside the session, a bad --env)
   129, 130, 141, 143
@@ -53,24 +55,6 @@ exit status:
 ]]
 
 -- Values ------------------------------------------------------------------------------------
-
-local function positive_seconds(text)
-  local n = tonumber(text)
-  if not n or n ~= n or n <= 0 then return nil, "a positive number of seconds" end
-  return n
-end
-
-local function whole_number(text)
-  local n = tonumber(text)
-  if not n or n < 0 or n % 1 ~= 0 then return nil, "a whole number" end
-  return n
-end
-
-local function lifetime(text)
-  local n = tonumber(text)
-  if not n or n ~= n or n < 1 then return nil, "a number of seconds, 1 or more" end
-  return n
-end
 
 local function env_pair(text)
   local k, v = text:match("^([^=]+)=(.*)$")
@@ -82,16 +66,14 @@ end
 local MAX_SECRET_FILE = 4096
 
 --- A secret from the file a provider's `--…-file` flag names (`secret_file` in its CLI_OPTIONS):
--- on a command line `ps` would show it to everyone. Surrounding whitespace is not the secret's.
+-- on a command line `ps` would show it to everyone.
 local function secret_from_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil, "a readable file" end
-  local text = f:read(MAX_SECRET_FILE + 1) or ""
-  f:close()
-  if #text > MAX_SECRET_FILE then return nil, "a file of at most " .. MAX_SECRET_FILE .. " bytes" end
-  text = text:gsub("^%s+", ""):gsub("%s+$", "")
-  if text == "" then return nil, "a file holding the secret (this one is empty)" end
-  return text
+  local secret, why = localfile.read_secret(path, MAX_SECRET_FILE)
+  if secret then return secret end
+  if why == "unreadable" then return nil, "a readable file" end
+  if why == "too_long" then return nil, "a file of at most " .. MAX_SECRET_FILE .. " bytes" end
+  if why == "empty" then return nil, "a file holding the secret (this one is empty)" end
+  return nil, "a file holding one secret (this one has spaces or control characters inside it)"
 end
 
 --- The command's environment from the --env pairs, the last of a name winning.
@@ -107,16 +89,16 @@ end
 local OPTIONS = {
   session = { arg = "NAME", help = "run in this session; it must exist unless --create" },
   create = { help = "make the --session when it does not exist" },
-  lifetime = { arg = "S", convert = lifetime,
+  lifetime = { arg = "S", convert = options_check.lifetime,
     help = "a session this creates ends after S seconds: its agent exits, its files go" },
-  timeout = { arg = "S", convert = positive_seconds, help = "the command's deadline in seconds (default a day)" },
+  timeout = { arg = "S", convert = options_check.seconds, help = "the command's deadline in seconds (default a day)" },
   cwd = { arg = "DIR", help = "the working directory, inside the session" },
   env = { arg = "K=V", list = true, convert = env_pair, help = "an environment variable for the command (repeatable)" },
-  ["output-cap"] = { arg = "BYTES", convert = whole_number,
+  ["output-cap"] = { arg = "BYTES", convert = options_check.whole_number,
     help = "keep at most BYTES of each stream (default: everything, where the agent allows)" },
   lines = { help = "write the output a whole line at a time" },
   id = { arg = "ID", help = "the job's id (1-64 of [A-Za-z0-9_-]): starting it again starts nothing" },
-  since = { arg = "N", convert = whole_number, help = "only the output after seq N" },
+  since = { arg = "N", convert = options_check.whole_number, help = "only the output after seq N" },
   follow = { help = "print until the job ends, then exit with its status" },
   json = { help = "print one JSON document instead of text" },
   help = { help = "print this help" },
@@ -241,7 +223,7 @@ local function command_ended(exit, cap)
 end
 
 local function iso_time(t)
-  return t and os.date("!%Y-%m-%dT%H:%M:%SZ", t) or nil
+  return t and rfc3339.format(t) or nil
 end
 
 local function size_text(bytes)
@@ -330,6 +312,15 @@ local function run_session(sandbox, name, create, life)
   return session
 end
 
+--- Removes a session made for one command: true, or false once stderr says it was left behind
+-- (README promises it is removed afterwards; a script must hear when it was not).
+local function remove_throwaway(sandbox, id)
+  local ok, err = sandbox:terminate(id)
+  if ok then return true end
+  io.stderr:write("sandkit: session ", id, " was not removed: ", one_line(err), "\n")
+  return false
+end
+
 -- Commands ----------------------------------------------------------------------------------
 
 local function run(ctx)
@@ -370,16 +361,25 @@ local function run(ctx)
   end)
   -- Closing mid-stream drops the connection, which the agent takes as: stop the command.
   if ctx.stream then ctx.stream:close() end
-  if throwaway then sandbox:terminate(session.id) end
-  if interrupt.pending then return interrupted_status() end
-  if not ok then return fail(status_of_error(failure), one_line(failure)) end
-  return command_ended(exit, o.output_cap)
+  local removed = not throwaway or remove_throwaway(sandbox, session.id)
+  local status
+  if interrupt.pending then
+    status = interrupted_status()
+  elseif not ok then
+    status = fail(status_of_error(failure), one_line(failure))
+  else
+    status = command_ended(exit, o.output_cap)
+  end
+  -- A session left behind is news a script must not miss, unless the command's own failure
+  -- already is.
+  if status == 0 and not removed then return EXIT_SANDKIT end
+  return status
 end
 
 local function create(ctx)
   local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = ctx.opts.lifetime }
   if interrupt.pending then
-    if session then ctx.sandbox:terminate(session.id) end
+    if session then remove_throwaway(ctx.sandbox, session.id) end
     return interrupted_status()
   end
   if not session then return fail(EXIT_FAILED, one_line(err)) end
@@ -564,7 +564,8 @@ local COMMANDS = {
   { name = "rm", handler = rm, args = { "NAME..." }, synopsis = "rm NAME...",
     summary = "terminate sessions and remove their files" },
   { name = "prune", handler = prune, options = { "json" }, synopsis = "prune [--json]",
-    summary = "remove the sessions whose agent is gone; prints their names" },
+    summary = "remove the sessions whose agent died and print their names (one past\n"
+      .. "its lifetime is gone already: any listing removed it, unnamed)" },
   { name = "put", handler = put, args = { "NAME", "LOCAL", "REMOTE" }, session = 1,
     synopsis = "put NAME LOCAL|- REMOTE",
     summary = "copy a local file (- : standard input) into a session" },
@@ -596,15 +597,25 @@ end
 
 -- Help --------------------------------------------------------------------------------------
 
---- The chosen provider's flags, by name: { arg =, option =, help =, convert = }.
+--- The chosen provider's flags, by name: { arg =, option =, help =, convert = }, its module,
+-- and why it could not be loaded when it is one sandkit has but it failed to load.
 local function provider_flags(name)
   if not name:match("^[%w_]+$") then return {}, nil end
   local found, module = pcall(require, "sandkit.providers." .. name)
   local flags = {}
   if found and type(module) == "table" then
     for _, f in ipairs(module.CLI_OPTIONS or {}) do flags[f.flag] = f end
+    return flags, module
   end
-  return flags, found and module or nil
+  for _, known in ipairs(sandkit.PROVIDERS) do
+    if known == name then
+      -- sandkit.sandbox says why a provider it knows cannot be had (absent, or failing to
+      -- load); LuaJIT remembers a failed require as a "loop", so the load is forgotten first.
+      package.loaded["sandkit.providers." .. name] = nil
+      return flags, nil, one_line(select(2, sandkit.sandbox{ provider = name }))
+    end
+  end
+  return flags, nil
 end
 
 local function option_line(name, spec)
@@ -801,7 +812,10 @@ end
 --- Runs the command line in args (as the `arg` table) and returns the exit status.
 function cli.main(args)
   local provider = provider_of(args)
-  local pflags, module = provider_flags(provider)
+  local pflags, module, broken = provider_flags(provider)
+  -- A provider sandkit knows but cannot load is the installation's fault, not the command
+  -- line's: said before its flags, which are unknown without it, are read.
+  if broken then return fail(EXIT_SANDKIT, broken) end
   local p, err, about = parse(args, pflags, provider)
   if not p then
     return fail(EXIT_USAGE, err .. " (see `sandkit " .. (about and (about.name .. " ") or "") .. "--help`)")

@@ -32,6 +32,22 @@ function localfile.is_directory(path)
   return code == EISDIR
 end
 
+--- The secret (a token) a small file holds, without the whitespace around it, or nil and why
+-- not: "unreadable" (and the system's reason), "too_long" (over `max` bytes: the caller's bound
+-- on what a secret of its kind can be, read no further), "empty", or "inside" (spaces or
+-- control characters within it: a secret goes into a header, where those would end it).
+function localfile.read_secret(path, max)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, "unreadable", tostring(err) end
+  local text = f:read(max + 1) or ""
+  f:close()
+  if #text > max then return nil, "too_long" end
+  text = text:match("^%s*(.-)%s*$")
+  if text == "" then return nil, "empty" end
+  if text:find("[%c ]") then return nil, "inside" end
+  return text
+end
+
 local function refuse(operation, field, why)
   return nil, errors.invalid_input(operation, field, why)
 end

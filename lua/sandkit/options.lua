@@ -3,6 +3,7 @@
 -- chose. The refusal is INVALID_INPUT naming the key and the nearest known one.
 
 local errors = require "sandkit.errors"
+local json = require "sandkit.json"
 
 local options = {}
 
@@ -68,5 +69,48 @@ function options.set(list)
   for _, name in ipairs(list) do s[name] = true end
   return s
 end
+
+-- Values of the command line -----------------------------------------------------------------
+-- The `sandkit` command's converters of a flag's text (cli.lua's OPTIONS, a provider's
+-- CLI_OPTIONS): each returns the value, or nil and what the text should be. Only finite numbers
+-- pass: `inf` and `1e999` read as numbers to tonumber, and no deadline, cap or lifetime means them.
+
+--- The largest whole number a flag takes: lua-cjson writes numbers with 14 significant digits,
+-- so a bigger one would reach an agent rounded, or in exponent form that it refuses.
+options.MAX_WHOLE = 99999999999999
+
+local function finite(text)
+  local n = tonumber(text)
+  if n and n == n and n > -math.huge and n < math.huge then return n end
+  return nil
+end
+
+local function whole(text)
+  local n = json.integer(finite(text))
+  if n and n >= 0 and n <= options.MAX_WHOLE then return n end
+  return nil
+end
+
+--- A converter: the number `read` makes of the text when `fits` holds for it, else nil and
+-- what the text should be.
+local function converter(read, fits, what)
+  return function(text)
+    local n = read(text)
+    if n and fits(n) then return n end
+    return nil, what
+  end
+end
+
+--- Seconds, more than none (a deadline, a wait).
+options.seconds = converter(finite, function(n) return n > 0 end, "a positive number of seconds")
+--- A count or a byte size, 0 included.
+options.whole_number = converter(whole, function() return true end,
+  "a whole number (at most " .. options.MAX_WHOLE .. ")")
+--- Whole seconds, more than none (a lifetime kept by a clock that counts in seconds).
+options.whole_seconds = converter(whole, function(n) return n > 0 end, "a whole positive number of seconds")
+--- A session's lifetime: a second at least, the wall clock its record keeps counting in seconds.
+options.lifetime = converter(finite, function(n) return n >= 1 end, "a number of seconds, 1 or more")
+--- A TCP port.
+options.port = converter(whole, function(n) return n <= 65535 and n >= 1 end, "a port number")
 
 return options

@@ -18,6 +18,7 @@
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
+local localfile = require "sandkit.localfile"
 local rfc3339 = require "sandkit.kubernetes.rfc3339"
 local wait = require "sandkit.wait"
 
@@ -77,18 +78,15 @@ local function refused(operation, what)
 end
 
 local function read_token_file(path, operation)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, refused(operation, "the token file cannot be read: " .. tostring(err)) end
-  local text = f:read(MAX_TOKEN_FILE + 1) or ""
-  f:close()
-  if #text > MAX_TOKEN_FILE then
+  local token, why, detail = localfile.read_secret(path, MAX_TOKEN_FILE)
+  if token then return token end
+  if why == "unreadable" then
+    return nil, refused(operation, "the token file cannot be read: " .. detail)
+  end
+  if why == "too_long" then
     return nil, refused(operation, "the token file " .. path .. " is larger than a token")
   end
-  local token = text:match("^%s*(.-)%s*$")
-  if token == "" or token:find("[%c ]") then
-    return nil, refused(operation, "the token file " .. path .. " holds no token")
-  end
-  return token
+  return nil, refused(operation, "the token file " .. path .. " holds no token")
 end
 
 --- The file's token, read again when the last read is a minute old or `force` is set.

@@ -24,6 +24,7 @@
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
+local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
@@ -43,24 +44,8 @@ kubernetes.OPTIONS = { warm_pool = true, namespace = true, kubeconfig = true, co
 
 --- Options `create{}` takes besides id and env: a claim's own lifetime, in seconds.
 kubernetes.CREATE_OPTIONS = { lifetime = true }
-
-local function cli_seconds(text)
-  local n = tonumber(text)
-  if n and n > 0 then return n end
-  return nil, "a positive number of seconds"
-end
-
-local function cli_whole_seconds(text)
-  local n = json.integer(tonumber(text))
-  if n and n > 0 then return n end
-  return nil, "a whole positive number of seconds"
-end
-
-local function cli_port(text)
-  local n = json.integer(tonumber(text))
-  if n and n >= 1 and n <= 65535 then return n end
-  return nil, "a port number"
-end
+--- 9999-12-31T23:59:59Z, the last time RFC 3339 (a claim's shutdownTime) can write.
+local LAST_SHUTDOWN_TIME = 253402300799
 
 --- The options the `sandkit` command takes as flags, before or after the command (--provider
 -- kubernetes). A secret comes from a file (`secret_file`): argv is readable by everyone (`ps`).
@@ -78,13 +63,13 @@ kubernetes.CLI_OPTIONS = {
   { flag = "router-url", arg = "URL", option = "router_url", help = "agent-sandbox's router, for --transport router" },
   { flag = "router-token-file", arg = "FILE", option = "router_token", secret_file = true,
     help = "a file holding the router's bearer token (its ROUTER_AUTH_TOKEN)" },
-  { flag = "agent-port", arg = "PORT", option = "agent_port", convert = cli_port,
+  { flag = "agent-port", arg = "PORT", option = "agent_port", convert = options_check.port,
     help = "the agent's port in the pod (default 8971)" },
-  { flag = "lifetime", arg = "S", option = "lifetime", convert = cli_whole_seconds,
+  { flag = "lifetime", arg = "S", option = "lifetime", convert = options_check.whole_seconds,
     help = "seconds a claim lives (default 3600); after create or run, that claim's own" },
-  { flag = "ready-timeout", arg = "S", option = "ready_timeout", convert = cli_seconds,
+  { flag = "ready-timeout", arg = "S", option = "ready_timeout", convert = options_check.seconds,
     help = "seconds a claim gets to serve (default 180)" },
-  { flag = "capability-lifetime", arg = "S", option = "capability_lifetime", convert = cli_seconds,
+  { flag = "capability-lifetime", arg = "S", option = "capability_lifetime", convert = options_check.seconds,
     help = "seconds a capability lives (default 300, at most 900)" },
   { flag = "service-account-dir", arg = "DIR", option = "service_account_dir",
     help = "the in-cluster credentials (default /var/run/secrets/kubernetes.io/serviceaccount)" },
@@ -767,8 +752,11 @@ function provider_mt:create(opts)
   local bad = bad_id(op, id)
   if bad then return nil, bad end
   local lifetime = opts.lifetime or self.times.lifetime
-  if json.integer(lifetime) == nil or lifetime <= 0 then
-    return nil, errors.invalid_input(op, "lifetime", "lifetime is a whole number of seconds")
+  -- json.integer refuses inf and NaN; the claim's shutdownTime must be a time RFC 3339 can
+  -- write, whose year has four digits.
+  if json.integer(lifetime) == nil or lifetime <= 0 or os.time() + lifetime > LAST_SHUTDOWN_TIME then
+    return nil, errors.invalid_input(op, "lifetime", "lifetime is a whole number of seconds, "
+      .. "ending before the year 10000")
   end
   local claim, err = self:post_claim(id, lifetime, op)
   if not claim then return nil, err end

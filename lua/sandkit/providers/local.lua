@@ -185,6 +185,28 @@ local function write_record(dir, record)
   return true
 end
 
+--- Whether pid is the agent serving dir: a recorded pid may since belong to someone else.
+local function is_agent_of(pid, dir)
+  local cmdline = read_file("/proc/" .. pid .. "/cmdline")
+  return cmdline ~= nil and cmdline:find(dir .. "/files", 1, true) ~= nil
+end
+
+local function stop_agent(pid, dir)
+  if not (core.alive(pid) and is_agent_of(pid, dir)) then
+    core.reap(pid)
+    return
+  end
+  -- SIGTERM lets the agent kill its commands' process groups before it goes.
+  core.kill(pid, core.SIGTERM)
+  local deadline = core.now() + STOP_TIMEOUT
+  while core.now() < deadline do
+    if core.reap(pid) and not (core.alive(pid) and is_agent_of(pid, dir)) then return end
+    wait.sleep(0.02)
+  end
+  core.kill(pid, core.SIGKILL)
+  core.reap(pid, true)
+end
+
 --- A lifetime is kept by coreutils' timeout(1) in front of the agent: at the end it sends the
 -- agent SIGTERM, which the agent answers by killing its commands' process groups and leaving,
 -- and SIGKILL if it has not left STOP_TIMEOUT seconds later. A SIGTERM from terminate reaches
@@ -228,6 +250,27 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
     return nil, errors.invalid_input("sandbox.create", "agent_path", "cannot start sandkit-agent: " .. reader)
   end
 
+  -- Whatever fails once the agent runs, the agent goes with it: a session without its record
+  -- is one no get, list or terminate could find again.
+  local done, record, failure = pcall(self.await_agent, self, id, dir, pid, reader, token,
+    { generation = generation, env = env, expires_at = expires_at })
+  if not done then
+    failure = errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.create", retryable = false,
+      message = "sandbox.create: sandkit-agent for session " .. id .. " was started, then: " .. tostring(record) })
+    record = nil
+  end
+  if not record then
+    reader:close()
+    -- SIGTERM first: under timeout(1) a SIGKILL would end timeout alone and orphan the agent.
+    stop_agent(pid, dir)
+    return nil, failure
+  end
+  return record
+end
+
+--- Waits until the agent started as `pid` listens and serves, then writes its record: the
+-- record, or nil and an error (the caller stops the agent).
+function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   -- The agent writes one line when it listens; its closing without one means it failed.
   local line, got = nil, ""
   local deadline = core.now() + (self.options.ready_timeout or START_TIMEOUT)
@@ -245,29 +288,19 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
   reader:close()
   local ready = line and json.decode(line)
   if type(ready) ~= "table" or type(ready.port) ~= "number" then
-    core.kill(pid, core.SIGKILL)
-    core.reap(pid, true)
     local log = (read_file(dir .. "/agent.log") or ""):sub(-600)
     return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.create",
       message = "sandbox.create: sandkit-agent for session " .. id
         .. " did not report that it listens: " .. log })
   end
   local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
-    generation = generation, isolate = self.options.isolate, env = env, created_at = os.time(),
-    expires_at = expires_at }
+    generation = fields.generation, isolate = self.options.isolate, env = fields.env, created_at = os.time(),
+    expires_at = fields.expires_at }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
   local health, herr = readiness.wait(conn, { timeout = self.options.ready_timeout or START_TIMEOUT })
-  if not health then
-    core.kill(pid, core.SIGKILL)
-    core.reap(pid, true)
-    return nil, herr
-  end
+  if not health then return nil, herr end
   local written, werr = write_record(dir, record)
-  if not written then
-    core.kill(pid, core.SIGKILL)
-    core.reap(pid, true)
-    return nil, errors.invalid_input("sandbox.create", "root", tostring(werr))
-  end
+  if not written then return nil, errors.invalid_input("sandbox.create", "root", tostring(werr)) end
   record.state = "running"
   record.token = token
   record.features = health.features
@@ -282,9 +315,12 @@ function provider_mt:create(opts)
   local bad = check_id(id, "sandbox.create")
   if bad then return nil, bad end
   local lifetime = opts.lifetime
-  if lifetime ~= nil and (type(lifetime) ~= "number" or lifetime ~= lifetime or lifetime < 1) then
-    -- A whole second at least: the wall clock the record keeps counts in seconds.
-    return nil, errors.invalid_input("sandbox.create", "lifetime", "lifetime is a number of seconds, 1 or more")
+  if lifetime ~= nil and (type(lifetime) ~= "number" or lifetime ~= lifetime or lifetime < 1
+      or lifetime == math.huge) then
+    -- A whole second at least: the wall clock the record keeps counts in seconds. An endless
+    -- one is no lifetime: the record (JSON) cannot hold it, and no lifetime is what nil says.
+    return nil, errors.invalid_input("sandbox.create", "lifetime",
+      "lifetime is a finite number of seconds, 1 or more")
   end
   if opts.env ~= nil then
     for k, v in pairs(opts.env) do
@@ -312,12 +348,6 @@ function provider_mt:create(opts)
     return nil, err
   end
   return record
-end
-
---- Whether pid is the agent serving dir: a recorded pid may since belong to someone else.
-local function is_agent_of(pid, dir)
-  local cmdline = read_file("/proc/" .. pid .. "/cmdline")
-  return cmdline ~= nil and cmdline:find(dir .. "/files", 1, true) ~= nil
 end
 
 local function load_record(dir)
@@ -407,22 +437,6 @@ function provider_mt:list()
     end
   end
   return records
-end
-
-local function stop_agent(pid, dir)
-  if not (core.alive(pid) and is_agent_of(pid, dir)) then
-    core.reap(pid)
-    return
-  end
-  -- SIGTERM lets the agent kill its commands' process groups before it goes.
-  core.kill(pid, core.SIGTERM)
-  local deadline = core.now() + STOP_TIMEOUT
-  while core.now() < deadline do
-    if core.reap(pid) and not (core.alive(pid) and is_agent_of(pid, dir)) then return end
-    wait.sleep(0.02)
-  end
-  core.kill(pid, core.SIGKILL)
-  core.reap(pid, true)
 end
 
 --- Why a removal can fail and succeed when asked again: something was still writing into the
