@@ -432,6 +432,31 @@ describe("sandkit-agent under abuse", function()
       return status
     end
 
+    it("finds a head's end however the head is split across writes, empty lines before it included", function()
+      -- each split puts a write boundary inside the end (CR|LF|CR|LF) or the leading empty lines
+      local head = "\r\n\r\nGET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: " .. string.rep("a", 3000) .. "\r\n\r\n"
+      for _, cut in ipairs({ 1, 3, #head - 3, #head - 2, #head - 1 }) do
+        local c = assert(raw.connect(A.port))
+        assert(c:send(head:sub(1, cut)))
+        -- no answer to a head not yet whole (the wait also lets the agent read this piece alone)
+        c:settimeout(0.1)
+        local early, err = c.sock:receive(1)
+        assert.is_nil(early)
+        assert.are.equal("timeout", err)
+        assert(c:send(head:sub(cut + 1)))
+        c:settimeout(3)
+        assert.are.equal(200, (c:read_head()), "split after byte " .. cut)
+        c:close()
+      end
+      -- a head whose end arrives past 16 KiB, a piece at a time, is still refused
+      local c = assert(raw.connect(A.port))
+      local big = "GET /v1/health HTTP/1.1\r\nX-Big: " .. string.rep("a", 16400) .. "\r\n\r\n"
+      for i = 1, #big, 4000 do assert(c:send(big:sub(i, i + 3999))) end
+      c:settimeout(3)
+      assert.are.equal(431, (c:read_head()))
+      c:close()
+    end)
+
     it("refuses two different Content-Length values and Content-Length with Transfer-Encoding", function()
       local auth = "Authorization: Bearer " .. A.token
       local body = '{"path":"/cl"}'
