@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -183,8 +184,11 @@ int contain_start(char *why, size_t whysz)
 		int mapped = probe(1), entered = 0;
 		if (mapped == 0) {
 			/* A user namespace once entered cannot be left: a failure after it is said. */
-			entered = 1;
+			struct stat before, after;
+			int known = stat("/proc/self/ns/user", &before) == 0;
 			mapped = enter_user_namespace() == 0 && unshare(CLONE_NEWPID) == 0 ? 0 : errno;
+			entered = known && stat("/proc/self/ns/user", &after) == 0 &&
+				  after.st_ino != before.st_ino;
 		}
 		if (mapped != 0) {
 			snprintf(why, whysz, "no PID namespace for commands (%s), nor one in a user "
