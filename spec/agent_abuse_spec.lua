@@ -107,10 +107,19 @@ describe("sandkit-agent under abuse", function()
       end
     end)
 
-    it("is never invited to send its body", function()
+    it("is never invited to send its body, and its connection ends with the refusal", function()
       local c = send_head(A, "PUT", "/v1/files", { ["Content-Length"] = "1000", Expect = "100-continue" })
       c:settimeout(3)
-      assert.are.equal(401, (c:read_head()))
+      local status, h = c:read_head()
+      assert.are.equal(401, status)
+      -- not invited, the caller may never send the body: the agent cannot wait for it and then
+      -- read the caller's next request as the rest of it
+      assert.are.equal("close", h.connection)
+      assert(c:read_body())
+      assert(c:send("GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"))
+      local data, err = c.sock:receive(1)
+      assert.is_nil(data)
+      assert.are.equal("closed", err)
       c:close()
     end)
 
@@ -196,6 +205,42 @@ describe("sandkit-agent under abuse", function()
       c:close()
       assert.truthy(held, "the connection outlived a body sent a byte at a time")
       assert.is_true(held >= 0.4 and held < 2, "held " .. held .. " s")
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("closes a connection whose refused request's body does not arrive within the body timeout", function()
+      local A = assert(start_agent{ args = { "--header-timeout", "500", "--body-timeout", "500" } })
+      finally(function() A:stop() end)
+      local c = send_head(A, "PUT", "/v1/files", { ["Content-Length"] = "1000" })
+      c:settimeout(3)
+      local status, h = c:read_head()
+      assert.are.equal(401, status)
+      -- short enough to be dropped, so the connection was kept for the body...
+      assert.is_nil(h.connection)
+      c:read_body()
+      -- ...which never comes: the wait for it ends with the body deadline, not never
+      local t0 = socket.gettime()
+      c:settimeout(5)
+      local data, err = c.sock:receive(1)
+      local held = socket.gettime() - t0
+      c:close()
+      assert.is_nil(data)
+      assert.are.equal("closed", err)
+      assert.is_true(held < 2, "held " .. held .. " s")
+      assert.are.equal(0, A:stop())
+    end)
+
+    it("keeps the connection of a refused request whose short body arrives, and serves the next request", function()
+      local A = assert(start_agent{ args = { "--body-timeout", "500" } })
+      finally(function() A:stop() end)
+      local c = send_head(A, "PUT", "/v1/files", { ["Content-Length"] = "1000" })
+      c:settimeout(3)
+      assert.are.equal(401, (c:read_head()))
+      c:read_body()
+      assert(c:send(string.rep("x", 1000)))
+      assert(c:request("GET", "/v1/health"))
+      assert.are.equal(200, (c:read_head()))
+      c:close()
       assert.are.equal(0, A:stop())
     end)
 
@@ -386,6 +431,31 @@ describe("sandkit-agent under abuse", function()
       c:close()
       return status
     end
+
+    it("finds a head's end however the head is split across writes, empty lines before it included", function()
+      -- each split puts a write boundary inside the end (CR|LF|CR|LF) or the leading empty lines
+      local head = "\r\n\r\nGET /v1/health HTTP/1.1\r\nHost: x\r\nX-Pad: " .. string.rep("a", 3000) .. "\r\n\r\n"
+      for _, cut in ipairs({ 1, 3, #head - 3, #head - 2, #head - 1 }) do
+        local c = assert(raw.connect(A.port))
+        assert(c:send(head:sub(1, cut)))
+        -- no answer to a head not yet whole (the wait also lets the agent read this piece alone)
+        c:settimeout(0.1)
+        local early, err = c.sock:receive(1)
+        assert.is_nil(early)
+        assert.are.equal("timeout", err)
+        assert(c:send(head:sub(cut + 1)))
+        c:settimeout(3)
+        assert.are.equal(200, (c:read_head()), "split after byte " .. cut)
+        c:close()
+      end
+      -- a head whose end arrives past 16 KiB, a piece at a time, is still refused
+      local c = assert(raw.connect(A.port))
+      local big = "GET /v1/health HTTP/1.1\r\nX-Big: " .. string.rep("a", 16400) .. "\r\n\r\n"
+      for i = 1, #big, 4000 do assert(c:send(big:sub(i, i + 3999))) end
+      c:settimeout(3)
+      assert.are.equal(431, (c:read_head()))
+      c:close()
+    end)
 
     it("refuses two different Content-Length values and Content-Length with Transfer-Encoding", function()
       local auth = "Authorization: Bearer " .. A.token

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -172,16 +173,30 @@ static int probe(int userns)
 
 int contain_start(char *why, size_t whysz)
 {
-	int direct = probe(0), mapped = direct ? probe(1) : 0;
-	if (direct == 0 && unshare(CLONE_NEWPID) == 0) {
+	/* Each way is probed, then taken for real; the real step can still fail (a limit reached
+	 * in between), and then the next way is tried. Each failure keeps its own errno. */
+	int direct = probe(0);
+	if (direct == 0)
+		direct = unshare(CLONE_NEWPID) == 0 ? 0 : errno;
+	if (direct == 0) {
 		keep.mode = CONTAIN_PIDNS;
-	} else if (direct != 0 && mapped == 0 && enter_user_namespace() == 0 &&
-		   unshare(CLONE_NEWPID) == 0) {
-		keep.mode = CONTAIN_USERNS;
 	} else {
-		snprintf(why, whysz, "no PID namespace for commands (%s), nor one in a user namespace "
-			 "(%s)", strerror(direct ? direct : errno), strerror(mapped ? mapped : errno));
-		return -1;
+		int mapped = probe(1), entered = 0;
+		if (mapped == 0) {
+			/* A user namespace once entered cannot be left: a failure after it is said. */
+			struct stat before, after;
+			int known = stat("/proc/self/ns/user", &before) == 0;
+			mapped = enter_user_namespace() == 0 && unshare(CLONE_NEWPID) == 0 ? 0 : errno;
+			entered = known && stat("/proc/self/ns/user", &after) == 0 &&
+				  after.st_ino != before.st_ino;
+		}
+		if (mapped != 0) {
+			snprintf(why, whysz, "no PID namespace for commands (%s), nor one in a user "
+				 "namespace (%s%s)", strerror(direct), strerror(mapped),
+				 entered ? "; the agent is left in that user namespace" : "");
+			return -1;
+		}
+		keep.mode = CONTAIN_USERNS;
 	}
 	/* The first process started now becomes the namespace's init: it must be the keeper. */
 	if (start_keeper() < 0) {

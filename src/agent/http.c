@@ -73,7 +73,11 @@ struct conn {
 	int close_after;         /* close once the output is flushed */
 	uint64_t discard;        /* body bytes of a refused request still to drop */
 	size_t lingered;
-	size_t out_len;          /* this connection's share of the output counter */
+	/* The head search resumes where the last one stopped, so that a head sent a byte at a
+	 * time costs its length, not its length squared: input bytes from 0 to head_scan hold no
+	 * head end; head_lead says whether the empty lines before the request line are behind. */
+	size_t head_scan;
+	int head_lead;
 	int depth;               /* >0 while the connection's own callbacks run: no freeing then */
 	int dead;                /* closed while depth > 0; freed when it returns to 0 */
 };
@@ -91,6 +95,7 @@ struct http_request {
 	uint64_t reserved;           /* charged against the in-flight body budget */
 	struct http_chunked ck;
 	int body_done;
+	int continued;               /* 100 Continue was sent: the caller is sending the body */
 	int (*on_data)(void *, const char *, size_t);
 	void (*on_end)(void *, int);
 	void *body_ctx;
@@ -98,6 +103,7 @@ struct http_request {
 	int replying;                /* a streamed reply started */
 	int finished;                /* the reply was handed over in full */
 	int reply_chunked;
+	int cut;                     /* the streamed reply lost a piece: it must not end as whole */
 	int64_t reply_left;          /* Content-Length bytes of a streamed reply still owed */
 	void (*drain)(void *);
 	void (*gone)(void *);
@@ -114,7 +120,6 @@ struct server {
 	struct conn *conns;
 	unsigned nconns, max_conns;
 	uint64_t body_bytes, body_budget;
-	uint64_t out_bytes;
 };
 
 static struct server srv = { .fd = -1 };
@@ -235,7 +240,10 @@ static void settle_body(struct http_request *req)
 {
 	if (req->body_done)
 		return;
-	if (!req->head.chunked && req->body_left <= DISCARD_MAX && !req->on_data)
+	/* A caller that asked for 100-continue and was not invited may never send the body (RFC
+	 * 9110 §10.1.1): waiting to drop it would read its next request as this body. */
+	int may_not_come = req->head.expect_continue && !req->continued;
+	if (!req->head.chunked && req->body_left <= DISCARD_MAX && !req->on_data && !may_not_come)
 		req->conn->discard = req->body_left;
 	else
 		req->conn->close_after = 1;
@@ -281,16 +289,24 @@ int http_reply_start(struct http_request *req, int status, const char *content_t
 	/* A slow reader is backpressure here, not a fault: the producer waits for it. */
 	bufferevent_set_timeouts(req->conn->bev, NULL, NULL);
 	if (write_head(req, status, content_type, content_length) < 0) {
-		req->conn->close_after = 1;
+		http_reply_cut(req);
 		return -1;
 	}
 	return 0;
+}
+
+void http_reply_cut(struct http_request *req)
+{
+	req->cut = 1;
+	req->conn->close_after = 1;
 }
 
 int http_reply_chunk(struct http_request *req, struct evbuffer *b)
 {
 	struct evbuffer *out = bufferevent_get_output(req->conn->bev);
 	size_t n = evbuffer_get_length(b);
+	if (req->cut)
+		goto cut; /* a piece after a lost one would hide the gap */
 	if (n == 0)
 		return 0;
 	if (req->reply_chunked) {
@@ -304,8 +320,8 @@ int http_reply_chunk(struct http_request *req, struct evbuffer *b)
 	req->reply_left -= (int64_t)n;
 	return 0;
 cut:
-	/* The body is now unusable; closing is the only honest end. */
-	req->conn->close_after = 1;
+	/* The body is now unusable; closing without its end is the only honest end. */
+	http_reply_cut(req);
 	evbuffer_drain(b, evbuffer_get_length(b));
 	return -1;
 }
@@ -313,10 +329,12 @@ cut:
 void http_reply_end(struct http_request *req)
 {
 	struct conn *c = req->conn;
-	if (req->reply_chunked) {
+	/* A cut reply gets no terminating chunk: the caller sees the connection close mid-body
+	 * (http_reply_cut set close_after). */
+	if (req->reply_chunked && !req->cut) {
 		if (evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5) < 0)
 			c->close_after = 1;
-	} else if (req->reply_left != 0) {
+	} else if (!req->reply_chunked && req->reply_left != 0) {
 		c->close_after = 1;
 	}
 	struct timeval tv = { STALL_TIMEOUT_S, 0 };
@@ -369,9 +387,6 @@ static void conn_free(struct conn *c)
 	if (c->next)
 		c->next->prev = c->prev;
 	srv.nconns--;
-	srv.out_bytes -= c->out_len;
-	c->out_len = 0;
-	evbuffer_remove_cb(bufferevent_get_output(c->bev), NULL, NULL);
 	event_free(c->timer);
 	bufferevent_free(c->bev);
 	free(c);
@@ -588,11 +603,45 @@ static void admit(struct conn *c, size_t head_len)
 		arm(c, STALL_TIMEOUT_S * 1000);
 	}
 	/* Only an admitted request is invited to send its body. */
-	if (req->head.expect_continue)
+	if (req->head.expect_continue) {
 		evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+		req->continued = 1;
+	}
 	set_state(c, C_BODY);
 	if (mode == HTTP_BODY_STREAMED)
 		h(req);
+}
+
+/*
+ * The length of the head at the start of in (http_head_length's answer), 0 while it is not
+ * all there or is over HTTP_HEAD_MAX. Each call looks only at what arrived since the last one
+ * (and the 3 bytes before, for an end split across reads), with nothing made contiguous.
+ */
+static size_t head_length(struct conn *c, struct evbuffer *in, size_t avail)
+{
+	struct evbuffer_ptr at;
+	/* RFC 9112 §2.2: empty lines before the request line are skipped, as http_head_length
+	 * does; a lone CR waits for what follows it. */
+	while (c->head_lead) {
+		char two[2];
+		if (c->head_scan + 2 > avail || c->head_scan >= HTTP_HEAD_MAX)
+			return 0;
+		if (evbuffer_ptr_set(in, &at, c->head_scan, EVBUFFER_PTR_SET) < 0 ||
+		    evbuffer_copyout_from(in, &at, two, 2) != 2)
+			return 0;
+		if (two[0] != '\r' || two[1] != '\n')
+			c->head_lead = 0;
+		else
+			c->head_scan += 2;
+	}
+	if (evbuffer_ptr_set(in, &at, c->head_scan, EVBUFFER_PTR_SET) < 0)
+		return 0;
+	struct evbuffer_ptr end = evbuffer_search(in, "\r\n\r\n", 4, &at);
+	if (end.pos >= 0)
+		return (size_t)end.pos + 4 <= HTTP_HEAD_MAX ? (size_t)end.pos + 4 : 0;
+	if (avail > c->head_scan + 3)
+		c->head_scan = avail - 3;
+	return 0;
 }
 
 /* One step from what is buffered. 1 when something changed (step again), 0 when waiting. */
@@ -614,6 +663,10 @@ static int step(struct conn *c)
 			return 0;
 		}
 		set_state(c, C_IDLE);
+		/* A refused request's body is dropped within the body deadline: the caller was
+		 * given no credit, so the wait is bounded like any body's, not kept for ever. */
+		if (c->discard > 0)
+			arm(c, srv.cfg.body_timeout_ms);
 		return 1;
 	}
 	switch (c->state) {
@@ -660,15 +713,15 @@ static int step(struct conn *c)
 	if (c->state == C_IDLE) {
 		set_state(c, C_HEAD);
 		arm(c, srv.cfg.header_timeout_ms);
+		c->head_scan = 0;
+		c->head_lead = 1;
 	}
-	size_t look = avail < HTTP_HEAD_MAX ? avail : HTTP_HEAD_MAX;
-	const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)look);
-	size_t hl = p ? http_head_length(p, look) : 0;
+	size_t hl = head_length(c, in, avail);
 	if (hl > 0) {
 		admit(c, hl);
 		return 1;
 	}
-	if (look < HTTP_HEAD_MAX)
+	if (avail < HTTP_HEAD_MAX)
 		return 0;
 	struct http_request *req = calloc(1, sizeof *req);
 	if (req == NULL) {
@@ -735,15 +788,10 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 	else if (c->state == C_BODY)
 		log_debug("closed a connection whose request body took over %u ms",
 			  srv.cfg.body_timeout_ms);
+	else if (c->state == C_IDLE && c->discard > 0)
+		log_debug("closed a connection whose refused request's body took over %u ms",
+			  srv.cfg.body_timeout_ms);
 	conn_close(c);
-}
-
-static void on_output_change(struct evbuffer *b, const struct evbuffer_cb_info *info, void *arg)
-{
-	(void)b;
-	struct conn *c = arg;
-	c->out_len = c->out_len + info->n_added - info->n_deleted;
-	srv.out_bytes = srv.out_bytes + info->n_added - info->n_deleted;
 }
 
 /* At the cap, the connection that has waited longest without a request in progress gives
@@ -789,8 +837,7 @@ static void add_conn(evutil_socket_t fd)
 	}
 	c->bev = bufferevent_socket_new(agent.base, fd, BEV_OPT_CLOSE_ON_FREE);
 	c->timer = evtimer_new(agent.base, on_timer, c);
-	if (c->bev == NULL || c->timer == NULL ||
-	    evbuffer_add_cb(bufferevent_get_output(c->bev), on_output_change, c) == NULL) {
+	if (c->bev == NULL || c->timer == NULL) {
 		if (c->bev)
 			bufferevent_free(c->bev);
 		else
@@ -866,7 +913,7 @@ static void on_backoff(evutil_socket_t fd, short what, void *arg)
 	on_accept(srv.fd, EV_READ, NULL);
 }
 
-/* Raises the soft descriptor limit to the hard one and sizes the connection cap to it. */
+/* Sizes the connection cap to the soft descriptor limit (main.c raised it to the hard one). */
 static unsigned connection_cap(unsigned wanted)
 {
 	struct rlimit rl;

@@ -76,12 +76,17 @@ void http_reply(struct http_request *req, int status, const char *content_type,
 /*
  * A streamed reply: content_length >= 0 announces the length, -1 makes it chunked. Chunks are
  * moved out of b. http_reply_end finishes the request (a Content-Length reply that is short of
- * its length makes the connection close, which the caller sees as a cut body).
+ * its length, or a reply that was cut, makes the connection close, which the caller sees as a
+ * cut body).
  */
 int http_reply_start(struct http_request *req, int status, const char *content_type,
 		     int64_t content_length);
 int http_reply_chunk(struct http_request *req, struct evbuffer *b);
 void http_reply_end(struct http_request *req);
+/* Marks a streamed reply as cut short (a piece could not be made or queued; http_reply_chunk
+ * does it itself when it fails): no more pieces go out, http_reply_end writes no ending, and
+ * the connection closes, so that no caller takes what it got for a whole body. */
+void http_reply_cut(struct http_request *req);
 
 /*
  * Bytes of this request's reply waiting for the caller to read them. A producer stops at

@@ -361,8 +361,10 @@ static void poll_pump(void *ctx)
 			ps->next++;
 		}
 		if (!ok || http_reply_chunk(ps->req, b) < 0 || last) {
-			/* Memory ran out mid-answer: the chunked body ends without its close, which no
-			 * caller can take for a whole answer. */
+			/* Memory ran out mid-answer: the reply is cut (no terminating chunk, the
+			 * connection closes), which no caller can take for a whole answer. */
+			if (!ok)
+				http_reply_cut(ps->req);
 			if (b)
 				evbuffer_free(b);
 			http_reply_end(ps->req);

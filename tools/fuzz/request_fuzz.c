@@ -34,8 +34,10 @@ static void chunked(const char *body, size_t len, size_t piece)
 	struct http_chunked c;
 	memset(&c, 0, sizeof c);
 	size_t fed = 0, out = 0;
-	int ended = 0;
-	while (fed < len) {
+	/* After the end, what follows (the next request) is offered once more: the decoder must
+	 * stay ended, taking nothing of it. After a failure the server stops feeding it. */
+	int ended = 0, stop = 0;
+	while (fed < len && !stop) {
 		size_t n = len - fed < piece ? len - fed : piece;
 		const char *in = body + fed;
 		size_t left = n;
@@ -44,22 +46,22 @@ static void chunked(const char *body, size_t len, size_t piece)
 			int r = http_chunked_step(&c, in, left, &used, &off, &dn);
 			if (used > left || (r == HTTP_CHUNKED_DATA && (off + dn > used || dn == 0)))
 				abort();
-			if (ended && r == HTTP_CHUNKED_DATA)
-				abort(); /* nothing after the end or a failure */
+			if (ended && (r != HTTP_CHUNKED_DONE || used != 0))
+				abort(); /* nothing after the end */
 			if (r == HTTP_CHUNKED_DATA)
 				out += dn;
 			in += used;
 			left -= used;
-			if (r == HTTP_CHUNKED_ERROR || r == HTTP_CHUNKED_DONE) {
-				ended = 1;
+			if (r == HTTP_CHUNKED_ERROR || (r == HTTP_CHUNKED_DONE && ended)) {
+				stop = 1;
 				break;
 			}
-			if (r == HTTP_CHUNKED_MORE && used == 0)
+			if (r == HTTP_CHUNKED_DONE)
+				ended = 1;
+			else if (r == HTTP_CHUNKED_MORE && used == 0)
 				abort(); /* no progress on input that is there */
 		}
 		fed += n;
-		if (ended)
-			break;
 	}
 	if (out > len)
 		abort();
