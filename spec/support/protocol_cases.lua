@@ -819,20 +819,6 @@ for _, pair in ipairs{ { "2^31", "2147483648" }, { "-2^31 - 1", "-2147483649" },
   })
 end
 
-for _, pair in ipairs{ { "9", 9 }, { "-1" }, { "2147483648" } } do
-  local signal, kept = pair[1], pair[2]
-  case("whose poll's envelope carries a signal keep it only from 0 to 2^31 - 1 (" .. signal .. ")", {
-    route = string.format([[function(req, conn)
-      respond.status(conn, "200 OK", '{"running":false,"frames":[],"exitCode":1,"signal":%s}',
-        "application/json")
-    end]], signal),
-    act = function(session) return assert(session:job("j1"):poll()).exit end,
-    check = function(exit)
-      assert.same({ code = 1, truncated = false, signal = kept }, exit)
-    end,
-  })
-end
-
 -- A page that names a member twice is one page to a reader keeping the first copy and another to
 -- one keeping the last: each of these is read as a successful exit by lua-cjson.
 for what, text in pairs{
@@ -877,19 +863,27 @@ case("whose start answers with its id twice leave the outcome unknown", {
   end,
 })
 
--- As on the stream, a signal outside 0..2^31 - 1 is no signal, and the exit stands.
-for _, pair in ipairs{ { "9", 9 }, { "-1" }, { "2147483648" } } do
-  local signal, kept = pair[1], pair[2]
-  case("whose poll carries an exit frame keep its signal only from 0 to 2^31 - 1 (" .. signal .. ")", {
-    route = string.format([[function(req, conn)
-      respond.status(conn, "200 OK", '{"running":false,"frames":[{"t":"exit","code":1,"signal":%s}]}',
-        "application/json")
-    end]], signal),
-    act = function(session) return assert(session:job("j1"):poll()).exit end,
-    check = function(exit)
-      assert.same({ code = 1, truncated = false, signal = kept }, exit)
-    end,
-  })
+-- As on the stream, a signal outside 0..2^31 - 1 is no signal, and the exit stands: in an exit
+-- frame of the poll and in its envelope alike.
+local SIGNAL_PAGES = {
+  { "whose poll carries an exit frame keep its signal",
+    '{"running":false,"frames":[{"t":"exit","code":1,"signal":%s}]}' },
+  { "whose poll's envelope carries a signal keep it",
+    '{"running":false,"frames":[],"exitCode":1,"signal":%s}' },
+}
+for _, page in ipairs(SIGNAL_PAGES) do
+  for _, pair in ipairs{ { "9", 9 }, { "-1" }, { "2147483648" } } do
+    local signal, kept = pair[1], pair[2]
+    case(page[1] .. " only from 0 to 2^31 - 1 (" .. signal .. ")", {
+      route = string.format([[function(req, conn)
+        respond.status(conn, "200 OK", %q, "application/json")
+      end]], string.format(page[2], signal)),
+      act = function(session) return assert(session:job("j1"):poll()).exit end,
+      check = function(exit)
+        assert.same({ code = 1, truncated = false, signal = kept }, exit)
+      end,
+    })
+  end
 end
 
 case("whose poll carries an exit frame take it as the job's ending", {
