@@ -189,25 +189,8 @@ describe("the cosocket transport", function()
     assert.matches("proxies are not supported", a.failure.detail, 1, true)
   end)
 
-  --- A fake server naming, in each answer, which of its connections carried the request.
-  local function numbered_server(extra)
-    return fake_http.start([[
-      local respond = require "support.respond"
-      return {
-        accept = function(conn)
-          conn.state.n = (conn.state.n or 0) + 1
-          conn.number = conn.state.n
-        end,
-        handle = function(req, conn)
-          ]] .. (extra or "") .. [[
-          respond.status(conn, "200 OK", tostring(conn.number))
-        end,
-      }
-    ]])
-  end
-
   it("pools connections for idempotent requests and gives each fresh_connect request its own", function()
-    server = numbered_server()
+    server = fake_http.numbered()
     local a = exchange({ method = "GET", url = server.url .. "/a" }, { method = "GET", url = server.url .. "/b" },
       { method = "POST", url = server.url .. "/c", fresh_connect = true },
       { method = "POST", url = server.url .. "/d", fresh_connect = true },
@@ -221,7 +204,7 @@ describe("the cosocket transport", function()
 
   it("sends an idempotent request on a new connection when the server closed the pooled one, once", function()
     -- Each connection answers one request and closes, without saying so in its headers.
-    server = numbered_server("if req.path == '/a' then respond.status(conn, '200 OK', 'a') return conn:close() end")
+    server = fake_http.numbered("if req.path == '/a' then respond.status(conn, '200 OK', 'a') return conn:close() end")
     local a = exchange({ method = "GET", url = server.url .. "/a" }, { method = "GET", url = server.url .. "/b" })
     assert.equal("a", a[1].body)
     assert.equal(200, a[2].status, cjson.encode(a[2]))
@@ -231,7 +214,7 @@ describe("the cosocket transport", function()
   it("never resends a request whose pooled connection took it and gave no answer by the deadline", function()
     -- The server keeps the connection open and says nothing: the request may be in hand, so
     -- sending it again would repeat it after its deadline already passed.
-    server = numbered_server("if req.path == '/slow' then return conn:sleep(30) end")
+    server = fake_http.numbered("if req.path == '/slow' then return conn:sleep(30) end")
     local a = exchange({ method = "GET", url = server.url .. "/a" },
       { method = "GET", url = server.url .. "/slow", timeout = 1 })
     assert.equal(200, a[1].status, cjson.encode(a[1]))

@@ -214,16 +214,7 @@ describe("a transfer", function()
   end)
 
   it("never lets another request reuse the connection of a fresh_connect or streamed-body request", function()
-    server = fake_http.start([[
-      local respond = require "support.respond"
-      return {
-        accept = function(conn)
-          conn.state.n = (conn.state.n or 0) + 1
-          conn.number = conn.state.n
-        end,
-        handle = function(req, conn) respond.status(conn, "200 OK", tostring(conn.number)) end,
-      }
-    ]])
+    server = fake_http.numbered()
     local client = core.client()
     local function body_of(t)
       run_until(client, function() return t:state().done end)

@@ -101,4 +101,23 @@ function server_mt:stop()
   end
 end
 
+--- A fake server naming, in each answer, which of its connections carried the request: how a
+-- spec sees which requests shared a connection. `extra` is Lua run first in each request's
+-- handler (with req, conn and respond in scope), to answer some paths otherwise.
+function fake_http.numbered(extra)
+  return fake_http.start([[
+    local respond = require "support.respond"
+    return {
+      accept = function(conn)
+        conn.state.n = (conn.state.n or 0) + 1
+        conn.number = conn.state.n
+      end,
+      handle = function(req, conn)
+        ]] .. (extra or "") .. [[
+        respond.status(conn, "200 OK", tostring(conn.number))
+      end,
+    }
+  ]])
+end
+
 return fake_http
