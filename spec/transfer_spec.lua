@@ -234,6 +234,37 @@ describe("a transfer", function()
     assert.equal(after_fresh, after_stream, "an idempotent request's connection is pooled")
   end)
 
+  it("holds requests and answers to the bounds core.LIMITS names, which the nginx transport reads", function()
+    local limits = core.LIMITS
+    server = fake_http.start(string.format([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn)
+        local lines = { "HTTP/1.1 200 OK\r\n" }
+        for i = 1, %d do lines[#lines + 1] = "X-" .. i .. ": v\r\n" end
+        respond.raw(conn, table.concat(lines) .. "Content-Length: 0\r\n\r\n")
+      end }
+    ]], limits.MAX_HEADERS + 5))
+    local client = core.client()
+    local headers = {}
+    for i = 1, limits.MAX_REQUEST_HEADERS do headers["X-" .. i] = "v" end
+    local t = client:request{ method = "GET", url = server.url .. "/", headers = headers }
+    run_until(client, function() return t:state().done end)
+    local kept = 0
+    for _ in pairs(t:headers()) do kept = kept + 1 end
+    assert.equal(limits.MAX_HEADERS, kept)
+    local sent = 0
+    for name in pairs(server:requests()[1].headers) do
+      if name:match("^x%-%d+$") then sent = sent + 1 end
+    end
+    assert.equal(limits.MAX_REQUEST_HEADERS, sent)
+    headers["X-One-More"] = "v"
+    assert.has_error(function() client:request{ method = "GET", url = server.url .. "/", headers = headers } end,
+      "more than " .. limits.MAX_REQUEST_HEADERS .. " request headers")
+    assert.has_error(function()
+      client:request{ method = "GET", url = server.url .. "/", ca_pem = string.rep("\n", limits.MAX_PEM + 1) }
+    end, "PEM text over " .. limits.MAX_PEM .. " bytes")
+  end)
+
   it("refuses a request with both a body and a body stream", function()
     local client = core.client()
     assert.has_error(function()

@@ -10,8 +10,6 @@
  *                             body_stream =, body_length =,
  *                             ca_pem =, client_cert_pem =, client_key_pem =,  -- PEM text
  *                             tls_server_name = }                             -- see transfer.h
- *   core.MAX_PEM    -- SK_TRANSFER_MAX_PEM, the most PEM text a request may hand in, so the
- *                      nginx transport refuses what this one refuses
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
@@ -517,6 +515,4 @@ void skl_open_transfer(lua_State *L)
 	lua_pop(L, 1);
 	lua_pushcfunction(L, client_new);
 	lua_setfield(L, -2, "client");
-	lua_pushinteger(L, (lua_Integer)SK_TRANSFER_MAX_PEM);
-	lua_setfield(L, -2, "MAX_PEM");
 }

@@ -13,6 +13,11 @@
  * Both also return early (false, all false) when a signal interrupts them, and — once
  * core.trap was called (signals.c) — as soon as a trapped signal arrives: callers re-check
  * their state anyway, and the `sandkit` command asks core.caught() what happened.
+ *
+ *   core.LIMITS                -- the libcurl transfer's bounds (transfer.h), which the nginx
+ *                                 transport reads so that both hold a server to the same ones:
+ *                                 { BUFFER, MIN_BUFFER, MAX_HEADER_BYTES, MAX_HEADERS,
+ *                                   MAX_REQUEST_HEADERS, MAX_PEM }
  */
 #include <errno.h>
 #include <math.h>
@@ -23,6 +28,7 @@
 #include <openssl/rand.h>
 
 #include "sandkit_core.h"
+#include "transfer.h"
 
 /* The most randomness one call hands out; tokens and ids need 16–32 bytes. */
 #define MAX_RANDOM_BYTES 4096
@@ -156,6 +162,27 @@ static int core_wait(lua_State *L)
 	return 1;
 }
 
+/* core.LIMITS: a table of the transfer's constants, named as in transfer.h without SK_TRANSFER_. */
+static void push_limits(lua_State *L)
+{
+	static const struct {
+		const char *name;
+		size_t value;
+	} limits[] = {
+		{ "BUFFER", SK_TRANSFER_BUFFER },
+		{ "MIN_BUFFER", SK_TRANSFER_MIN_BUFFER },
+		{ "MAX_HEADER_BYTES", SK_TRANSFER_MAX_HEADER_BYTES },
+		{ "MAX_HEADERS", SK_TRANSFER_MAX_HEADERS },
+		{ "MAX_REQUEST_HEADERS", SK_TRANSFER_MAX_REQUEST_HEADERS },
+		{ "MAX_PEM", SK_TRANSFER_MAX_PEM },
+	};
+	lua_createtable(L, 0, (int)(sizeof limits / sizeof limits[0]));
+	for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+		lua_pushinteger(L, (lua_Integer)limits[i].value);
+		lua_setfield(L, -2, limits[i].name);
+	}
+}
+
 int luaopen_sandkit_core(lua_State *L);
 
 int luaopen_sandkit_core(lua_State *L)
@@ -175,6 +202,8 @@ int luaopen_sandkit_core(lua_State *L)
 	skl_open_sigv4(L);
 	skl_open_signals(L);
 	skl_open_ed25519(L);
+	push_limits(L);
+	lua_setfield(L, -2, "LIMITS");
 	lua_pushliteral(L, SANDKIT_VERSION);
 	lua_setfield(L, -2, "_VERSION");
 	lua_pushinteger(L, SANDKIT_ABI);
