@@ -405,38 +405,38 @@ function protocol.job_start(conn, argv, opts)
   return nil, err
 end
 
---- One frame of a poll, as the exec stream would read it: output, an exit, or an error, which
--- is the job's failure. nil and why when it cannot be read.
---- An ending as the stream's decoder holds an exit frame to (src/frames.c), so a poll's frame
--- and its envelope mean what a stream's frame would: nil for a code outside int32; a signal
--- outside 0..INT32_MAX is no signal.
-local function exit_of(code, signal, truncated)
-  code, signal = to_integer(code), to_integer(signal)
-  if not code or code < -2147483648 or code > 2147483647 then return nil end
-  if signal and (signal < 0 or signal > 2147483647) then signal = nil end
-  return { code = code, truncated = truncated == true, signal = signal }
+-- The members the stream's decoder reads (src/frames.c).
+local FRAME_MEMBERS = { "t", "seq", "data", "code", "message", "truncated", "signal" }
+
+--- A value of the page as JSON text again. lua-cjson read the page and its numbers are floats:
+-- a whole one is written in full (lua-cjson would write 14 digits and an exponent), any other
+-- (a fraction, an infinity) so that the decoder refuses it where it wants an integer.
+local function json_text(value)
+  if type(value) ~= "number" then return encode(value) end
+  if value % 1 == 0 then return string.format("%.0f", value) end
+  return string.format("%.17g", value)
 end
 
+--- One frame of a poll (as lua-cjson read it), or its envelope's ending as an exit frame, read
+-- by the stream's own decoder, so it means what it would on a stream: output, an exit, or an
+-- error (the job's failure). nil and why when it cannot be read.
 local function poll_frame(raw)
-  local t = type(raw) == "table" and raw.t
-  if t == "exit" then
-    local exit = exit_of(raw.code, raw.signal, raw.truncated)
-    if not exit then return nil, "an exit frame without a 32-bit integer code" end
-    exit.type = "exit"
-    return exit
-  elseif t == "error" then
-    if type(raw.code) ~= "string" or type(raw.message) ~= "string" then
-      return nil, "an error frame without a code and a message"
+  local line
+  if type(raw) == "table" then
+    local members = {}
+    for _, name in ipairs(FRAME_MEMBERS) do
+      if raw[name] ~= nil then members[#members + 1] = encode(name) .. ":" .. json_text(raw[name]) end
     end
-    return nil, nil, protocol.command_error(raw.code, raw.message, { operation = JOB_POLL })
-  elseif t ~= "stdout" and t ~= "stderr" then
-    return nil, "a frame of unknown type " .. tostring(t)
+    line = "{" .. table.concat(members, ",") .. "}"
+  else
+    line = json_text(raw)
   end
-  local seq = to_integer(raw.seq)
-  if not seq or seq < 0 or type(raw.data) ~= "string" then return nil, "a frame without seq or data" end
-  local data, at = core.b64decode(raw.data)
-  if not data then return nil, "data was not valid base64 (at symbol " .. at .. ")" end
-  return { type = t, seq = seq, data = data }
+  local decoder = core.decoder()
+  decoder:feed(line .. "\n")
+  local frame, _, why = decoder:next()
+  decoder:close()
+  if not frame then return nil, why end
+  return frame
 end
 
 --- A poll whose answer arrived and cannot be read as one: the job ran, and its end is unknown.
@@ -477,24 +477,30 @@ function protocol.job_poll(conn, job_id, since)
   -- `next` is the cursor for the following poll: the highest seq seen, or `since` again.
   local page = { running = value.running, frames = {}, next = since }
   if value.exitCode ~= nil and value.exitCode ~= json.null then
-    page.exit = exit_of(value.exitCode, value.signal, value.truncated)
+    -- The envelope's members are optional, null as good as absent (as exitCode's is), and
+    -- otherwise held to the exit frame's types and ranges.
+    local function member(v) if v ~= json.null then return v end end
+    local exit, why = poll_frame{ t = "exit", code = value.exitCode, signal = member(value.signal),
+      truncated = member(value.truncated) }
     -- An ending that cannot be read is the job's outcome unknown, as for such a frame.
-    if not page.exit then
-      return nil, outcome_unknown("the poll's exitCode could not be read",
-        errors.unexpected(JOB_POLL, "exitCode", "not a 32-bit integer"))
+    if not exit then
+      return nil, outcome_unknown("the poll's ending (exitCode, truncated, signal) could not be read",
+        errors.unexpected(JOB_POLL, "exitCode", why))
     end
+    page.exit = { code = exit.code, truncated = exit.truncated, signal = exit.signal }
   end
   if type(value.frames) == "table" then
     for _, raw in ipairs(value.frames) do
-      local frame, why, failure = poll_frame(raw)
-      if failure then return nil, failure end
+      local frame, why = poll_frame(raw)
       if not frame then
         -- A frame arrived, so the command ran, and asking again returns the same frame: its
         -- outcome is unknown, never worth a retry (the exec stream's rule, §4).
         return nil, outcome_unknown("a frame in the poll could not be read",
           errors.unexpected(JOB_POLL, "frames", why))
       end
-      if frame.type == "exit" then
+      if frame.type == "error" then
+        return nil, protocol.command_error(frame.code, frame.message, { operation = JOB_POLL })
+      elseif frame.type == "exit" then
         -- The ending of an agent that reports it as a frame; the envelope's, when both, wins.
         page.exit = page.exit or { code = frame.code, truncated = frame.truncated, signal = frame.signal }
       else

@@ -780,7 +780,11 @@ case("deliver their frames once each and end with the exit frame", {
 for what, frame in pairs{ ["bad base64"] = '{"t":"stdout","seq":0,"data":"!!not base64!!"}',
     ["an unknown type"] = '{"t":"stdin","seq":0,"data":"aGk="}', ["no seq"] = '{"t":"stdout","data":"aGk="}',
     ["an exit code of 2^31"] = '{"t":"exit","code":2147483648}',
-    ["an exit code of -2^31 - 1"] = '{"t":"exit","code":-2147483649}' } do
+    ["an exit code of -2^31 - 1"] = '{"t":"exit","code":-2147483649}',
+    -- Read by the stream's decoder (src/frames.c), a member is held to its type as on the stream.
+    ["a truncated that is no boolean"] = '{"t":"exit","code":0,"truncated":"yes"}',
+    ["a signal that is no integer"] = '{"t":"exit","code":1,"signal":"9"}',
+    ["a signal that is null"] = '{"t":"exit","code":1,"signal":null}' } do
   case("whose poll carries a frame that cannot be read leave the outcome unknown (" .. what .. ")", {
     route = string.format([[function(req, conn)
       respond.status(conn, "200 OK", '{"running":true,"frames":[%s]}', "application/json")
@@ -800,7 +804,9 @@ end
 
 -- The envelope's ending is held to the frame's ranges: an exitCode that is no 32-bit integer is
 -- no ending to read, and the poll's answer stays the same however often it is asked.
-for _, pair in ipairs{ { "2^31", "2147483648" }, { "-2^31 - 1", "-2147483649" }, { "a string", '"0"' } } do
+for _, pair in ipairs{ { "2^31", "2147483648" }, { "-2^31 - 1", "-2147483649" }, { "a string", '"0"' },
+    { "with a truncated that is no boolean", '0,"truncated":1' },
+    { "with a signal that is no integer", '1,"signal":1.5' } } do
   case("whose poll's envelope carries an exitCode that cannot be read leave the outcome unknown ("
       .. pair[1] .. ")", {
     route = string.format([[function(req, conn)
@@ -885,6 +891,18 @@ for _, page in ipairs(SIGNAL_PAGES) do
     })
   end
 end
+
+-- The envelope's members are optional, and null is as good as absent (as for exitCode).
+case("whose poll's envelope gives truncated and signal as null read them as absent", {
+  route = [[function(req, conn)
+    respond.status(conn, "200 OK", '{"running":false,"frames":[],"exitCode":3,"truncated":null,"signal":null}',
+      "application/json")
+  end]],
+  act = function(session) return assert(session:job("j1"):poll()).exit end,
+  check = function(exit)
+    assert.same({ code = 3, truncated = false }, exit)
+  end,
+})
 
 case("whose poll carries an exit frame take it as the job's ending", {
   route = [[function(req, conn)
