@@ -85,6 +85,17 @@ describe("a kubeconfig", function()
     assert.is_nil(fields.headers.Authorization)
   end)
 
+  it("reads a certificate or key file up to the PEM text a transport takes, refusing a longer one by name", function()
+    assert(core.mkdir(dir .. "/pki", 448))
+    local limit = core.LIMITS.MAX_PEM
+    files.write(dir .. "/pki/me.crt", CA)
+    files.write(dir .. "/pki/me.key", KEY .. string.rep("\n", limit - #KEY))
+    local user = { "client-certificate: pki/me.crt", "client-key: pki/me.key" }
+    assert.equal(limit, #assert(assert(load{ user = user }).auth:fields("op")).client_key_pem)
+    files.write(dir .. "/pki/me.key", KEY .. string.rep("\n", limit - #KEY + 1))
+    refusal({ user = user }, "client%-key .*me%.key cannot be read: larger than " .. limit .. " bytes")
+  end)
+
   it("reads a tokenFile again after a minute or a 401, and only a changed token makes a 401 worth a retry", function()
     files.write(dir .. "/token", "first\n")
     local cfg = assert(load{ user = { "tokenFile: token" } })

@@ -22,8 +22,9 @@ kubeconfig.SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 --- A kubeconfig with embedded certificates for a few clusters is tens of kilobytes; past this
 -- a file is not one.
 local MAX_FILE = 4 * 1024 * 1024
---- A PEM certificate file (a CA bundle at most) read for the API server.
-local MAX_PEM_FILE = 1024 * 1024
+--- A PEM certificate or key file (a CA bundle at most) read for the API server: the most PEM
+-- text the transports take in a request, so a larger file is refused here, by name.
+local MAX_PEM_FILE = core.LIMITS.MAX_PEM
 
 local OPERATION = "sandkit.sandbox"
 
