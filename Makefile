@@ -67,13 +67,20 @@ JIT_MODDIR := $(BUILD)/luajit
 HAVE_LUAJIT := $(shell $(PKG_CONFIG) --exists luajit && echo yes)
 JIT_CORE := $(if $(LUA_INCDIR)$(IS_LUAJIT),,$(if $(HAVE_LUAJIT),jit-core))
 
-CORE_SRC := src/sandkit_core.c src/base64.c src/json.c src/json_unique.c src/frames.c src/lua_frames.c \
-            src/transfer.c src/lua_transfer.c src/process.c src/sigv4.c src/lua_sigv4.c \
-            src/signals.c src/ed25519.c src/lua_ed25519.c
+# src/common/ is plain C with no Lua in it (compiled without Lua's headers, so it stays that way),
+# linked by the C core and the agent alike; src/*.c is the core's Lua bindings; src/agent/ the
+# agent. Sources name headers from src/: "common/json.h".
+SRC_CFLAGS := -Isrc
+COMMON_H := $(wildcard src/common/*.h)
+
+CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c src/lua_sigv4.c \
+            src/signals.c src/lua_ed25519.c \
+            src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
+            src/common/transfer.c src/common/sigv4.c src/common/ed25519.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
-AGENT_SRC := $(wildcard src/agent/*.c) src/base64.c src/json.c src/ed25519.c
+AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 
@@ -87,20 +94,23 @@ all: $(CORE_SO) $(AGENT_BIN) $(JIT_CORE)
 jit-core:
 	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so
 
-$(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) | $(MODDIR)/obj
-	$(CC) $(CFLAGS) $(STRICT) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
+$(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) $(COMMON_H) | $(MODDIR)/obj
+	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
+
+$(MODDIR)/obj/common/%.o: src/common/%.c $(COMMON_H) | $(MODDIR)/obj/common
+	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
 
 $(CORE_SO): $(CORE_OBJ) | $(MODDIR)/sandkit
 	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) -lm
 
-$(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/*.h src/agent/*.h) | $(BUILD)/agent-obj/agent
-	$(CC) $(CFLAGS) $(STRICT) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
+$(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)/agent-obj/agent $(BUILD)/agent-obj/common
+	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
 
 # libcrypto verifies capability tokens (src/agent/capability.c, Ed25519).
 $(AGENT_BIN): $(AGENT_OBJ)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS)
 
-$(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent:
+$(MODDIR)/obj $(MODDIR)/obj/common $(MODDIR)/sandkit $(BUILD)/agent-obj/agent $(BUILD)/agent-obj/common:
 	mkdir -p $@
 
 deps:
@@ -161,7 +171,7 @@ abuse: all
 # fold them into the repository's with: $(BUILD)/fuzz/NAME -merge=1 tools/fuzz/corpus/NAME $(BUILD)/fuzz/corpus/NAME
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= $(patsubst tools/fuzz/%_fuzz.c,%,$(wildcard tools/fuzz/*_fuzz.c))
-FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE
+FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE $(SRC_CFLAGS)
 fuzz_field = $(shell sed -n 's/^ \* $(2): //p' tools/fuzz/$(1)_fuzz.c)
 fuzz:
 	mkdir -p $(BUILD)/fuzz

@@ -1,4 +1,4 @@
---- Decoding with sandkit's C decoder through LuaJIT's FFI, on the plain C ABI of src/frames.h
+--- Decoding with sandkit's C decoder through LuaJIT's FFI, on the plain C ABI of src/common/frames.h
 -- (what an nginx worker could use instead of the C module): the corpus in 16 KiB reads, every
 -- frame taken out as a table with its payload as a Lua string (ffi.string copies it out).
 --   luajit bench/decode_ffi.lua CORPUS        (LUA_CPATH must find the LuaJIT build of sandkit.core)
@@ -9,7 +9,7 @@ local common = require "common"
 local decode_loop = require "decode_loop"
 local ffi = require "ffi"
 
--- src/frames.h, as it stands: the structure must match it field for field, or the decoder
+-- src/common/frames.h, as it stands: the structure must match it field for field, or the decoder
 -- writes past what the FFI allocated.
 ffi.cdef[[
 typedef struct sk_frames sk_frames;

@@ -4,7 +4,7 @@
 local core = require "sandkit.core"
 
 -- The reader's nesting bound, from the header that defines it: the spec crosses the real one.
-local MAX_DEPTH = tonumber(assert(io.open("src/json.h")):read("*a"):match("#define SK_JSON_MAX_DEPTH (%d+)"))
+local MAX_DEPTH = tonumber(assert(io.open("src/common/json.h")):read("*a"):match("#define SK_JSON_MAX_DEPTH (%d+)"))
 
 --- The three results as one table, so a case compares them at once.
 local function check(text)
@@ -76,7 +76,7 @@ describe("core.json_unique", function()
   end)
 
   it("reads as deep as the reader's nesting bound and refuses a text one level deeper", function()
-    assert.equal(32, MAX_DEPTH, "src/json.h's bound")
+    assert.equal(32, MAX_DEPTH, "src/common/json.h's bound")
     local text = string.rep("[", MAX_DEPTH - 1) .. '{"a":1,"a":2}' .. string.rep("]", MAX_DEPTH - 1)
     assert.same(repeated(text, "a", '"a"', 2), check(text))
     text = string.rep('{"a":', MAX_DEPTH) .. "1" .. string.rep("}", MAX_DEPTH)

@@ -1,4 +1,4 @@
--- AWS Signature Version 4 (src/sigv4.c, src/lua_sigv4.c, lua/sandkit/aws/sigv4.lua) against
+-- AWS Signature Version 4 (src/common/sigv4.c, src/lua_sigv4.c, lua/sandkit/aws/sigv4.lua) against
 -- AWS's published test suite and the Lambda MicroVMs request shapes. spec/fixtures/sigv4/
 -- SOURCES.md says where each fixture comes from.
 local core = require "sandkit.core"

@@ -11,7 +11,7 @@
  */
 #include <string.h>
 
-#include "ed25519.h"
+#include "common/ed25519.h"
 #include "sandkit_core.h"
 
 #define KEY_MT "sandkit.ed25519"

@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base64.h"
-#include "frames.h"
-#include "json_unique.h"
+#include "common/base64.h"
+#include "common/frames.h"
+#include "common/json_unique.h"
 #include "sandkit_core.h"
 
 #define DECODER_MT "sandkit.decoder"

@@ -28,8 +28,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/sigv4.h"
 #include "sandkit_core.h"
-#include "sigv4.h"
 
 static const char *const options[] = {
 	"method", "path", "query", "headers", "body", "payload_hash", "region", "service",

@@ -26,9 +26,9 @@
 #include <ctype.h>
 #include <string.h>
 
-#include "frames.h"
+#include "common/frames.h"
+#include "common/transfer.h"
 #include "sandkit_core.h"
-#include "transfer.h"
 
 #define CLIENT_MT "sandkit.client"
 #define TRANSFER_MT "sandkit.transfer"

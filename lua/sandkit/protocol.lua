@@ -405,7 +405,7 @@ function protocol.job_start(conn, argv, opts)
   return nil, err
 end
 
--- The members the stream's decoder reads (src/frames.c).
+-- The members the stream's decoder reads (src/common/frames.c).
 local FRAME_MEMBERS = { "t", "seq", "data", "code", "message", "truncated", "signal" }
 
 --- A value of the page as JSON text again. lua-cjson read the page and its numbers are floats:

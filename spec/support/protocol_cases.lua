@@ -232,7 +232,7 @@ for what, line in pairs{ type = '{"t":"error","t":"exit","code":0}\n', code = '{
   })
 end
 
--- The decoder reads an exit code as a 32-bit integer (src/frames.c): past it the frame is not an ending.
+-- The decoder reads an exit code as a 32-bit integer (src/common/frames.c): past it the frame is not an ending.
 for _, pair in ipairs{ { "2^31", '{"t":"exit","code":2147483648}\n' },
     { "-2^31 - 1", '{"t":"exit","code":-2147483649}\n' } } do
   local what, line = pair[1], pair[2]

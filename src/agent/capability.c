@@ -1,9 +1,9 @@
 /* capability.c — see capability.h. */
 #include "capability.h"
 
-#include "../base64.h"
-#include "../ed25519.h"
-#include "../json.h"
+#include "common/base64.h"
+#include "common/ed25519.h"
+#include "common/json.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* exec.c — see exec.h. */
 #include "exec.h"
 
-#include "../base64.h"
+#include "common/base64.h"
 #include "agent.h"
 #include "contain.h"
 #include "isolate.h"

@@ -1,8 +1,8 @@
 /* files.c — see files.h. */
 #include "files.h"
 
-#include "../base64.h"
-#include "../json.h"
+#include "common/base64.h"
+#include "common/json.h"
 #include "agent.h"
 #include "fserror.h"
 #include "http.h"

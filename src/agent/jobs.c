@@ -1,7 +1,7 @@
 /* jobs.c — see jobs.h. */
 #include "jobs.h"
 
-#include "../json.h"
+#include "common/json.h"
 #include "agent.h"
 #include "exec.h"
 #include "http.h"

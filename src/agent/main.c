@@ -7,7 +7,7 @@
  */
 #include "agent.h"
 
-#include "../base64.h"
+#include "common/base64.h"
 #include "capability.h"
 #include "contain.h"
 #include "exec.h"

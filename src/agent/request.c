@@ -1,7 +1,7 @@
 /* request.c — see request.h. */
 #include "request.h"
 
-#include "../json.h"
+#include "common/json.h"
 
 #include <stdarg.h>
 #include <stdio.h>

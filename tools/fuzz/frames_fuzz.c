@@ -1,7 +1,7 @@
 /*
  * frames_fuzz.c — libFuzzer target for the frame decoder and the JSON reader under it.
  *   make fuzz FUZZ_TARGETS=frames
- * sources: src/frames.c src/json.c src/base64.c
+ * sources: src/common/frames.c src/common/json.c src/common/base64.c
  * defines: -DSK_FRAMES_KEPT=16
  * options: -max_len=8192
  *
@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/base64.h"
-#include "../../src/frames.h"
+#include "common/base64.h"
+#include "common/frames.h"
 
 #define FUZZ_MAX_LINE 4096
 

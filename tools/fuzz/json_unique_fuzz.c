@@ -1,7 +1,7 @@
 /*
  * json_unique_fuzz.c — libFuzzer target for the repeated-member check of JSON answers.
  *   make fuzz FUZZ_TARGETS=json_unique
- * sources: src/json_unique.c src/json.c
+ * sources: src/common/json_unique.c src/common/json.c
  * options: -max_len=4096
  *
  * The input is the text. Checked on top of the sanitizers, against a second reading made the
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/json_unique.h"
+#include "common/json_unique.h"
 
 #define FUZZ_MAX_LEN 4096
 /* Names of one object the plain reading keeps: every name takes at least four bytes. */

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/agent/agent.h"
-#include "../../src/agent/paths.h"
+#include "agent/agent.h"
+#include "agent/paths.h"
 
 /* paths.c resolves beneath agent.cfg.root_fd; the normalizer never touches it. */
 struct agent agent;

@@ -3,7 +3,7 @@
  * handler runs: the request head (src/agent/http_parse.c), the chunked body decoder fed in
  * pieces, the query string, and the exec/job body's JSON (src/agent/request.c).
  *   make fuzz FUZZ_TARGETS=request
- * sources: src/agent/http_parse.c src/agent/request.c src/json.c
+ * sources: src/agent/http_parse.c src/agent/request.c src/common/json.c
  * options: -max_len=20000
  *
  * The input's first byte picks the piece size for the chunked decoder. The input is taken as a
@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/agent/http_parse.h"
-#include "../../src/agent/request.h"
+#include "agent/http_parse.h"
+#include "agent/request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
