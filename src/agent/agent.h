@@ -5,6 +5,8 @@
 #ifndef SANDKIT_AGENT_H
 #define SANDKIT_AGENT_H
 
+#include "log.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,8 +31,6 @@ struct capability;
 #define AGENT_TOKEN_CHARS 44
 /* A UUID in its hyphenated text form, without the terminator. */
 #define AGENT_UUID_CHARS 36
-
-enum agent_log_level { LOG_QUIET = 0, LOG_INFO = 1, LOG_DEBUG = 2 };
 
 struct agent_config {
 	char *root_path;            /* its canonical absolute path (bwrap binds it at this path) */

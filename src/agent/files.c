@@ -1,13 +1,13 @@
 /* files.c — see files.h. */
 #include "files.h"
 
+#include "agent.h"
 #include "common/base64.h"
 #include "common/json.h"
-#include "agent.h"
 #include "fserror.h"
+#include "handler.h"
 #include "http.h"
 #include "paths.h"
-#include "server.h"
 #include "util.h"
 
 #include <errno.h>
@@ -413,7 +413,7 @@ static int read_body(struct http_request *req, int want_contents, char **path, s
 		     sk_json_str *contents, int *has_contents)
 {
 	size_t len;
-	const char *body = request_body(req, &len);
+	const char *body = http_request_body(req, &len);
 	if (body == NULL) {
 		reply_out_of_memory(req, "read the request");
 		return -1;

@@ -1,19 +1,14 @@
 /* http.c — see http.h. */
 #include "http.h"
 
-#include "agent.h"
+#include "listener.h"
 #include "log.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -36,24 +31,13 @@
 /* A refused request's body up to this size is read and dropped so the connection can carry the
  * next request; a longer one closes the connection instead of costing the agent its transfer. */
 #define DISCARD_MAX (64 * 1024)
-/* After a refusal that closes the connection, the agent stops writing and reads (and drops)
- * what the caller is still sending for this long or this many bytes, so that the caller reads
- * the refusal instead of a reset. Both bounds make the refusal cheap. */
-#define LINGER_MS 1000
-#define LINGER_MAX (1024 * 1024)
-/* Descriptors a connection may need at once: its socket, a command's two pipes and pidfd. */
-#define FDS_PER_CONNECTION 4
-/* Descriptors kept out of the connection budget: stdio, root, listener, event loop, signal
- * pipe, and what a request opens for a moment; jobs need three each on top. */
-#define FDS_RESERVED 16
-#define FDS_PER_JOB 3
-/* accept() failures (out of descriptors or memory): wait this long before trying again,
- * doubling up to the maximum, and say so at most once per interval. */
-#define ACCEPT_BACKOFF_MIN_MS 50
-#define ACCEPT_BACKOFF_MAX_MS 1000
-#define ACCEPT_LOG_INTERVAL_S 10
-/* Connections accepted per wake-up, so a flood cannot starve the other events. */
-#define ACCEPT_BATCH 32
+/* After the last reply of a connection that closes, the agent stops writing and reads (and
+ * drops) what the caller is still sending for this long or this many bytes, so that the caller
+ * reads the reply instead of a reset. Both bounds make a refusal cheap. */
+#define CLOSE_LINGER_MS 1000
+#define CLOSE_LINGER_MAX (1024 * 1024)
+/* Why a buffered body is refused, whether its Content-Length or its chunks say so. */
+#define BODY_TOO_LARGE "Request invalid: the body is over the agent's limit"
 
 enum conn_state {
 	C_IDLE,      /* waiting for the first byte of a request */
@@ -64,7 +48,7 @@ enum conn_state {
 };
 
 struct conn {
-	struct conn *prev, *next;
+	struct listener_entry entry;  /* its place in the set the connection cap counts */
 	struct bufferevent *bev;
 	struct event *timer;
 	enum conn_state state;
@@ -110,22 +94,12 @@ struct http_request {
 	void *watch_ctx;
 };
 
-struct server {
+static struct http_server {
 	struct http_config cfg;
-	evutil_socket_t fd;
-	struct event *accept_ev, *backoff_ev;
-	int backoff_ms;
-	time_t accept_logged;
-	unsigned long accept_failures;   /* since the last report */
-	struct conn *conns;
-	unsigned nconns, max_conns;
-	uint64_t body_bytes, body_budget;
-};
-
-static struct server srv = { .fd = -1 };
+	uint64_t body_bytes, body_budget;    /* buffered bodies in flight, and their bound */
+} srv;
 
 static void process(struct conn *c);
-static void conn_close(struct conn *c);
 
 static uint64_t now_ms(void)
 {
@@ -146,7 +120,7 @@ static void arm(struct conn *c, unsigned ms)
 	evtimer_add(c->timer, &tv);
 }
 
-static const char *reason(int status)
+const char *http_reason(int status)
 {
 	switch (status) {
 	case 100: return "Continue";
@@ -214,7 +188,7 @@ static int write_head(struct http_request *req, int status, const char *content_
 	settle_body(req);
 	if (!req->head.keep_alive)
 		c->close_after = 1;
-	int r = evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, reason(status));
+	int r = evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, http_reason(status));
 	if (r >= 0 && content_type)
 		r = evbuffer_add_printf(out, "Content-Type: %s\r\n", content_type);
 	if (r >= 0 && length < 0)
@@ -366,27 +340,11 @@ void http_body_stream(struct http_request *req, int (*data)(void *, const char *
 	kick(req->conn);
 }
 
-/* Plain refusals from the HTTP layer itself, before any handler: CODE: message. */
-static void refuse(struct http_request *req, int status, const char *code, const char *why)
-{
-	struct evbuffer *b = evbuffer_new();
-	if (b)
-		evbuffer_add_printf(b, "%s: %s", code, why);
-	log_debug("answered %d %s: %s", status, code, why);
-	http_reply(req, status, "text/plain; charset=utf-8", b);
-}
-
 /* ---- connections ---- */
 
 static void conn_free(struct conn *c)
 {
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		srv.conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
-	srv.nconns--;
+	listener_remove(&c->entry);
 	event_free(c->timer);
 	bufferevent_free(c->bev);
 	free(c);
@@ -394,7 +352,7 @@ static void conn_free(struct conn *c)
 
 /* Ends the connection; an unfinished request hears it first. Inside one of the connection's
  * own callbacks it is only marked, and freed when the outermost one returns. */
-static void conn_close(struct conn *c)
+void conn_close(struct conn *c)
 {
 	if (c->depth > 0) {
 		c->dead = 1;
@@ -446,7 +404,7 @@ static void start_closing(struct conn *c)
 	shutdown(bufferevent_getfd(c->bev), SHUT_WR);
 	bufferevent_disable(c->bev, EV_WRITE);
 	c->lingered = 0;
-	arm(c, LINGER_MS);
+	arm(c, CLOSE_LINGER_MS);
 }
 
 /* The body is in (or there is none): the handler runs. */
@@ -494,7 +452,7 @@ static int read_body(struct conn *c)
 			}
 			req->body_done = 1;
 			c->close_after = 1;
-			refuse(req, 400, "REQUEST_INVALID", "Request invalid: the chunked body is malformed");
+			srv.cfg.refuse(req, 400, "Request invalid: the chunked body is malformed");
 			return 1;
 		}
 		if (r != HTTP_CHUNKED_DATA)
@@ -514,8 +472,7 @@ static int read_body(struct conn *c)
 				evbuffer_drain(in, used);
 				c->close_after = 1;
 				req->body_done = 1;
-				refuse(req, 413, "REQUEST_INVALID",
-				       "Request invalid: the body is over the agent's limit");
+				srv.cfg.refuse(req, 413, BODY_TOO_LARGE);
 				return 1;
 			}
 			srv.body_bytes += n;
@@ -562,15 +519,14 @@ static void admit(struct conn *c, size_t head_len)
 		req->head.keep_alive = 0;
 		req->body_done = 1;
 		c->close_after = 1;
-		refuse(req, status, status == 505 ? "PROTOCOL_VERSION_MISMATCH" : "REQUEST_INVALID",
-		       why);
+		srv.cfg.refuse(req, status, why);
 		return;
 	}
 	enum http_body_mode mode = HTTP_BODY_BUFFERED;
 	http_handler h = srv.cfg.on_head(req, &mode);
 	if (h == NULL || c->dead) {
 		if (!req->finished && !c->dead)
-			refuse(req, 500, "AGENT_OPERATION_FAILED", "the request was not answered");
+			srv.cfg.refuse(req, 500, "the request was not answered");
 		return;
 	}
 	req->handler = h;
@@ -584,16 +540,15 @@ static void admit(struct conn *c, size_t head_len)
 	if (mode == HTTP_BODY_BUFFERED) {
 		uint64_t want = req->head.chunked ? 0 : req->body_left;
 		if (want > srv.cfg.body_max) {
-			refuse(req, 413, "REQUEST_INVALID", "Request invalid: the body is over the agent's limit");
+			srv.cfg.refuse(req, 413, BODY_TOO_LARGE);
 			return;
 		}
 		if (srv.body_bytes + want > srv.body_budget) {
-			refuse(req, 503, "AGENT_BUSY",
-			       "request bodies in flight exceed the agent's budget; retry");
+			srv.cfg.refuse(req, 503, "request bodies in flight exceed the agent's budget; retry");
 			return;
 		}
 		if ((req->body = evbuffer_new()) == NULL) {
-			refuse(req, 500, "AGENT_OPERATION_FAILED", "out of memory for the body");
+			srv.cfg.refuse(req, 500, "out of memory for the body");
 			return;
 		}
 		req->reserved = want;
@@ -644,53 +599,77 @@ static size_t head_length(struct conn *c, struct evbuffer *in, size_t avail)
 	return 0;
 }
 
-/* One step from what is buffered. 1 when something changed (step again), 0 when waiting. */
-static int step(struct conn *c)
+/* The reply was handed over in full: the request goes, and the connection either closes or
+ * waits for the next request. */
+static int end_request(struct conn *c)
+{
+	request_free(c->req);
+	c->req = NULL;
+	if (c->close_after) {
+		set_state(c, C_CLOSING);
+		c->since_ms = 0; /* the first to go when the cap is reached */
+		evtimer_del(c->timer);
+		if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+			start_closing(c);
+		return 0;
+	}
+	set_state(c, C_IDLE);
+	/* A refused request's body is dropped within the body deadline: the caller was given no
+	 * credit, so the wait is bounded like any body's, not kept for ever. */
+	if (c->discard > 0)
+		arm(c, srv.cfg.body_timeout_ms);
+	return 1;
+}
+
+/* While a request is answered, its input waits; past one pipelined head it is taken as gone. */
+static int hold_input(struct conn *c)
+{
+	if (evbuffer_get_length(bufferevent_get_input(c->bev)) > PIPELINE_MAX) {
+		log_debug("closed a connection that sent over %d bytes while being answered",
+			  PIPELINE_MAX);
+		conn_close(c);
+	}
+	return 0;
+}
+
+/* The last reply is out and the writing side shut: what the caller still sends is dropped,
+ * up to CLOSE_LINGER_MAX, until the linger timer closes the connection. */
+static int linger(struct conn *c)
 {
 	struct evbuffer *in = bufferevent_get_input(c->bev);
-	struct evbuffer *out = bufferevent_get_output(c->bev);
-	if (c->dead)
-		return 0;
-	if (c->req && c->req->finished) {
-		request_free(c->req);
-		c->req = NULL;
-		if (c->close_after) {
-			set_state(c, C_CLOSING);
-			c->since_ms = 0; /* the first to go when the cap is reached */
-			evtimer_del(c->timer);
-			if (evbuffer_get_length(out) == 0)
-				start_closing(c);
-			return 0;
-		}
-		set_state(c, C_IDLE);
-		/* A refused request's body is dropped within the body deadline: the caller was
-		 * given no credit, so the wait is bounded like any body's, not kept for ever. */
-		if (c->discard > 0)
-			arm(c, srv.cfg.body_timeout_ms);
-		return 1;
-	}
-	switch (c->state) {
-	case C_BODY:
-		return read_body(c);
-	case C_BUSY:
-		if (evbuffer_get_length(in) > PIPELINE_MAX) {
-			log_debug("closed a connection that sent over %d bytes while being answered",
-				  PIPELINE_MAX);
+	if (c->req == NULL && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+		c->lingered += evbuffer_get_length(in);
+		evbuffer_drain(in, evbuffer_get_length(in));
+		if (c->lingered > CLOSE_LINGER_MAX)
 			conn_close(c);
-		}
-		return 0;
-	case C_CLOSING:
-		if (c->req == NULL && evbuffer_get_length(out) == 0) {
-			c->lingered += evbuffer_get_length(in);
-			evbuffer_drain(in, evbuffer_get_length(in));
-			if (c->lingered > LINGER_MAX)
-				conn_close(c);
-		}
-		return 0;
-	case C_IDLE:
-	case C_HEAD:
-		break;
 	}
+	return 0;
+}
+
+/* A head that did not end within HTTP_HEAD_MAX: refused, and the connection ends. */
+static int refuse_long_head(struct conn *c)
+{
+	struct http_request *req = calloc(1, sizeof *req);
+	if (req == NULL) {
+		conn_close(c);
+		return 0;
+	}
+	req->conn = c;
+	req->body_done = 1;
+	c->req = req;
+	c->close_after = 1;
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	evbuffer_drain(in, evbuffer_get_length(in));
+	set_state(c, C_BUSY);
+	srv.cfg.refuse(req, 431, HTTP_HEAD_TOO_LARGE);
+	return 1;
+}
+
+/* Between requests and while a head arrives: what is left of a refused request's body is
+ * dropped, then the next head is looked for and admitted once it is whole. */
+static int read_head(struct conn *c)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
 	if (c->discard > 0) {
 		size_t n = evbuffer_get_length(in);
 		if (n > c->discard)
@@ -702,7 +681,7 @@ static int step(struct conn *c)
 	}
 	/* A reply still waiting to be read holds back the next request: pipelining cannot pile up
 	 * replies. The write callback steps again. */
-	if (evbuffer_get_length(out) > HTTP_OUTPUT_HIGH)
+	if (evbuffer_get_length(bufferevent_get_output(c->bev)) > HTTP_OUTPUT_HIGH)
 		return 0;
 	size_t avail = evbuffer_get_length(in);
 	if (avail == 0) {
@@ -723,19 +702,28 @@ static int step(struct conn *c)
 	}
 	if (avail < HTTP_HEAD_MAX)
 		return 0;
-	struct http_request *req = calloc(1, sizeof *req);
-	if (req == NULL) {
-		conn_close(c);
+	return refuse_long_head(c);
+}
+
+/* One step from what is buffered. 1 when something changed (step again), 0 when waiting. */
+static int step(struct conn *c)
+{
+	if (c->dead)
 		return 0;
+	if (c->req && c->req->finished)
+		return end_request(c);
+	switch (c->state) {
+	case C_IDLE:
+	case C_HEAD:
+		return read_head(c);
+	case C_BODY:
+		return read_body(c);
+	case C_BUSY:
+		return hold_input(c);
+	case C_CLOSING:
+		return linger(c);
 	}
-	req->conn = c;
-	req->body_done = 1;
-	c->req = req;
-	c->close_after = 1;
-	evbuffer_drain(in, evbuffer_get_length(in));
-	set_state(c, C_BUSY);
-	refuse(req, 431, "REQUEST_INVALID", "the request head is over 16384 bytes");
-	return 1;
+	return 0;
 }
 
 /* Steps until nothing changes. Runs inside enter/leave. */
@@ -794,49 +782,21 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 	conn_close(c);
 }
 
-/* At the cap, the connection that has waited longest without a request in progress gives
- * way: idle and half-sent heads are what an attacker holds, and an authorized caller's request
- * is never among them. */
-static int evict_one(void)
+int conn_evictable(const struct conn *c, uint64_t *since_ms)
 {
-	struct conn *victim = NULL;
-	for (struct conn *c = srv.conns; c; c = c->next) {
-		if (c->state != C_IDLE && c->state != C_HEAD && c->state != C_CLOSING)
-			continue;
-		if (c->state == C_CLOSING && c->req)
-			continue;
-		if (victim == NULL || c->since_ms < victim->since_ms)
-			victim = c;
-	}
-	if (victim == NULL)
-		return -1;
-	conn_close(victim);
-	return 0;
+	*since_ms = c->since_ms;
+	return c->state == C_IDLE || c->state == C_HEAD || (c->state == C_CLOSING && c->req == NULL);
 }
 
-static void refuse_socket(evutil_socket_t fd)
+void conn_open(int fd)
 {
-	static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; "
-				   "charset=utf-8\r\nContent-Length: 55\r\nConnection: close\r\n\r\n"
-				   "AGENT_BUSY: every connection the agent allows is in use";
-	ssize_t w = send(fd, busy, sizeof busy - 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-	(void)w; /* best effort: the close says the same */
-	close(fd);
-}
-
-static void add_conn(evutil_socket_t fd)
-{
-	if (srv.nconns >= srv.max_conns && evict_one() < 0) {
-		refuse_socket(fd);
-		return;
-	}
 	struct conn *c = calloc(1, sizeof *c);
 	if (c == NULL) {
 		close(fd);
 		return;
 	}
-	c->bev = bufferevent_socket_new(agent.base, fd, BEV_OPT_CLOSE_ON_FREE);
-	c->timer = evtimer_new(agent.base, on_timer, c);
+	c->bev = bufferevent_socket_new(srv.cfg.base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->timer = evtimer_new(srv.cfg.base, on_timer, c);
 	if (c->bev == NULL || c->timer == NULL) {
 		if (c->bev)
 			bufferevent_free(c->bev);
@@ -853,148 +813,26 @@ static void add_conn(evutil_socket_t fd)
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
-	c->next = srv.conns;
-	if (srv.conns)
-		srv.conns->prev = c;
-	srv.conns = c;
-	srv.nconns++;
+	c->entry.conn = c;
+	listener_add(&c->entry);
 	set_state(c, C_IDLE);
 	arm(c, IDLE_TIMEOUT_S * 1000);
-}
-
-static void on_backoff(evutil_socket_t fd, short what, void *arg);
-
-static void accept_failed(int err)
-{
-	srv.accept_failures++;
-	time_t now = time(NULL);
-	if (now - srv.accept_logged >= ACCEPT_LOG_INTERVAL_S) {
-		log_info("cannot accept connections: %s (%lu times since the last report); "
-			 "retrying with back-off", strerror(err), srv.accept_failures);
-		srv.accept_logged = now;
-		srv.accept_failures = 0;
-	}
-	srv.backoff_ms = srv.backoff_ms ? srv.backoff_ms * 2 : ACCEPT_BACKOFF_MIN_MS;
-	if (srv.backoff_ms > ACCEPT_BACKOFF_MAX_MS)
-		srv.backoff_ms = ACCEPT_BACKOFF_MAX_MS;
-	event_del(srv.accept_ev);
-	struct timeval tv = { srv.backoff_ms / 1000, (suseconds_t)(srv.backoff_ms % 1000) * 1000 };
-	evtimer_add(srv.backoff_ev, &tv);
-}
-
-static void on_accept(evutil_socket_t lfd, short what, void *arg)
-{
-	(void)what;
-	(void)arg;
-	for (int i = 0; i < ACCEPT_BATCH; i++) {
-		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-		if (fd < 0) {
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
-				return;
-			if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
-				continue;
-			/* EMFILE, ENFILE, ENOBUFS, ENOMEM: retrying at once would spin on the same
-			 * error; the kernel keeps the connections queued meanwhile. */
-			accept_failed(errno);
-			return;
-		}
-		srv.backoff_ms = 0;
-		add_conn(fd);
-	}
-}
-
-static void on_backoff(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	(void)arg;
-	event_add(srv.accept_ev, NULL);
-	/* backoff_ms stays set until an accept succeeds, so the next failure waits longer */
-	on_accept(srv.fd, EV_READ, NULL);
-}
-
-/* Sizes the connection cap to the soft descriptor limit (main.c raised it to the hard one). */
-static unsigned connection_cap(unsigned wanted)
-{
-	struct rlimit rl;
-	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
-		return wanted;
-	uint64_t fds = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
-	uint64_t fixed = FDS_RESERVED + (uint64_t)AGENT_JOBS_MAX * FDS_PER_JOB;
-	uint64_t room = fds > fixed ? (fds - fixed) / FDS_PER_CONNECTION : 0;
-	if (room < 1)
-		room = 1;
-	if (room < wanted) {
-		log_info("descriptor limit %llu allows %llu connections, not %u",
-			 (unsigned long long)fds, (unsigned long long)room, wanted);
-		return (unsigned)room;
-	}
-	return wanted;
-}
-
-unsigned http_max_connections(void)
-{
-	return srv.max_conns;
 }
 
 int http_start(const struct http_config *cfg, unsigned *port)
 {
 	srv.cfg = *cfg;
-	srv.max_conns = connection_cap(cfg->max_connections);
 	/* Two of the largest bodies at once; one alone always fits. */
 	srv.body_budget = 2 * cfg->body_max;
-	char portstr[16];
-	snprintf(portstr, sizeof portstr, "%u", cfg->port);
-	struct evutil_addrinfo hints, *ai = NULL;
-	memset(&hints, 0, sizeof hints);
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_ADDRCONFIG;
-	int gai = evutil_getaddrinfo(cfg->host, portstr, &hints, &ai);
-	if (gai != 0) {
-		errno = EADDRNOTAVAIL;
-		return -1;
-	}
-	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	int one = 1;
-	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-	    bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
-		int e = errno;
-		if (fd >= 0)
-			close(fd);
-		evutil_freeaddrinfo(ai);
-		errno = e;
-		return -1;
-	}
-	evutil_freeaddrinfo(ai);
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof ss;
-	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
-		close(fd);
-		return -1;
-	}
-	*port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-					       : ((struct sockaddr_in *)&ss)->sin_port);
-	srv.fd = fd;
-	srv.accept_ev = event_new(agent.base, fd, EV_READ | EV_PERSIST, on_accept, NULL);
-	srv.backoff_ev = evtimer_new(agent.base, on_backoff, NULL);
-	if (srv.accept_ev == NULL || srv.backoff_ev == NULL || event_add(srv.accept_ev, NULL) < 0)
-		return -1;
-	return 0;
+	return listener_start(cfg, port);
 }
 
 void http_stop(void)
 {
-	while (srv.conns) {
-		srv.conns->depth = 0;
-		conn_close(srv.conns);
+	struct conn *c;
+	while ((c = listener_any()) != NULL) {
+		c->depth = 0;
+		conn_close(c);
 	}
-	if (srv.accept_ev)
-		event_free(srv.accept_ev);
-	if (srv.backoff_ev)
-		event_free(srv.backoff_ev);
-	srv.accept_ev = srv.backoff_ev = NULL;
-	if (srv.fd >= 0)
-		close(srv.fd);
-	srv.fd = -1;
+	listener_stop();
 }

@@ -2,7 +2,10 @@
  * http.h — sandkit-agent's own HTTP/1.1 server on libevent bufferevents (docs/agent.md
  * "Architecture"): connections, the request head and its deadline, request bodies (buffered
  * or streamed to the handler), replies (whole, or streamed with a drain callback), and the
- * bounds that keep any number of callers from exhausting the agent.
+ * bounds that keep any number of callers from exhausting the agent. It knows HTTP and nothing
+ * of the protocol served over it: its user fills struct http_config (server.c does), routes
+ * and authorizes in on_head and words the server's own refusals in refuse. The listening
+ * socket and the connection cap are listener.c's.
  *
  * One request at a time per connection. Once its head is in, the server calls on_head, which
  * either answers (a refusal: nothing of the body has been read) or admits the request with a
@@ -18,6 +21,7 @@
 #include <stdint.h>
 
 struct evbuffer;
+struct event_base;
 struct http_request;
 
 typedef void (*http_handler)(struct http_request *req);
@@ -40,22 +44,36 @@ enum http_body_mode {
 #define HTTP_DEFAULT_BODY_TIMEOUT_MS 120000
 
 struct http_config {
+	struct event_base *base;     /* the loop the listener and every connection run on */
 	const char *host;
 	unsigned port;
 	unsigned max_connections;
+	/* The connection cap is lowered to what RLIMIT_NOFILE leaves after fds_reserved, at
+	 * fds_per_connection descriptors each (what serving one request may hold at once). */
+	unsigned fds_per_connection;
+	unsigned fds_reserved;
 	unsigned header_timeout_ms;
 	unsigned body_timeout_ms;
 	uint64_t body_max;   /* largest buffered body; streamed bodies have no limit */
+	/* The text/plain body of the 503 a connection over the cap gets before it is closed,
+	 * when no connection could be evicted for it. */
+	const char *busy_text;
 	/* Called with every admitted head. Answers the request itself (returns NULL) or returns
 	 * the handler and sets *mode. */
 	http_handler (*on_head)(struct http_request *req, enum http_body_mode *mode);
+	/* Answers a refusal of the server's own with status, why in words: a head that does not
+	 * parse (http_parse_head's status and why) or is over HTTP_HEAD_MAX (431), a body over
+	 * body_max (413) or malformed (400), bodies in flight over their budget (503), memory
+	 * that ran out (500), a head on_head neither answered nor admitted (500). */
+	void (*refuse)(struct http_request *req, int status, const char *why);
 };
 
 /* Binds and starts accepting; *port receives the port actually bound. -1 with errno. */
 int http_start(const struct http_config *cfg, unsigned *port);
 /* Closes every connection (gone callbacks run) and the listener. */
 void http_stop(void);
-/* The connection cap in force: --max-connections, lowered to what RLIMIT_NOFILE allows. */
+/* The connection cap in force: max_connections, lowered to what RLIMIT_NOFILE allows
+ * (listener.c). */
 unsigned http_max_connections(void);
 
 /* The request. */

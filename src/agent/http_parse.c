@@ -122,7 +122,7 @@ int http_parse_head(const char *buf, size_t len, struct http_head *h, const char
 {
 	memset(h, 0, sizeof *h);
 	if (len > HTTP_HEAD_MAX)
-		return fail(why, "the request head is over 16384 bytes", 431);
+		return fail(why, HTTP_HEAD_TOO_LARGE, 431);
 	const char *p = buf, *end = buf + len;
 	while (end - p >= 2 && p[0] == '\r' && p[1] == '\n')
 		p += 2;
@@ -196,7 +196,8 @@ int http_parse_head(const char *buf, size_t len, struct http_head *h, const char
 			ve--;
 		p += 2;
 		if (h->nfields == HTTP_FIELDS_MAX)
-			return fail(why, "the request has over 64 header fields", 431);
+			return fail(why, "the request has over " HTTP_SPELL(HTTP_FIELDS_MAX) " header fields",
+				    431);
 		struct http_field *f = &h->fields[h->nfields++];
 		f->name = n;
 		f->name_len = nlen;

@@ -16,6 +16,12 @@
 #define HTTP_HEAD_MAX 16384
 /* Header fields per request: far above the dozen any client or proxy sends. */
 #define HTTP_FIELDS_MAX 64
+/* The refusals that name these bounds spell them from the constants (plain numbers, so that
+ * the preprocessor can). A head with no end within HTTP_HEAD_MAX is refused in these words
+ * whether the parser or the connection finds it. */
+#define HTTP_SPELL(n) HTTP_SPELL_DIGITS(n)
+#define HTTP_SPELL_DIGITS(n) #n
+#define HTTP_HEAD_TOO_LARGE "the request head is over " HTTP_SPELL(HTTP_HEAD_MAX) " bytes"
 
 enum http_method {
 	HTTP_GET = 1, HTTP_POST, HTTP_PUT, HTTP_HEAD, HTTP_DELETE, HTTP_OPTIONS, HTTP_PATCH,

@@ -1,13 +1,13 @@
 /* jobs.c — see jobs.h. */
 #include "jobs.h"
 
-#include "common/json.h"
 #include "agent.h"
+#include "common/json.h"
 #include "exec.h"
+#include "handler.h"
 #include "http.h"
 #include "paths.h"
 #include "request.h"
-#include "server.h"
 #include "util.h"
 
 #include <errno.h>
@@ -220,7 +220,7 @@ static struct job *job_of(struct http_request *req, int with_since, int *has_sin
 			  uint64_t *since)
 {
 	size_t len;
-	const char *body = request_body(req, &len);
+	const char *body = http_request_body(req, &len);
 	if (body == NULL) {
 		reply_out_of_memory(req, "read the job request");
 		return NULL;

@@ -1,6 +1,8 @@
 /* log.c — see log.h. */
 #include "log.h"
 
+#include "agent.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 

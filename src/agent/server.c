@@ -4,23 +4,26 @@
 #include "agent.h"
 #include "capability.h"
 #include "files.h"
+#include "handler.h"
 #include "http.h"
 #include "jobs.h"
 #include "log.h"
-#include "request.h"
 #include "stream.h"
 #include "util.h"
 
-#include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
 
-/* The longest error text sent: far below the client's 4096-byte bound on error bodies. */
-#define SERVER_ERROR_MAX 1024
+/* Descriptors serving one request may hold at once: its socket, a command's two pipes and its
+ * pidfd. */
+#define FDS_PER_CONNECTION 4
+/* Descriptors kept out of the connections' budget: stdio, root, listener, event loop, signal
+ * pipe, and what a request opens for a moment; and each job's pipes and pidfd. */
+#define FDS_RESERVED 16
+#define FDS_PER_JOB 3
 
 struct route {
 	const char *path;
@@ -48,94 +51,6 @@ static const struct route routes[] = {
 };
 #define NROUTES (sizeof routes / sizeof routes[0])
 
-static void send_text(struct http_request *req, int status, const char *text, size_t len)
-{
-	struct evbuffer *b = evbuffer_new();
-	/* Without memory for the body the status alone still refuses. */
-	if (b && evbuffer_add(b, text, len) < 0) {
-		evbuffer_free(b);
-		b = NULL;
-	}
-	http_reply(req, status, "text/plain; charset=utf-8", b);
-}
-
-void reply_error(struct http_request *req, int status, const char *code, const char *fmt, ...)
-{
-	char text[SERVER_ERROR_MAX];
-	int n = 0;
-	if (code)
-		n = snprintf(text, sizeof text, "%s: ", code);
-	va_list ap;
-	va_start(ap, fmt);
-	int m = vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
-	va_end(ap);
-	size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-	if (len >= sizeof text)
-		len = sizeof text - 1;
-	log_debug("answered %d %.*s", status, (int)len, text);
-	send_text(req, status, text, len);
-}
-
-void reply_json(struct http_request *req, int status, struct evbuffer *body)
-{
-	http_reply(req, status, "application/json", body);
-}
-
-void reply_empty(struct http_request *req, int status)
-{
-	http_reply(req, status, NULL, NULL);
-}
-
-void reply_out_of_memory(struct http_request *req, const char *operation)
-{
-	reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s", operation,
-		    strerror(ENOMEM));
-}
-
-void reply_path_refused(struct http_request *req, const char *p, size_t len, const char *why)
-{
-	char shown[REPLY_SHOWN_PATH_MAX];
-	util_printable(p, len, shown, sizeof shown);
-	reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
-}
-
-int read_cmd_request(struct http_request *req, struct cmd_request *r, const char *operation)
-{
-	size_t len;
-	const char *body = request_body(req, &len);
-	int rc = body ? cmd_request_parse(body, len, r) : -2;
-	if (rc == -2) {
-		if (body)
-			cmd_request_free(r);
-		reply_out_of_memory(req, operation);
-	}
-	return rc;
-}
-
-const char *request_body(struct http_request *req, size_t *len)
-{
-	return http_request_body(req, len);
-}
-
-int request_param(struct http_request *req, const char *name, char **value, size_t *len)
-{
-	const struct http_head *h = http_request_head(req);
-	*value = NULL;
-	if (h->query == NULL)
-		return -1;
-	char *v = malloc(h->query_len + 1);
-	if (v == NULL)
-		return -3;
-	long n = http_query_param(h->query, h->query_len, name, v);
-	if (n < 0) {
-		free(v);
-		return (int)n;
-	}
-	*value = v;
-	*len = (size_t)n;
-	return 0;
-}
-
 static void health(struct http_request *req)
 {
 	char *v;
@@ -150,7 +65,9 @@ static void health(struct http_request *req)
 		return;
 	}
 	/* The version is named back, never negotiated down. */
-	if (r == 0 && (n != 1 || v[0] != '1')) {
+	char mine[16];
+	int mine_len = snprintf(mine, sizeof mine, "%d", AGENT_PROTOCOL_VERSION);
+	if (r == 0 && (n != (size_t)mine_len || memcmp(v, mine, n) != 0)) {
 		char shown[32];
 		util_printable(v, n, shown, sizeof shown);
 		free(v);
@@ -278,11 +195,35 @@ static http_handler dispatch(struct http_request *req, enum http_body_mode *mode
 	return match->handle;
 }
 
+/* The HTTP layer's own refusals (http.h) in the protocol's codes, by status (docs/agent.md
+ * lists them). */
+static void refuse(struct http_request *req, int status, const char *why)
+{
+	const char *code;
+	switch (status) {
+	case 500: code = "AGENT_OPERATION_FAILED"; break;
+	case 503: code = "AGENT_BUSY"; break;
+	case 505: code = "PROTOCOL_VERSION_MISMATCH"; break;
+	default: code = "REQUEST_INVALID"; break; /* 400, 413, 417, 431, 501: the request as sent */
+	}
+	reply_error(req, status, code, "%s", why);
+}
+
 int server_start(unsigned *port)
 {
 	struct http_config cfg = {
-		agent.cfg.listen_host, agent.cfg.listen_port, agent.cfg.max_connections,
-		agent.cfg.header_timeout_ms, agent.cfg.body_timeout_ms, AGENT_BODY_MAX, dispatch,
+		.base = agent.base,
+		.host = agent.cfg.listen_host,
+		.port = agent.cfg.listen_port,
+		.max_connections = agent.cfg.max_connections,
+		.fds_per_connection = FDS_PER_CONNECTION,
+		.fds_reserved = FDS_RESERVED + AGENT_JOBS_MAX * FDS_PER_JOB,
+		.header_timeout_ms = agent.cfg.header_timeout_ms,
+		.body_timeout_ms = agent.cfg.body_timeout_ms,
+		.body_max = AGENT_BODY_MAX,
+		.busy_text = "AGENT_BUSY: every connection the agent allows is in use",
+		.on_head = dispatch,
+		.refuse = refuse,
 	};
 	return http_start(&cfg, port);
 }

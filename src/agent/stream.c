@@ -2,10 +2,10 @@
 #include "stream.h"
 
 #include "exec.h"
+#include "handler.h"
 #include "http.h"
 #include "paths.h"
 #include "request.h"
-#include "server.h"
 #include "util.h"
 
 #include <stdlib.h>

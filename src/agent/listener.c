@@ -1,0 +1,250 @@
+/* listener.c — see listener.h. */
+#include "listener.h"
+
+#include "http.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <event2/event.h>
+#include <event2/util.h>
+
+/* accept() failures (out of descriptors or memory): wait this long before trying again,
+ * doubling up to the maximum, and say so at most once per interval. */
+#define ACCEPT_BACKOFF_MIN_MS 50
+#define ACCEPT_BACKOFF_MAX_MS 1000
+#define ACCEPT_LOG_INTERVAL_S 10
+/* Connections accepted per wake-up, so a flood cannot starve the other events. */
+#define ACCEPT_BATCH 32
+/* The whole 503 for a connection over the cap, head and busy_text: kept ready so that refusing
+ * allocates nothing, and small enough for one send() into a fresh socket's buffer. */
+#define BUSY_REPLY_MAX 512
+
+static struct listener {
+	evutil_socket_t fd;
+	struct event *accept_ev, *backoff_ev;
+	int backoff_ms;
+	time_t accept_logged;
+	unsigned long accept_failures;   /* since the last report */
+	struct listener_entry *conns;
+	unsigned nconns, max_conns;
+	char busy_reply[BUSY_REPLY_MAX];
+	size_t busy_len;
+} lis = { .fd = -1 };
+
+void listener_add(struct listener_entry *e)
+{
+	e->prev = NULL;
+	e->next = lis.conns;
+	if (lis.conns)
+		lis.conns->prev = e;
+	lis.conns = e;
+	lis.nconns++;
+}
+
+void listener_remove(struct listener_entry *e)
+{
+	if (e->prev)
+		e->prev->next = e->next;
+	else
+		lis.conns = e->next;
+	if (e->next)
+		e->next->prev = e->prev;
+	lis.nconns--;
+}
+
+struct conn *listener_any(void)
+{
+	return lis.conns ? lis.conns->conn : NULL;
+}
+
+/* At the cap, the connection that has waited longest without a request in progress gives
+ * way: idle and half-sent heads are what an attacker holds, and an authorized caller's request
+ * is never among them. */
+static int evict_one(void)
+{
+	struct conn *victim = NULL;
+	uint64_t oldest = 0;
+	for (struct listener_entry *e = lis.conns; e; e = e->next) {
+		uint64_t since;
+		if (conn_evictable(e->conn, &since) && (victim == NULL || since < oldest)) {
+			victim = e->conn;
+			oldest = since;
+		}
+	}
+	if (victim == NULL)
+		return -1;
+	conn_close(victim);
+	return 0;
+}
+
+static void refuse_socket(evutil_socket_t fd)
+{
+	ssize_t w = send(fd, lis.busy_reply, lis.busy_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)w; /* best effort: the close says the same */
+	close(fd);
+}
+
+static void take(evutil_socket_t fd)
+{
+	if (lis.nconns >= lis.max_conns && evict_one() < 0) {
+		refuse_socket(fd);
+		return;
+	}
+	conn_open(fd);
+}
+
+static void on_backoff(evutil_socket_t fd, short what, void *arg);
+
+static void accept_failed(int err)
+{
+	lis.accept_failures++;
+	time_t now = time(NULL);
+	if (now - lis.accept_logged >= ACCEPT_LOG_INTERVAL_S) {
+		log_info("cannot accept connections: %s (%lu times since the last report); "
+			 "retrying with back-off", strerror(err), lis.accept_failures);
+		lis.accept_logged = now;
+		lis.accept_failures = 0;
+	}
+	lis.backoff_ms = lis.backoff_ms ? lis.backoff_ms * 2 : ACCEPT_BACKOFF_MIN_MS;
+	if (lis.backoff_ms > ACCEPT_BACKOFF_MAX_MS)
+		lis.backoff_ms = ACCEPT_BACKOFF_MAX_MS;
+	event_del(lis.accept_ev);
+	struct timeval tv = { lis.backoff_ms / 1000, (suseconds_t)(lis.backoff_ms % 1000) * 1000 };
+	evtimer_add(lis.backoff_ev, &tv);
+}
+
+static void on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+	(void)what;
+	(void)arg;
+	for (int i = 0; i < ACCEPT_BATCH; i++) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return;
+			if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+				continue;
+			/* EMFILE, ENFILE, ENOBUFS, ENOMEM: retrying at once would spin on the same
+			 * error; the kernel keeps the connections queued meanwhile. */
+			accept_failed(errno);
+			return;
+		}
+		lis.backoff_ms = 0;
+		take(fd);
+	}
+}
+
+static void on_backoff(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	event_add(lis.accept_ev, NULL);
+	/* backoff_ms stays set until an accept succeeds, so the next failure waits longer */
+	on_accept(lis.fd, EV_READ, NULL);
+}
+
+/* Sizes the connection cap to the soft descriptor limit (main.c raised it to the hard one). */
+static unsigned connection_cap(const struct http_config *cfg)
+{
+	unsigned wanted = cfg->max_connections;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return wanted;
+	uint64_t fds = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+	uint64_t room = fds > cfg->fds_reserved ? (fds - cfg->fds_reserved) / cfg->fds_per_connection
+						: 0;
+	if (room < 1)
+		room = 1;
+	if (room < wanted) {
+		log_info("descriptor limit %llu allows %llu connections, not %u",
+			 (unsigned long long)fds, (unsigned long long)room, wanted);
+		return (unsigned)room;
+	}
+	return wanted;
+}
+
+unsigned http_max_connections(void)
+{
+	return lis.max_conns;
+}
+
+/* The 503 for a connection over the cap, whole, with busy_text as its body. */
+static int prepare_busy_reply(const char *text)
+{
+	int n = snprintf(lis.busy_reply, sizeof lis.busy_reply,
+			 "HTTP/1.1 503 %s\r\nContent-Type: text/plain; charset=utf-8\r\n"
+			 "Content-Length: %zu\r\nConnection: close\r\n\r\n%s",
+			 http_reason(503), strlen(text), text);
+	if (n < 0 || (size_t)n >= sizeof lis.busy_reply) {
+		errno = EINVAL;
+		return -1;
+	}
+	lis.busy_len = (size_t)n;
+	return 0;
+}
+
+int listener_start(const struct http_config *cfg, unsigned *port)
+{
+	if (prepare_busy_reply(cfg->busy_text) < 0)
+		return -1;
+	lis.max_conns = connection_cap(cfg);
+	char portstr[16];
+	snprintf(portstr, sizeof portstr, "%u", cfg->port);
+	struct evutil_addrinfo hints, *ai = NULL;
+	memset(&hints, 0, sizeof hints);
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = EVUTIL_AI_PASSIVE | EVUTIL_AI_ADDRCONFIG;
+	int gai = evutil_getaddrinfo(cfg->host, portstr, &hints, &ai);
+	if (gai != 0) {
+		errno = EADDRNOTAVAIL;
+		return -1;
+	}
+	int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int one = 1;
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+	    bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, SOMAXCONN) < 0) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		evutil_freeaddrinfo(ai);
+		errno = e;
+		return -1;
+	}
+	evutil_freeaddrinfo(ai);
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof ss;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+		close(fd);
+		return -1;
+	}
+	*port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+					       : ((struct sockaddr_in *)&ss)->sin_port);
+	lis.fd = fd;
+	lis.accept_ev = event_new(cfg->base, fd, EV_READ | EV_PERSIST, on_accept, NULL);
+	lis.backoff_ev = evtimer_new(cfg->base, on_backoff, NULL);
+	if (lis.accept_ev == NULL || lis.backoff_ev == NULL || event_add(lis.accept_ev, NULL) < 0)
+		return -1;
+	return 0;
+}
+
+void listener_stop(void)
+{
+	if (lis.accept_ev)
+		event_free(lis.accept_ev);
+	if (lis.backoff_ev)
+		event_free(lis.backoff_ev);
+	lis.accept_ev = lis.backoff_ev = NULL;
+	if (lis.fd >= 0)
+		close(lis.fd);
+	lis.fd = -1;
+}
