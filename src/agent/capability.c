@@ -22,6 +22,8 @@
 #define CAPABILITY_KEYS_MAX 16
 /* --public-keys with CAPABILITY_KEYS_MAX entries of the longest kind fits easily. */
 #define CAPABILITY_KEYS_SPEC_MAX 4096
+/* A trusted key in --public-keys: the raw Ed25519 key in standard base64 with padding. */
+#define KEY_CHARS SK_B64_ENCODED_LEN(SK_ED25519_PUBLIC_BYTES)
 /* An Ed25519 signature is 64 bytes: 86 characters of unpadded base64url. */
 #define CAPABILITY_SIGNATURE_CHARS 86
 /* The only generation Kubernetes sessions have: a recreated pod is a new session (a new UID),
@@ -79,17 +81,17 @@ static int add_key(struct capability *c, const char *entry, size_t len, char *er
 	size_t kid_len = colon ? (size_t)(colon - entry) : 0;
 	const char *b64 = colon + 1;
 	size_t b64_len = len - kid_len - 1;
-	unsigned char raw[SK_B64_DECODED_MAX(44)];
+	unsigned char raw[SK_B64_DECODED_MAX(KEY_CHARS)];
 	size_t raw_len;
 	if (colon == NULL || !valid_id(entry, kid_len, CAPABILITY_KID_MAX)) {
 		snprintf(err, errlen, "--public-keys entries are kid:BASE64, the kid 1 to %d of "
 			 "[A-Za-z0-9._:-]", CAPABILITY_KID_MAX);
 		return -1;
 	}
-	if (b64_len != 44 || sk_b64_decode(b64, b64_len, raw, &raw_len) < 0 ||
+	if (b64_len != KEY_CHARS || sk_b64_decode(b64, b64_len, raw, &raw_len) < 0 ||
 	    raw_len != SK_ED25519_PUBLIC_BYTES) {
-		snprintf(err, errlen, "the key of '%.*s' is not 32 bytes of standard base64 (44 "
-			 "characters)", (int)kid_len, entry);
+		snprintf(err, errlen, "the key of '%.*s' is not %d bytes of standard base64 (%d "
+			 "characters)", (int)kid_len, entry, SK_ED25519_PUBLIC_BYTES, KEY_CHARS);
 		return -1;
 	}
 	if (c->nkeys == CAPABILITY_KEYS_MAX) {

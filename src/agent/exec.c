@@ -1,8 +1,8 @@
 /* exec.c — see exec.h. */
 #include "exec.h"
 
-#include "common/base64.h"
 #include "agent.h"
+#include "common/base64.h"
 #include "contain.h"
 #include "isolate.h"
 #include "log.h"
@@ -33,7 +33,7 @@
  * descendant that left the group (setsid) can hold them open; past this grace the agent takes
  * what is already in the pipes and ends the command instead of waiting for the escapee.
  */
-#define LINGER_MS 2000
+#define EXIT_PIPE_GRACE_MS 2000
 /* Longest timeout honoured, in seconds (about 100 years): keeps the timeval far from overflow. */
 #define TIMEOUT_MAX_S 3153600000ULL
 
@@ -275,7 +275,7 @@ static void on_exit_ready(evutil_socket_t fd, short what, void *arg)
 	if (r < 0) {
 		fail_command(c, "waitFailed", "waiting for the command failed: %s", strerror(errno));
 	} else if (c->sink && (c->in[0].fd >= 0 || c->in[1].fd >= 0)) {
-		struct timeval tv = { LINGER_MS / 1000, (LINGER_MS % 1000) * 1000 };
+		struct timeval tv = { EXIT_PIPE_GRACE_MS / 1000, (EXIT_PIPE_GRACE_MS % 1000) * 1000 };
 		evtimer_add(c->linger_ev, &tv);
 	}
 	c->callbacks--;

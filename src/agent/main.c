@@ -7,8 +7,8 @@
  */
 #include "agent.h"
 
-#include "common/base64.h"
 #include "capability.h"
+#include "common/base64.h"
 #include "contain.h"
 #include "exec.h"
 #include "http.h"
@@ -197,8 +197,8 @@ static void read_token(const char *file)
 	size_t rawlen;
 	if (e - s != AGENT_TOKEN_CHARS || sk_b64_decode(buf + s, e - s, raw, &rawlen) < 0 ||
 	    rawlen != AGENT_TOKEN_BYTES)
-		die("the token file %s must hold 32 random bytes as 44 characters of standard base64",
-		    file);
+		die("the token file %s must hold %d random bytes as %d characters of standard base64",
+		    file, AGENT_TOKEN_BYTES, AGENT_TOKEN_CHARS);
 	memcpy(agent.cfg.token, buf + s, AGENT_TOKEN_CHARS);
 	agent.cfg.token[AGENT_TOKEN_CHARS] = '\0';
 	explicit_bzero(buf, sizeof buf);

@@ -212,7 +212,8 @@ static int read_job_id(sk_json *j, struct cmd_request *r)
 		return sk_json_skip(j) < 0 ? -1 : 0;
 	}
 	if (s.escaped || !request_job_id_valid(s.p, s.len)) {
-		set_invalid(r, "jobId must be 1-64 characters of A-Z, a-z, 0-9, '_' and '-'");
+		set_invalid(r, "jobId must be 1-%d characters of A-Z, a-z, 0-9, '_' and '-'",
+			    REQUEST_JOB_ID_MAX);
 		return 0;
 	}
 	memcpy(r->job_id, s.p, s.len);
