@@ -28,7 +28,7 @@
 #include <openssl/rand.h>
 
 #include "sandkit_core.h"
-#include "transfer.h"
+#include "common/transfer.h"
 
 /* The most randomness one call hands out; tokens and ids need 16–32 bytes. */
 #define MAX_RANDOM_BYTES 4096

@@ -781,7 +781,7 @@ for what, frame in pairs{ ["bad base64"] = '{"t":"stdout","seq":0,"data":"!!not 
     ["an unknown type"] = '{"t":"stdin","seq":0,"data":"aGk="}', ["no seq"] = '{"t":"stdout","data":"aGk="}',
     ["an exit code of 2^31"] = '{"t":"exit","code":2147483648}',
     ["an exit code of -2^31 - 1"] = '{"t":"exit","code":-2147483649}',
-    -- Read by the stream's decoder (src/frames.c), a member is held to its type as on the stream.
+    -- Read by the stream's decoder (src/common/frames.c), a member is held to its type as on the stream.
     ["a truncated that is no boolean"] = '{"t":"exit","code":0,"truncated":"yes"}',
     ["a signal that is no integer"] = '{"t":"exit","code":1,"signal":"9"}',
     ["a signal that is null"] = '{"t":"exit","code":1,"signal":null}' } do
