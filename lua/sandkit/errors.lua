@@ -14,7 +14,7 @@ error_mt.__name = "sandkit.error"
 -- constructor does not say otherwise.
 local RETRYABLE = {
   SANDBOX_OUTCOME_UNKNOWN = false,  -- it may have taken effect: a repeat could run it twice
-  SANDBOX_UNREACHABLE = true,       -- only idempotent operations are reported this way
+  SANDBOX_UNREACHABLE = true,       -- nothing ran, or running it again is safe
   SANDBOX_COMMAND_FAILED = false,   -- the agent answered; asking again gets the same answer
   UNEXPECTED_RESPONSE_FORMAT = false,
   OPERATION_NOT_SUPPORTED = false,
@@ -26,7 +26,8 @@ local RETRYABLE = {
 errors.CODES = {}
 for code in pairs(RETRYABLE) do errors.CODES[code] = code end
 
---- Operations that may start a command: an unanswered one may have taken effect.
+--- The agent protocol's operations that may start a command (docs/protocol.md §4): sent once,
+-- and an unanswered one may have taken effect. Other clients say it per request (`once`).
 local NOT_IDEMPOTENT = { ["sandbox.runCommand"] = true, ["sandbox.jobStart"] = true }
 
 local function render(err)
@@ -93,18 +94,82 @@ function error_mt:external()
   return setmetatable(copy, error_mt)
 end
 
---- The request may have been delivered and no answer says what became of it.
--- Non-idempotent operations get SANDBOX_OUTCOME_UNKNOWN (never retryable); every other
--- operation SANDBOX_UNREACHABLE (safe to send again).
-function errors.unanswered(operation, reason, fields)
+--- The one rule for a request that got no whole answer: could it have run, and may it be sent
+-- again. One that provably never left (fields.sent == false) ran nowhere: SANDBOX_UNREACHABLE,
+-- safe to send again. One that may have been delivered is SANDBOX_UNREACHABLE too when it may
+-- be repeated, and SANDBOX_OUTCOME_UNKNOWN (never retryable) when it is sent `once`, because it
+-- may start something: a command, a sandbox, a change of state. `once` defaults to whether the
+-- agent protocol's `operation` may start a command.
+function errors.unanswered(operation, reason, fields, once)
   fields = fields or {}
   fields.operation = operation
-  if NOT_IDEMPOTENT[operation] then
+  if once == nil then once = NOT_IDEMPOTENT[operation] == true end
+  if once and fields.sent ~= false then
     fields.message = operation .. " did not report its outcome and may have taken effect: " .. reason
     return errors.new("SANDBOX_OUTCOME_UNKNOWN", fields)
   end
-  fields.message = operation .. " could not reach the sandbox: " .. reason
+  fields.message = operation .. " went unanswered: " .. reason
   return errors.new("SANDBOX_UNREACHABLE", fields)
+end
+
+--- The one wording of each way sandkit.http reports a request without a whole answer, for
+-- every client alike. `failure` is the transport's facts ({ kind =, sent =, detail =, status =
+-- }: status once headers came); `said` names `peer` (who should have answered), `seconds` (the
+-- bound of the wait that ran out) and `bytes` (the bound on the answer's body).
+function errors.transport_reason(failure, said)
+  local peer, kind = said.peer, failure.kind
+  if kind == "refused" then
+    return "the request never reached " .. peer .. ": " .. tostring(failure.detail)
+  elseif kind == "timeout" and failure.sent == false then
+    return string.format("the request did not reach %s within %gs", peer, said.seconds)
+  elseif kind == "timeout" then
+    return string.format("%s did not answer within %gs", peer, said.seconds)
+  elseif failure.status == nil then
+    return "the connection failed before " .. peer .. " answered: " .. tostring(failure.detail)
+  end
+  local head = string.format("%s answered %d and its body ", peer, failure.status)
+  if kind == "too_long" then
+    return head .. string.format("exceeded %d bytes", said.bytes)
+  elseif kind == "stalled" then
+    return head .. string.format("stalled: not complete within %gs", said.seconds)
+  end
+  return head .. "could not be read: " .. tostring(failure.detail)
+end
+
+--- A transport's failure as the error callers branch on: its one wording, then the one rule.
+-- `said` as for transport_reason, and `context`, when given, says what was being read.
+function errors.transport_failure(operation, failure, once, said)
+  local reason = errors.transport_reason(failure, said)
+  if said.context then reason = said.context .. ": " .. reason end
+  return errors.unanswered(operation, reason, { sent = failure.sent, status = failure.status }, once)
+end
+
+--- Seconds a Retry-After header asks for, or nil. Only the delta-seconds form is read: none of
+-- the services sandkit calls sends a date. Nine digits (over 31 years) at most: a longer
+-- figure is no advice anyone acts on, and would not stay an integer.
+function errors.retry_after(value)
+  local digits = type(value) == "string" and value:match("^%s*(%d+)%s*$")
+  if not digits or #digits > 9 then return nil end
+  return math.floor(tonumber(digits))
+end
+
+--- SANDBOX_UNREACHABLE for what asking again may change: a session not there (yet), a wait
+-- that ran out. `fields` adds to it.
+function errors.unreachable(operation, details, fields)
+  fields = fields or {}
+  fields.operation = operation
+  fields.message = operation .. ": " .. details
+  return errors.new("SANDBOX_UNREACHABLE", fields)
+end
+
+--- A failure of one step as seen by the operation that needed it: the step's code, retry
+-- advice and details stand (a throttle stays a throttle), its message after what the
+-- operation was doing, and the step's error as the cause.
+function errors.wrap(operation, what, cause)
+  return errors.new(cause.code, { operation = operation, cause = cause,
+    message = operation .. ": " .. what .. ": " .. cause.message, retryable = cause.retryable,
+    retry_after = cause.retry_after, status = cause.status, failure = cause.failure,
+    reason = cause.reason })
 end
 
 --- An answer with a body this client cannot read as the protocol says it should be.

@@ -98,9 +98,8 @@ local function agent_reason(text)
   return text:match("^([A-Z][A-Z0-9_]+):")
 end
 
-local function header_timeout_text(conn)
-  return string.format("the agent did not answer within %gs", conn.header_timeout)
-end
+--- Who answers the protocol's requests, as the transport failures' wording names it.
+local PEER = "the agent"
 
 --- One attempt: sends the request and waits for its headers. A 2xx comes back as the
 -- response; anything else becomes the error §4 says it is, with the agent's own text kept.
@@ -138,15 +137,8 @@ local function attempt(conn, target, operation, method, body, max_body)
       return nil, errors.invalid_input(operation, "source", "the file to send could not be read: "
         .. tostring(failure.source_error))
     end
-    local reason
-    if failure.kind == "timeout" then
-      reason = header_timeout_text(conn)
-    elseif failure.kind == "refused" then
-      reason = "the request never reached the agent: " .. tostring(failure.detail)
-    else
-      reason = "the connection failed before the agent answered: " .. tostring(failure.detail)
-    end
-    return nil, errors.unanswered(operation, reason, { sent = failure.sent })
+    return nil, errors.transport_failure(operation, failure, nil,
+      { peer = PEER, seconds = conn.header_timeout })
   end
   local status = resp.status
   if status >= 200 and status < 300 then return resp end
@@ -155,18 +147,9 @@ local function attempt(conn, target, operation, method, body, max_body)
   -- guess. A body that cannot be read in full is not an empty body: it is no answer at all.
   local text, bad = resp:read_all(core.now() + conn.error_body_timeout)
   if not text then
-    local reason
-    if bad.kind == "too_long" then
-      reason = string.format("%s returned %d and its body exceeded %d bytes", operation, status,
-        protocol.MAX_ERROR_BODY)
-    elseif bad.kind == "stalled" then
-      reason = string.format("%s returned %d and its body stalled: not complete within %gs",
-        operation, status, conn.error_body_timeout)
-    else
-      reason = string.format("%s returned %d and its body could not be read: %s", operation,
-        status, tostring(bad.detail))
-    end
-    return nil, errors.unanswered(operation, reason, { status = status, sent = true })
+    bad.sent, bad.status = true, status
+    return nil, errors.transport_failure(operation, bad, nil,
+      { peer = PEER, seconds = conn.error_body_timeout, bytes = protocol.MAX_ERROR_BODY })
   end
   -- A 5xx proves nothing: proxies write 5xx pages too, and a 504 means the request reached the
   -- guest. Every other status is the agent answering before it did anything: a 4xx refusal,
@@ -205,15 +188,16 @@ end
 -- Bytes of a repeated member name an error quotes: enough to recognise any protocol name.
 local MAX_QUOTED_NAME = 64
 
---- Reads and decodes a 2xx JSON body; `unreadable` is what an unreadable body means for
--- this operation (a reason for errors.unanswered). A body that names a member twice in one
--- object comes back as an unexpected format, with a third result, true, saying so.
-local function read_json(conn, resp, operation, unreadable)
+--- Reads and decodes a 2xx JSON body of at most `max_body` bytes; `unreadable` says what an
+-- unreadable body means for this operation (the context of its errors.transport_failure). A
+-- body that names a member twice in one object comes back as an unexpected format, with a
+-- third result, true, saying so.
+local function read_json(conn, resp, operation, unreadable, max_body)
   local text, bad = resp:read_all(core.now() + conn.body_timeout)
   if not text then
-    local detail = bad.kind == "stalled" and "it stalled" or bad.kind == "too_long"
-      and "it was larger than this operation allows" or tostring(bad.detail)
-    return nil, errors.unanswered(operation, unreadable .. ": " .. detail, { sent = true })
+    bad.sent, bad.status = true, resp.status
+    return nil, errors.transport_failure(operation, bad, nil, { peer = PEER,
+      seconds = conn.body_timeout, bytes = max_body, context = unreadable })
   end
   -- lua-cjson keeps a repeated member's last copy; the agent, the frame decoder and other
   -- readers refuse it or keep the first. A text read two ways is no answer, so it is checked
@@ -389,7 +373,8 @@ function protocol.job_start(conn, argv, opts)
   resp, err = send(conn, JOB_START, "POST", "/v1/jobs/start", body, MAX_SMALL_BODY)
   if resp then
     local value
-    value, err = read_json(conn, resp, JOB_START, "the job started and its id could not be read")
+    value, err = read_json(conn, resp, JOB_START, "the job started and its id could not be read",
+      MAX_SMALL_BODY)
     if value then
       if type(value.jobId) == "string" and value.jobId ~= "" then return value.jobId end
       -- The job is running and nothing can now poll or cancel it: its end is unknown, not
@@ -455,7 +440,7 @@ function protocol.job_poll(conn, job_id, since)
   local resp, err = send(conn, JOB_POLL, "POST", "/v1/jobs/poll", body, MAX_POLL_BODY)
   if not resp then return nil, err end
   local value, twice
-  value, err, twice = read_json(conn, resp, JOB_POLL, "the poll's body could not be read")
+  value, err, twice = read_json(conn, resp, JOB_POLL, "the poll's body could not be read", MAX_POLL_BODY)
   if twice then
     -- Not merely unreadable: the page arrived whole, and a member given twice in its envelope
     -- (`exitCode`, `running`, `frames`) can hide an exit exactly as a frame's `code` given
@@ -540,7 +525,7 @@ function protocol.read_file(conn, path)
     MAX_READ_BODY)
   if not resp then return nil, err end
   local value
-  value, err = read_json(conn, resp, READ_FILE, "the file's body could not be read")
+  value, err = read_json(conn, resp, READ_FILE, "the file's body could not be read", MAX_READ_BODY)
   if not value then return nil, err end
   if type(value.contentsBase64) ~= "string" then
     return nil, errors.unexpected(READ_FILE, "contentsBase64", "missing from the answer")
@@ -667,7 +652,7 @@ function protocol.health(conn)
   local resp, err = send(conn, HEALTH, "GET", "/v1/health?version=1", nil, MAX_SMALL_BODY)
   if not resp then return nil, err end
   local value
-  value, err = read_json(conn, resp, HEALTH, "the health body could not be read")
+  value, err = read_json(conn, resp, HEALTH, "the health body could not be read", MAX_SMALL_BODY)
   -- Whatever the body, something answered at the agent's address: its status says so.
   if not value then
     err.status = resp.status

@@ -60,12 +60,9 @@ function readiness.wait(conn, opts)
       last = err.message
     end
     if wait.now() + interval >= deadline then
-      return nil, errors.new("SANDBOX_UNREACHABLE", {
-        operation = operation,
-        message = string.format("%s: the agent did not become ready within %gs; last seen: %s",
-          operation, timeout, tostring(last)),
-        cause = errors.is_error(err) and err or nil,
-      })
+      return nil, errors.unreachable(operation, string.format(
+        "the agent did not become ready within %gs; last seen: %s", timeout, tostring(last)),
+        { cause = errors.is_error(err) and err or nil })
     end
     wait.sleep(interval)
   end

@@ -52,10 +52,6 @@ local MAX_QUOTED = 300
 local client_mt = {}
 client_mt.__index = client_mt
 
---- Calls that change a MicroVM's state: each is sent once, on a connection of its own, so a
--- connection that died in the pool can never make libcurl send it a second time.
-local NOT_IDEMPOTENT = { RunMicrovm = true, SuspendMicrovm = true, ResumeMicrovm = true }
-
 local function non_empty_string(v)
   return type(v) == "string" and v ~= ""
 end
@@ -190,12 +186,6 @@ local function names_identity(text)
   return text:find("arn:aws[%w%-]*:iam::") ~= nil or text:find("arn:aws[%w%-]*:sts::") ~= nil
 end
 
-local function retry_after(headers)
-  local v = headers["retry-after"]
-  local seconds = type(v) == "string" and v:match("^%s*(%d+)%s*$")
-  return seconds and to_integer(tonumber(seconds)) or nil
-end
-
 --- Turns a non-2xx answer into the error callers branch on.
 local function refusal(operation, answer)
   local json = answer.json
@@ -206,7 +196,7 @@ local function refusal(operation, answer)
   local fields = { operation = operation, status = answer.status, aws_error = kind,
     internal = names_identity(text) }
   if kind == "ThrottlingException" or kind == "TooManyRequestsException" then
-    fields.retry_after = retry_after(answer.headers)
+    fields.retry_after = errors.retry_after(answer.headers["retry-after"])
     fields.message = string.format("lambda %s was throttled (%s): %s", operation, kind, text)
     return errors.new("RATE_LIMIT_EXCEEDED", fields)
   end
@@ -222,28 +212,14 @@ local function refusal(operation, answer)
   return errors.new("SANDBOX_UNREACHABLE", fields)
 end
 
---- A call that got no whole answer.
-local function unanswered(operation, failure)
-  local detail = tostring(failure.detail or failure.kind)
-  if failure.kind == "timeout" or failure.kind == "stalled" then detail = "no answer in time" end
-  if not failure.sent then
-    return errors.new("SANDBOX_UNREACHABLE", { operation = operation, sent = false,
-      message = string.format("lambda %s could not reach AWS: %s", operation, detail) })
-  end
-  if NOT_IDEMPOTENT[operation] then
-    return errors.new("SANDBOX_OUTCOME_UNKNOWN", { operation = operation, sent = true,
-      status = failure.status,
-      message = string.format("lambda %s was sent and not answered, and may have taken effect: %s",
-        operation, detail) })
-  end
-  return errors.new("SANDBOX_UNREACHABLE", { operation = operation, sent = true,
-    status = failure.status,
-    message = string.format("lambda %s was sent and not answered: %s", operation, detail) })
-end
+--- Who answers, as the transport failures' wording names it.
+local PEER = "AWS Lambda"
 
 --- One signed call. Returns the decoded JSON answer ({} for an empty body), or nil when
--- `absent_on_404` and AWS said 404, or nil and an error.
-function client_mt:call(operation, method, path, body, absent_on_404)
+-- `absent_on_404` and AWS said 404, or nil and an error. A call that changes a MicroVM's state
+-- goes `once`: on a connection of its own, so a connection that died in the pool can never make
+-- libcurl send it a second time, and an unanswered one may have taken effect.
+function client_mt:call(operation, method, path, body, absent_on_404, once)
   local credentials, err = resolve_credentials(self, operation)
   if not credentials then return nil, err end
   local headers = {}
@@ -259,10 +235,13 @@ function client_mt:call(operation, method, path, body, absent_on_404)
   end
   local answer, failure = http.exchange{ method = method, url = signed.url,
     headers = signed.headers, body = body, ca_file = self.ca_file,
-    fresh_connect = NOT_IDEMPOTENT[operation] == true,
+    fresh_connect = once == true,
     connect_timeout = self.timeout,
     deadline = wait.now() + self.timeout }
-  if not answer then return nil, unanswered(operation, failure) end
+  if not answer then
+    return nil, errors.transport_failure(operation, failure, once == true,
+      { peer = PEER, seconds = self.timeout, bytes = http.MAX_EXCHANGE_BODY })
+  end
   local status = answer.status
   if status == 404 and absent_on_404 then return nil end
   if status < 200 or status >= 300 then return nil, refusal(operation, answer) end
@@ -316,7 +295,7 @@ function client_mt:run(spec)
   if idle then body.idlePolicy = { maxIdleDurationSeconds = idle, autoResumeEnabled = false } end
   body.maximumDurationInSeconds = positive_integer(spec.maximum_duration_seconds,
     "maximum_duration_seconds")
-  local json, err = self:call("RunMicrovm", "POST", "/microvms", encode(body), false)
+  local json, err = self:call("RunMicrovm", "POST", "/microvms", encode(body), false, true)
   if not json then return nil, err end
   return microvm(json)
 end
@@ -338,7 +317,7 @@ end
 function client_mt:suspend(id)
   check_id(id)
   local json, err = self:call("SuspendMicrovm", "POST", "/microvms/" .. segment(id) .. "/suspend",
-    "{}", true)
+    "{}", true, true)
   if not json then return nil, err end
   return true
 end
@@ -346,7 +325,7 @@ end
 function client_mt:resume(id)
   check_id(id)
   local json, err = self:call("ResumeMicrovm", "POST", "/microvms/" .. segment(id) .. "/resume",
-    "{}", true)
+    "{}", true, true)
   if not json then return nil, err end
   return true
 end

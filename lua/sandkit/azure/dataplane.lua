@@ -121,37 +121,21 @@ local function service_text(resp)
   return text
 end
 
---- A call that got no whole answer. Only a request that never left is plainly unreachable for
--- a call that may start something; past that its effect is unknown.
-local function unanswered(call, reason, sent, status)
-  if call.once and sent ~= false then
-    return errors.new("SANDBOX_OUTCOME_UNKNOWN", { operation = call.operation, status = status,
-      message = call.operation .. " did not report its outcome and may have taken effect: " .. reason })
-  end
-  return errors.new("SANDBOX_UNREACHABLE", { operation = call.operation, status = status,
-    message = call.operation .. " could not reach the Azure data plane: " .. reason })
-end
-
-local function failure_reason(failure)
-  if failure.kind == "timeout" or failure.kind == "stalled" then
-    return "no whole answer within the call's time"
-  elseif failure.kind == "too_long" then
-    return "the answer was larger than this call allows"
-  end
-  return tostring(failure.detail)
-end
+--- Who answers, as the transport failures' wording names it.
+local PEER = "the Azure data plane"
 
 --- The one place a data-plane answer is classified.
 local function refusal(call, resp)
   local status = resp.status
   local text = service_text(resp)
   if status == 429 then
-    local after = tonumber(resp.headers["retry-after"] or "")
     return errors.new("RATE_LIMIT_EXCEEDED", { operation = call.operation, status = status,
-      retry_after = after, message = call.operation .. ": the Azure data plane is rate limiting: " .. text })
+      retry_after = errors.retry_after(resp.headers["retry-after"]),
+      message = call.operation .. ": the Azure data plane is rate limiting: " .. text })
   end
   if status >= 500 then
-    return unanswered(call, string.format("the Azure data plane answered %d: %s", status, text), true, status)
+    return errors.unanswered(call.operation, string.format("%s answered %d: %s", PEER, status, text),
+      { status = status, sent = true }, call.once == true)
   end
   -- 401 and 403 texts name principals and role assignments.
   return errors.command_failed("operationFailed",
@@ -188,7 +172,8 @@ function client_mt:send(call)
     deadline = core.now() + timeout, max_body = call.max_body,
   }
   if not resp then
-    return nil, unanswered(call, failure_reason(failure), failure.sent, failure.status)
+    return nil, errors.transport_failure(call.operation, failure, call.once == true,
+      { peer = PEER, seconds = timeout, bytes = call.max_body or http.MAX_EXCHANGE_BODY })
   end
   if resp.status >= 200 and resp.status < 300 then return resp end
   if resp.status == 404 then return nil end
@@ -322,8 +307,7 @@ function client_mt:agent_port_url(group, id, port)
   if not record then return nil, err end
   url = port_url(record.ports, port)
   if url then return url end
-  return nil, errors.new("SANDBOX_UNREACHABLE", { operation = op,
-    message = op .. ": port " .. port .. " of sandbox " .. id .. " has no address yet" })
+  return nil, errors.unreachable(op, "port " .. port .. " of sandbox " .. id .. " has no address yet")
 end
 
 function client_mt:read_file(group, id, path)
@@ -377,7 +361,8 @@ function client_mt:execute_shell_command(group, id, command, working_directory, 
   if not json or (json.stdout ~= nil and type(json.stdout) ~= "string")
       or (json.stderr ~= nil and type(json.stderr) ~= "string") then
     -- The command ran; what it did cannot be read.
-    return nil, unanswered(call, "the answer is not the command's output", true, resp.status)
+    return nil, errors.unanswered(op, "the answer is not the command's output",
+      { status = resp.status, sent = true }, true)
   end
   return { stdout = json.stdout or "", stderr = json.stderr or "",
     exit_code = integer(json.exitCode) }

@@ -63,8 +63,10 @@ local function said(answer)
   return text ~= "" and text or "no message"
 end
 
+--- Seconds the server asks a throttled client to wait: Retry-After, else the Status's
+-- retryAfterSeconds.
 local function retry_after(answer)
-  local v = tonumber((answer.headers or {})["retry-after"] or "")
+  local v = errors.retry_after((answer.headers or {})["retry-after"])
   if v then return v end
   local st = answer.json
   local details = st and type(st.details) == "table" and st.details
@@ -83,8 +85,9 @@ function api.refusal(call, answer)
   local st = answer.json
   local reason = st and st.kind == "Status" and type(st.reason) == "string" and st.reason or nil
   local fields = { operation = call.operation, status = status, reason = reason }
-  local head = string.format("%s: Kubernetes answered %d%s to %s: %s", call.operation, status,
+  local answered = string.format("Kubernetes answered %d%s to %s: %s", status,
     reason and (" " .. reason) or "", what(call), said(answer))
+  local head = call.operation .. ": " .. answered
   fields.message = head
   if status == 401 or status == 403 then
     -- Authentication and RBAC: asking again gets the same answer. The text names the user
@@ -100,9 +103,9 @@ function api.refusal(call, answer)
     return errors.new("RATE_LIMIT_EXCEEDED", fields)
   end
   if status >= 500 then
-    -- The server did not say what became of the request: safe to repeat only a read.
-    fields.retryable = not call.once
-    return errors.new("SANDBOX_UNREACHABLE", fields)
+    -- The server did not say what became of the request: no answer.
+    return errors.unanswered(call.operation, answered, { status = status, reason = reason, sent = true },
+      call.once == true)
   end
   if status == 410 then
     -- A resource version or continue token too old: starting again from now works.
@@ -111,24 +114,13 @@ function api.refusal(call, answer)
   return errors.new("INVALID_INPUT", fields)
 end
 
---- A call that got no whole answer.
-local function unanswered(call, failure)
-  local detail = tostring(failure.detail or failure.kind)
-  if failure.kind == "timeout" or failure.kind == "stalled" then detail = "no answer in time" end
-  if failure.kind == "too_long" then detail = "the answer was larger than this call allows" end
-  if failure.sent == false then
-    return errors.new("SANDBOX_UNREACHABLE", { operation = call.operation, sent = false,
-      message = string.format("%s: could not reach the Kubernetes API server to %s: %s",
-        call.operation, what(call), detail) })
-  end
-  if call.once then
-    return errors.new("SANDBOX_OUTCOME_UNKNOWN", { operation = call.operation, sent = true,
-      message = string.format("%s: the Kubernetes API server did not answer %s and it may have "
-        .. "taken effect: %s", call.operation, what(call), detail) })
-  end
-  return errors.new("SANDBOX_UNREACHABLE", { operation = call.operation, sent = true,
-    message = string.format("%s: the Kubernetes API server did not answer %s: %s",
-      call.operation, what(call), detail) })
+--- Who answers, as the transport failures' wording names it.
+local PEER = "the Kubernetes API server"
+
+--- A call that got no whole answer, saying which call it was.
+local function unanswered(call, failure, seconds, bytes)
+  return errors.transport_failure(call.operation, failure, call.once == true,
+    { peer = PEER, seconds = seconds, bytes = bytes, context = what(call) })
 end
 
 --- The request fields every call to the API server carries, with the current credential.
@@ -176,7 +168,9 @@ function client_mt:call(call)
   local answer, failure, err = self:authenticated(call, http.exchange, { deadline = deadline,
     max_body = call.max_body })
   if err then return nil, err end
-  if not answer then return nil, unanswered(call, failure) end
+  if not answer then
+    return nil, unanswered(call, failure, call.timeout or self.timeout, call.max_body or http.MAX_EXCHANGE_BODY)
+  end
   if answer.status == 404 and call.absent_on_404 then return nil end
   if answer.status < 200 or answer.status >= 300 then return nil, api.refusal(call, answer) end
   if answer.body == "" then return {} end
@@ -190,10 +184,11 @@ end
 --- A streamed call (a watch): the response once its headers are in and the status is 2xx,
 -- or nil and an error (the answer read and classified).
 function client_mt:watch(call)
-  local answer, failure, err = self:authenticated(call, http.send, { header_deadline =
-    math.min(call.deadline, wait.now() + self.timeout), max_error_body = MAX_WATCH_ERROR })
+  local bound = math.min(self.timeout, call.deadline - wait.now())
+  local answer, failure, err = self:authenticated(call, http.send, { header_deadline = wait.now() + bound,
+    max_error_body = MAX_WATCH_ERROR })
   if err then return nil, err end
-  if not answer then return nil, unanswered(call, failure) end
+  if not answer then return nil, unanswered(call, failure, bound, MAX_WATCH_ERROR) end
   if answer.status >= 200 and answer.status < 300 then return answer end
   local headers = answer:headers()
   local body = answer:read_all(math.min(call.deadline, wait.now() + self.timeout)) or ""

@@ -190,23 +190,9 @@ end
 
 -- Errors -------------------------------------------------------------------------------------
 
---- A control-plane failure with what this provider was doing in front of it. The cause's
--- code stands (a throttle stays a throttle), and so do retryable, retry_after and internal.
-local function failed(operation, what, cause)
-  return errors.new(cause.code, { operation = operation, cause = cause,
-    message = operation .. ": " .. what .. ": " .. cause.message,
-    retryable = cause.retryable, retry_after = cause.retry_after, status = cause.status })
-end
-
 --- Absent and someone else's are one refusal, so no caller learns whether a sibling's id exists.
 local function not_ours(operation, id)
-  return errors.new("SANDBOX_UNREACHABLE", { operation = operation,
-    message = operation .. ": session '" .. id .. "' does not belong to this sandbox" })
-end
-
-local function unreachable(operation, message)
-  return errors.new("SANDBOX_UNREACHABLE", { operation = operation,
-    message = operation .. ": " .. message })
+  return errors.unreachable(operation, "session '" .. id .. "' does not belong to this sandbox")
 end
 
 --- Refused rather than dropped: RunMicrovm has nowhere to put either, and a session-level
@@ -231,7 +217,7 @@ end
 --- The session's record if it exists, ours or not (nil when absent).
 function provider_mt:fetch(id, operation)
   local vm, err = self.client:get(id)
-  if err then return nil, failed(operation, "could not read session '" .. id .. "'", err) end
+  if err then return nil, errors.wrap(operation, "could not read session '" .. id .. "'", err) end
   return vm
 end
 
@@ -260,7 +246,7 @@ end
 function provider_mt:endpoint_url(id, vm, operation)
   local endpoint = vm.endpoint
   if not endpoint then
-    return nil, unreachable(operation, "MicroVM '" .. id .. "' has no endpoint yet (state "
+    return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' has no endpoint yet (state "
       .. tostring(vm.state) .. ")")
   end
   local host = endpoint:match("^([%w%.%-]+):?%d*$") or endpoint:match("^(%[[%x:]+%]):?%d*$")
@@ -278,9 +264,9 @@ end
 --- A token's header map for `ports` of one MicroVM, with the port header added.
 function provider_mt:mint(id, port, minutes, operation, what)
   local token, err = self.client:create_auth_token(id, { port }, minutes)
-  if err then return nil, failed(operation, what, err) end
+  if err then return nil, errors.wrap(operation, what, err) end
   if not token then
-    return nil, unreachable(operation, "MicroVM '" .. id .. "' no longer exists")
+    return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' no longer exists")
   end
   local headers = {}
   for name, value in pairs(token) do
@@ -336,7 +322,7 @@ function provider_mt:wait_until_servable(id, operation)
     local found, err = self:fetch(id, operation)
     if err then return nil, err end
     if found and not self:owns(found) then
-      return nil, unreachable(operation, "MicroVM '" .. id .. "' does not belong to this "
+      return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' does not belong to this "
         .. "sandbox: it reports image " .. quoted(found.image_arn) .. ", not '" .. self.image .. "'")
     end
     -- A MicroVM AWS has just accepted may not read back yet: absent is waited on too.
@@ -346,7 +332,7 @@ function provider_mt:wait_until_servable(id, operation)
     end
     local left = deadline - wait.now()
     if left <= 0 then
-      return nil, unreachable(operation, string.format(
+      return nil, errors.unreachable(operation, string.format(
         "MicroVM '%s' published no endpoint within %gs (last state %s)", id, self.ready_timeout,
         found and tostring(found.state) or "unknown: the MicroVM did not read back"))
     end
@@ -372,8 +358,8 @@ function provider_mt:wait_until_servable(id, operation)
   health, err = readiness.wait(probe, { timeout = math.max(deadline - wait.now(), 0.001),
     interval = self.ready_interval, operation = operation })
   if not health then
-    return nil, errors.new("SANDBOX_UNREACHABLE", { operation = operation, cause = err,
-      message = operation .. ": MicroVM '" .. id .. "' did not become servable: " .. err.message })
+    return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' did not become servable: "
+      .. err.message, { cause = err })
   end
   return vm, health
 end
@@ -397,7 +383,7 @@ function provider_mt:create(opts)
     maximum_duration_seconds = self.max_lifetime_seconds,
   }
   if not vm then
-    return nil, failed("sandbox.create", "could not start a MicroVM from '" .. self.image .. "'", err)
+    return nil, errors.wrap("sandbox.create", "could not start a MicroVM from '" .. self.image .. "'", err)
   end
   local id = vm.id
   if not id then
@@ -428,7 +414,7 @@ function provider_mt:get(id)
   -- Echoing the caller's id when the answer carried none would report a record that could
   -- not be read as one that was.
   if not vm.id then
-    return nil, unreachable("sandbox.get", "the record for session '" .. id .. "' carried no id")
+    return nil, errors.unreachable("sandbox.get", "the record for session '" .. id .. "' carried no id")
   end
   return session_record(vm.id, vm)
 end
@@ -473,7 +459,7 @@ function provider_mt:terminate(id)
   if not self:owns(vm) then return nil, not_ours("sandbox.terminate", id) end
   local _, terr = self.client:terminate(id)
   if terr then
-    return nil, failed("sandbox.terminate", "could not terminate MicroVM '" .. id .. "'", terr)
+    return nil, errors.wrap("sandbox.terminate", "could not terminate MicroVM '" .. id .. "'", terr)
   end
   return true
 end
@@ -484,8 +470,8 @@ local function transition(self, record, operation, call, verb)
   if not vm then return nil, err end
   local done
   done, err = self.client[call](self.client, id)
-  if err then return nil, failed(operation, "could not " .. verb .. " MicroVM '" .. id .. "'", err) end
-  if not done then return nil, unreachable(operation, "MicroVM '" .. id .. "' no longer exists") end
+  if err then return nil, errors.wrap(operation, "could not " .. verb .. " MicroVM '" .. id .. "'", err) end
+  if not done then return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' no longer exists") end
   return true
 end
 

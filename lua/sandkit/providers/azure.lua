@@ -153,14 +153,6 @@ local function gone(operation, id)
     { operation = operation })
 end
 
---- A failure of a step as seen by the operation that needed it: same code, label and retry
--- advice, the step's error as the cause.
-local function failed(operation, what, err)
-  return errors.new(err.code, { operation = operation, message = operation .. ": " .. what,
-    cause = err, failure = err.failure, retryable = err.retryable, status = err.status,
-    retry_after = err.retry_after })
-end
-
 local function check_id(id, operation)
   if type(id) ~= "string" or #id < 1 or #id > MAX_ID or not id:match(ID_PATTERN) then
     return errors.invalid_input(operation, "id", "a session id is 1 to 63 of [A-Za-z0-9_-]")
@@ -258,7 +250,7 @@ end
 function provider_mt:read(id, operation)
   local raw, err = self.dataplane:get_sandbox(self.group, id)
   if raw then return raw end
-  if err then return nil, failed(operation, "the session record could not be read", err) end
+  if err then return nil, errors.wrap(operation, "the session record could not be read", err) end
   return nil
 end
 
@@ -297,9 +289,8 @@ function provider_mt:poll(id, operation, timeout, done)
     local verdict, why = done(raw)
     if verdict ~= nil then return verdict, why end
     if wait.now() + self.times.state_interval > deadline then
-      return nil, errors.new("SANDBOX_UNREACHABLE", { operation = operation,
-        message = string.format("%s: session %s did not settle within %gs (last state %s)",
-          operation, id, timeout, tostring(raw and raw.state)) })
+      return nil, errors.unreachable(operation, string.format(
+        "session %s did not settle within %gs (last state %s)", id, timeout, tostring(raw and raw.state)))
     end
     wait.sleep(self.times.state_interval)
   end
@@ -336,7 +327,7 @@ function provider_mt:ensure_running(id, operation, raw)
     local ok
     ok, err = self.dataplane:resume_sandbox(self.group, id)
     if not ok then
-      return nil, err and failed(operation, "the session could not be woken", err) or gone(operation, id)
+      return nil, err and errors.wrap(operation, "the session could not be woken", err) or gone(operation, id)
     end
     woke = true
   end
@@ -376,7 +367,7 @@ end
 function provider_mt:fetch_route(id)
   local url, err = self.dataplane:agent_port_url(self.group, id, azure.AGENT_PORT)
   if not url then
-    if err then return nil, failed("sandbox.agent", "the agent route could not be fetched", err) end
+    if err then return nil, errors.wrap("sandbox.agent", "the agent route could not be fetched", err) end
     return nil, gone("sandbox.agent", id)
   end
   local base = route_base(url, self.allow_loopback_http)
@@ -384,10 +375,10 @@ function provider_mt:fetch_route(id)
   local token
   token, err = self.dataplane:read_file(self.group, id, azure.TOKEN_PATH)
   if not token then
-    if err then return nil, failed("sandbox.agentCredentials", "the agent credential could not be read", err) end
+    if err then return nil, errors.wrap("sandbox.agentCredentials", "the agent credential could not be read", err) end
     -- The image writes it when the agent starts: not yet is not never.
-    return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.agent",
-      message = "sandbox.agent: the agent of session " .. id .. " has not written its credential yet" })
+    return nil, errors.unreachable("sandbox.agent", "the agent of session " .. id
+      .. " has not written its credential yet")
   end
   if not valid_token(token) then return nil, invalid_route() end
   return { base = base, token = token }
@@ -517,7 +508,7 @@ function transport_mt:settle(operation, err, attempted, replayed)
   local fresh, ferr = p:fetch_route(id)
   if not fresh then
     p:forget(id, used)
-    return nil, failed(operation, "the route to the agent could not be refreshed", ferr)
+    return nil, errors.wrap(operation, "the route to the agent could not be refreshed", ferr)
   end
   if unauthorized and fresh.base == used.base and fresh.token == used.token then
     -- The credential the agent refused is still the current one: that is its answer.
@@ -526,7 +517,7 @@ function transport_mt:settle(operation, err, attempted, replayed)
   local ok, aerr = p:activate_route(id, fresh)
   if not ok then
     p:forget(id, used)
-    return nil, failed(operation, "the refreshed route to the agent could not be activated", aerr)
+    return nil, errors.wrap(operation, "the refreshed route to the agent could not be activated", aerr)
   end
   p.routes[id] = fresh
   return "replay"
@@ -673,7 +664,7 @@ function native.exec(conn, argv, opts)
   result, err = p.dataplane:execute_shell_command(p.group, id, deadline_command(argv, opts.env, ms),
     opts.cwd, { timeout = ms / 1000 + p.times.native_grace })
   if not result then
-    if err then return nil, failed(RUN, "the command could not be run", err) end
+    if err then return nil, errors.wrap(RUN, "the command could not be run", err) end
     return nil, gone(RUN, id)
   end
   return rebuild(result, ms)
@@ -684,7 +675,7 @@ function native.read_file(conn, path)
   local p, id = conn.provider, conn.session_id
   local bytes, err = p.dataplane:read_file(p.group, id, path)
   if bytes then return bytes end
-  if err then return nil, failed(READ_FILE, "the file could not be read", err) end
+  if err then return nil, errors.wrap(READ_FILE, "the file could not be read", err) end
   return nil, errors.command_failed("pathNotFound", READ_FILE .. ": no such file in the sandbox: " .. path,
     { operation = READ_FILE, status = 404 })
 end
@@ -708,7 +699,7 @@ function native.write_files(conn, files)
   for _, path in ipairs(paths) do
     local ok, err = p.dataplane:write_file(p.group, id, path, files[path])
     if not ok then
-      err = err and failed(WRITE_FILES, "the file could not be written", err) or gone(WRITE_FILES, id)
+      err = err and errors.wrap(WRITE_FILES, "the file could not be written", err) or gone(WRITE_FILES, id)
       err.path = path
       return nil, err
     end
@@ -722,7 +713,7 @@ function native.mkdir(conn, path)
   if not p.dataplane.mkdir then return nil, unsupported_files(MKDIR) end
   local ok, err = p.dataplane:mkdir(p.group, id, path)
   if ok then return true end
-  return nil, err and failed(MKDIR, "the directory could not be made", err) or gone(MKDIR, id)
+  return nil, err and errors.wrap(MKDIR, "the directory could not be made", err) or gone(MKDIR, id)
 end
 
 local function no_jobs()
@@ -791,7 +782,7 @@ function provider_mt:create(opts)
     environment = opts.env, auto_suspend = self.options.auto_suspend,
   })
   if not raw then
-    return nil, err and failed(op, "the sandbox could not be created", err)
+    return nil, err and errors.wrap(op, "the sandbox could not be created", err)
       or errors.unexpected(op, "sandbox", "the data plane reported no sandbox")
   end
   local id = raw.id
@@ -833,7 +824,7 @@ function provider_mt:terminate(id)
   if bad then return nil, bad end
   self.routes[id] = nil
   local ok, err = self.dataplane:delete_sandbox(self.group, id)
-  if not ok and err then return nil, failed(op, "the session could not be deleted", err) end
+  if not ok and err then return nil, errors.wrap(op, "the session could not be deleted", err) end
   return self:poll(id, op, self.times.delete_timeout, function(raw)
     if not raw then return true end
   end)
@@ -843,7 +834,7 @@ end
 function provider_mt:pause(record)
   local op = "sandbox.pause"
   local ok, err = self.dataplane:stop_sandbox(self.group, record.id)
-  if not ok then return nil, err and failed(op, "the session could not be stopped", err) or gone(op, record.id) end
+  if not ok then return nil, err and errors.wrap(op, "the session could not be stopped", err) or gone(op, record.id) end
   self.routes[record.id] = nil
   return true
 end

@@ -260,22 +260,9 @@ function provider_mt:claims_path(name)
   return self:path("sandboxclaims", name)
 end
 
-local function failed(operation, what, cause)
-  return errors.new(cause.code, { operation = operation, cause = cause,
-    message = operation .. ": " .. what .. ": " .. cause.message, retryable = cause.retryable,
-    retry_after = cause.retry_after, status = cause.status, reason = cause.reason })
-end
-
-local function unreachable(operation, message, fields)
-  fields = fields or {}
-  fields.operation = operation
-  fields.message = operation .. ": " .. message
-  return errors.new("SANDBOX_UNREACHABLE", fields)
-end
-
 --- Absent and someone else's are one refusal, so no caller learns whether a sibling's id exists.
 local function not_ours(operation, id)
-  local err = unreachable(operation, "session '" .. id .. "' does not belong to this sandbox")
+  local err = errors.unreachable(operation, "session '" .. id .. "' does not belong to this sandbox")
   err.not_ours = true
   return err
 end
@@ -313,7 +300,7 @@ function provider_mt:each_listed(operation, resource, query, each)
     continue = type(page.metadata) == "table" and page.metadata.continue or nil
     if type(continue) ~= "string" or continue == "" then return true end
   end
-  return nil, unreachable(operation, "the " .. resource .. " list did not end within "
+  return nil, errors.unreachable(operation, "the " .. resource .. " list did not end within "
     .. MAX_LIST_PAGES .. " pages")
 end
 
@@ -459,11 +446,13 @@ function provider_mt:resolve(id, operation)
   if not claim or not self:owns(claim) then return nil, not_ours(operation, id) end
   local state = claim_state(claim)
   if state ~= "running" then
-    return nil, unreachable(operation, "session '" .. id .. "' is " .. state .. " (" .. describe(claim) .. ")")
+    return nil, errors.unreachable(operation, "session '" .. id .. "' is " .. state .. " (" .. describe(claim) .. ")")
   end
   local pod, why = self:chain(claim, operation)
   if pod == nil then return nil, why end
-  if pod == false then return nil, unreachable(operation, "session '" .. id .. "' cannot be reached: " .. why) end
+  if pod == false then
+    return nil, errors.unreachable(operation, "session '" .. id .. "' cannot be reached: " .. why)
+  end
   return pod
 end
 
@@ -519,7 +508,7 @@ function transport_mt:settle(operation, err, _, replayed)
   local p = self.provider
   if err.status == 401 and p.transport == "apiserver" then p.api.auth:refresh(operation) end
   local pod, rerr = p:resolve(self.id, operation)
-  if not pod then return nil, failed(operation, "the session's pod could not be read again", rerr) end
+  if not pod then return nil, errors.wrap(operation, "the session's pod could not be read again", rerr) end
   self.pod = pod
   self.minter:forget()
   return "replay"
@@ -576,7 +565,7 @@ function provider_mt:await(claim, operation)
     return nil, err
   end
   local function timed_out()
-    return fail(unreachable(operation, string.format("claim %s did not become ready within %gs; "
+    return fail(errors.unreachable(operation, string.format("claim %s did not become ready within %gs; "
       .. "last seen: %s", id, self.times.ready_timeout, last)))
   end
   --- Reads the claim again after a watch stopped (after a backoff when `why`): true, or nil
@@ -594,7 +583,9 @@ function provider_mt:await(claim, operation)
       last = err.message
       return true
     end
-    if not fresh then return nil, unreachable(operation, "claim " .. id .. " was deleted while it was awaited") end
+    if not fresh then
+      return nil, errors.unreachable(operation, "claim " .. id .. " was deleted while it was awaited")
+    end
     claim, rv, changed = fresh, meta(fresh).resourceVersion, true
     return true
   end
@@ -604,7 +595,7 @@ function provider_mt:await(claim, operation)
       changed = false
       local c = ready_condition(claim)
       if meta(claim).deletionTimestamp then
-        return fail(unreachable(operation, "claim " .. id .. " is being deleted"))
+        return fail(errors.unreachable(operation, "claim " .. id .. " is being deleted"))
       end
       if c and c.status == "False" and TERMINAL[c.reason] then return fail(terminal_error(operation, claim)) end
       last = describe(claim)
@@ -648,7 +639,7 @@ function provider_mt:await(claim, operation)
         elseif event.type == "BOOKMARK" then
           rv = meta(obj).resourceVersion or rv
         elseif event.type == "DELETED" then
-          return fail(unreachable(operation, "claim " .. id .. " was deleted while it was awaited; "
+          return fail(errors.unreachable(operation, "claim " .. id .. " was deleted while it was awaited; "
             .. "last seen: " .. last))
         elseif event.type == "ERROR" then
           -- A 410 here means the resource version is gone: read afresh, no backoff.
@@ -673,7 +664,7 @@ function provider_mt:await_agent(id, claim_uid, pod, operation, deadline)
   local health, err = readiness.wait(conn, { timeout = math.max(0.001, deadline - wait.now()),
     interval = self.times.ready_interval, operation = operation })
   if not health then
-    return nil, unreachable(operation, "the agent of claim " .. id .. " (pod " .. pod.name .. ") did "
+    return nil, errors.unreachable(operation, "the agent of claim " .. id .. " (pod " .. pod.name .. ") did "
       .. "not become ready: " .. err.message, { cause = err })
   end
   record.features = health.features
@@ -725,7 +716,7 @@ function provider_mt:post_claim(id, lifetime, operation)
         .. "back failed, so a claim may exist: " .. ferr.message })
   end
   if not found then
-    return nil, unreachable(operation, "claim " .. id .. " does not exist after its create "
+    return nil, errors.unreachable(operation, "claim " .. id .. " does not exist after its create "
       .. (err.status == 409 and "was refused as a duplicate" or "went unanswered")
       .. "; nothing was created, and the same create may be sent again", { cause = err })
   end
@@ -788,7 +779,7 @@ function provider_mt:get_or_create(opts)
     if record.state == "starting" then
       local claim
       claim, err = self:read_claim(opts.id, op)
-      if not claim then return nil, err or unreachable(op, "claim " .. opts.id .. " was deleted") end
+      if not claim then return nil, err or errors.unreachable(op, "claim " .. opts.id .. " was deleted") end
       record, err = self:await(claim, op)
       if not record then return nil, err end
     end
@@ -872,7 +863,7 @@ function provider_mt:terminate(id)
   if pod == nil then return nil, why end
   local ok
   ok, err = self:delete_claim(id, meta(claim).uid, op)
-  if not ok then return nil, failed(op, "claim " .. id .. " could not be deleted", err) end
+  if not ok then return nil, errors.wrap(op, "claim " .. id .. " could not be deleted", err) end
   return true
 end
 

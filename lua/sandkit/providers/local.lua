@@ -255,8 +255,8 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
   local done, record, failure = pcall(self.await_agent, self, id, dir, pid, reader, token,
     { generation = generation, env = env, expires_at = expires_at })
   if not done then
-    failure = errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.create", retryable = false,
-      message = "sandbox.create: sandkit-agent for session " .. id .. " was started, then: " .. tostring(record) })
+    failure = errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
+      .. " was started, then: " .. tostring(record), { retryable = false })
     record = nil
   end
   if not record then
@@ -289,9 +289,8 @@ function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   local ready = line and json.decode(line)
   if type(ready) ~= "table" or type(ready.port) ~= "number" then
     local log = (read_file(dir .. "/agent.log") or ""):sub(-600)
-    return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.create",
-      message = "sandbox.create: sandkit-agent for session " .. id
-        .. " did not report that it listens: " .. log })
+    return nil, errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
+      .. " did not report that it listens: " .. log)
   end
   local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
     generation = fields.generation, isolate = self.options.isolate, env = fields.env, created_at = os.time(),
@@ -455,9 +454,8 @@ function provider_mt:terminate(id)
   if record then stop_agent(record.pid, dir) end
   local ok, err, errno = core.remove_tree(dir)
   if not ok then
-    return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.terminate",
-      retryable = REMOVAL_MAY_SUCCEED[errno] == true,
-      message = "sandbox.terminate: the session's files could not be removed: " .. tostring(err) })
+    return nil, errors.unreachable("sandbox.terminate", "the session's files could not be removed: "
+      .. tostring(err), { retryable = REMOVAL_MAY_SUCCEED[errno] == true })
   end
   return true
 end
