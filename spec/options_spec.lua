@@ -104,30 +104,30 @@ end)
 
 describe("command-line values", function()
   it("are finite numbers: inf, NaN and a number past a double's range are refused, saying what fits", function()
-    for _, convert in ipairs{ options.seconds, options.whole_number, options.whole_seconds, options.lifetime,
-        options.port } do
+    for _, convert in ipairs{ options.flag.seconds, options.flag.whole_number, options.flag.whole_seconds,
+        options.flag.lifetime, options.flag.port } do
       for _, text in ipairs{ "inf", "-inf", "nan", "1e999", "-1e999", "ten", "" } do
         local value, why = convert(text)
         assert.is_nil(value, text)
         assert.is_string(why, text)
       end
     end
-    assert.equal(0.5, options.seconds("0.5"))
-    assert.equal(1e300, options.seconds("1e300"), "a finite deadline, however far, is one")
-    assert.equal(1.5, options.lifetime("1.5"))
-    assert.is_nil(options.lifetime("0.5"))
+    assert.equal(0.5, options.flag.seconds("0.5"))
+    assert.equal(1e300, options.flag.seconds("1e300"), "a finite deadline, however far, is one")
+    assert.equal(1.5, options.flag.lifetime("1.5"))
+    assert.is_nil(options.flag.lifetime("0.5"))
   end)
 
   it("are whole numbers only up to what lua-cjson writes exactly", function()
-    assert.equal(options.MAX_WHOLE, options.whole_number(tostring(options.MAX_WHOLE)))
-    assert.equal(0, options.whole_number("0"))
+    assert.equal(options.MAX_WHOLE, options.flag.whole_number(tostring(options.MAX_WHOLE)))
+    assert.equal(0, options.flag.whole_number("0"))
     for _, text in ipairs{ tostring(options.MAX_WHOLE + 1), "1e300", "2.5", "-1" } do
-      assert.is_nil(options.whole_number(text), text)
+      assert.is_nil(options.flag.whole_number(text), text)
     end
     -- The largest one crosses the wire as the digits it is.
     assert.equal('{"n":' .. options.MAX_WHOLE .. '}', require("sandkit.json").encode{ n = options.MAX_WHOLE })
-    assert.is_nil(options.whole_seconds("0"))
-    assert.equal(65535, options.port("65535"))
-    assert.is_nil(options.port("65536"))
+    assert.is_nil(options.flag.whole_seconds("0"))
+    assert.equal(65535, options.flag.port("65535"))
+    assert.is_nil(options.flag.port("65536"))
   end)
 end)

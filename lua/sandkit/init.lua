@@ -73,8 +73,10 @@ function sandkit.sandbox(options)
     return nil, errors.not_supported("sandkit.sandbox", "the " .. name
       .. " provider could not be loaded: " .. tostring(module):match("^[^\n]*"))
   end
-  local unknown = options_check.check("sandkit.sandbox", options, COMMON_OPTIONS, module.OPTIONS or {})
-  if unknown then return nil, unknown end
+  local refusal = options_check.check("sandkit.sandbox", options, COMMON_OPTIONS, module.OPTIONS or {})
+    or protocol.check_timings("sandkit.sandbox", options)
+    or select(2, options_check.seconds("sandkit.sandbox", options, "command_timeout"))
+  if refusal then return nil, refusal end
   local provider, err = module.new(options)
   if not provider then return nil, err end
   return sandbox.new(provider, options, module)

@@ -70,47 +70,106 @@ function options.set(list)
   return s
 end
 
--- Values of the command line -----------------------------------------------------------------
--- The `sandkit` command's converters of a flag's text (cli.lua's OPTIONS, a provider's
--- CLI_OPTIONS): each returns the value, or nil and what the text should be. Only finite numbers
--- pass: `inf` and `1e999` read as numbers to tonumber, and no deadline, cap or lifetime means them.
+-- Values ---------------------------------------------------------------------------------------
+-- Each kind of number an option holds is written once, as what a value must be and the words
+-- saying so. The options of a call or a sandbox are held to it (options.seconds and its
+-- siblings below), and so is the text of a `sandkit` flag (options.flag). NaN fails every
+-- comparison and infinity is no deadline, cap or lifetime, so neither is ever one.
 
---- The largest whole number a flag takes: lua-cjson writes numbers with 14 significant digits,
--- so a bigger one would reach an agent rounded, or in exponent form that it refuses.
+--- The largest whole number a value may be: lua-cjson writes numbers with 14 significant
+-- digits, so a bigger one would reach an agent rounded, or in exponent form that it refuses.
 options.MAX_WHOLE = 99999999999999
 
-local function finite(text)
-  local n = tonumber(text)
-  if n and n == n and n > -math.huge and n < math.huge then return n end
-  return nil
+local function finite(n)
+  return type(n) == "number" and n > -math.huge and n < math.huge
 end
 
-local function whole(text)
-  local n = json.integer(finite(text))
-  if n and n >= 0 and n <= options.MAX_WHOLE then return n end
-  return nil
+local function whole(n)
+  local i = json.integer(n)
+  return i ~= nil and i >= 0 and i <= options.MAX_WHOLE
 end
 
---- A converter: the number `read` makes of the text when `fits` holds for it, else nil and
--- what the text should be.
-local function converter(read, fits, what)
-  return function(text)
-    local n = read(text)
-    if n and fits(n) then return n end
-    return nil, what
+local KINDS = {
+  --- Seconds, more than none (a deadline, a wait).
+  seconds = { fits = function(n) return finite(n) and n > 0 end, says = "a positive number of seconds" },
+  --- Whole seconds, more than none (a lifetime kept by a clock that counts in seconds).
+  whole_seconds = { fits = function(n) return whole(n) and n > 0 end,
+    says = "a whole positive number of seconds" },
+  --- A session's lifetime: a second at least, the wall clock its record keeps counting in seconds.
+  lifetime = { fits = function(n) return finite(n) and n >= 1 end, says = "a number of seconds, 1 or more" },
+  --- A count or a byte size, 0 included.
+  whole_number = { fits = whole, says = "a whole number (at most " .. options.MAX_WHOLE .. ")" },
+  --- A TCP port.
+  port = { fits = function(n) return whole(n) and n >= 1 and n <= 65535 end, says = "a port number" },
+}
+
+--- A checker of option tables for one kind: (operation, given, name, default) -> given[name],
+-- or `default` when it is absent; nil and INVALID_INPUT naming the option when it is not of
+-- the kind.
+local function checker(kind)
+  return function(operation, given, name, default)
+    local v = given and given[name]
+    if v == nil then return default end
+    if KINDS[kind].fits(v) then return v end
+    return nil, errors.invalid_input(operation, name, name .. " is " .. KINDS[kind].says)
   end
 end
 
---- Seconds, more than none (a deadline, a wait).
-options.seconds = converter(finite, function(n) return n > 0 end, "a positive number of seconds")
---- A count or a byte size, 0 included.
-options.whole_number = converter(whole, function() return true end,
-  "a whole number (at most " .. options.MAX_WHOLE .. ")")
---- Whole seconds, more than none (a lifetime kept by a clock that counts in seconds).
-options.whole_seconds = converter(whole, function(n) return n > 0 end, "a whole positive number of seconds")
---- A session's lifetime: a second at least, the wall clock its record keeps counting in seconds.
-options.lifetime = converter(finite, function(n) return n >= 1 end, "a number of seconds, 1 or more")
---- A TCP port.
-options.port = converter(whole, function(n) return n <= 65535 and n >= 1 end, "a port number")
+--- Whether `v` is a value of `kind` ("seconds", "whole_seconds", "lifetime", "whole_number",
+-- "port").
+function options.is(kind, v)
+  return KINDS[kind].fits(v)
+end
+
+options.seconds = checker("seconds")
+options.whole_seconds = checker("whole_seconds")
+options.lifetime = checker("lifetime")
+options.whole_number = checker("whole_number")
+options.port = checker("port")
+
+--- The values of `names` (a list) held to `check` (options.seconds or a sibling) one by one,
+-- in the list's order: a table of name -> value (its default in `defaults` when absent), or
+-- nil and the first refusal.
+function options.each(check, operation, given, names, defaults)
+  local values = {}
+  for _, name in ipairs(names) do
+    local v, bad = check(operation, given, name, defaults and defaults[name])
+    if bad then return nil, bad end
+    values[name] = v
+  end
+  return values
+end
+
+--- The `sandkit` command's converters of a flag's text (cli.lua's OPTIONS, a provider's
+-- CLI_OPTIONS), one per kind: each returns the value, or nil and what the text should be.
+-- `inf` and `1e999` read as numbers to tonumber; the kinds refuse them.
+options.flag = {}
+for kind, rule in pairs(KINDS) do
+  options.flag[kind] = function(text)
+    local n = tonumber(text)
+    if n and rule.fits(n) then return json.integer(n) or n end
+    return nil, rule.says
+  end
+end
+
+-- Ids --------------------------------------------------------------------------------------------
+
+--- The ids sandkit checks, each as { max = characters, pattern = what it matches, valid = a
+-- further test (optional), what = the sentence saying what one is }.
+--- A session id of the local and Azure providers (and a job's, one longer): a directory name, a
+-- URL path segment, the same in each so that ids move between them.
+options.SESSION_ID = { max = 63, pattern = "^[%w_%-]+$", what = "a session id is 1 to 63 of [A-Za-z0-9_-]" }
+--- A job id: the agent protocol's bound (docs/protocol.md).
+options.JOB_ID = { max = 64, pattern = "^[%w_%-]+$", what = "a job id is 1 to 64 of [A-Za-z0-9_-]" }
+
+--- nil when `id` is one of `rule`'s ids, else INVALID_INPUT for `operation` saying what one is
+-- (`field`, "id" unless given, names it).
+function options.id(operation, id, rule, field)
+  if type(id) == "string" and #id >= 1 and #id <= rule.max and id:match(rule.pattern)
+      and (rule.valid == nil or rule.valid(id)) then
+    return nil
+  end
+  return errors.invalid_input(operation, field or "id", rule.what)
+end
 
 return options

@@ -23,6 +23,7 @@ local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
 local json = require "sandkit.json"
+local options = require "sandkit.options"
 local wait = require "sandkit.wait"
 
 local encode = json.encode
@@ -66,14 +67,15 @@ protocol.DEFAULTS = {
 }
 
 --- Converts a timeout in seconds to the wire's milliseconds: saturated, not wrapped, and
--- refused when it is not positive once converted (a sub-millisecond timeout floors to 0).
--- The refusal is the caller's input, so INVALID_INPUT; nothing is sent either way (§4).
+-- refused when it is no number of seconds (NaN, infinity) or not positive once converted (a
+-- sub-millisecond timeout floors to 0). The refusal is the caller's input, so INVALID_INPUT;
+-- nothing is sent either way (§4).
 function protocol.timeout_ms(timeout, operation)
-  local ms = type(timeout) == "number" and timeout == timeout and math.floor(timeout * 1000) or 0
+  local ms = options.is("seconds", timeout) and math.floor(timeout * 1000) or 0
   if ms <= 0 then
     return nil, errors.invalid_input(operation, "timeout", timeout == nil
       and "a command needs a timeout in seconds (or the sandbox's command_timeout)"
-      or "a command must carry a non-zero timeout of at least 0.001 seconds")
+      or "a command must carry a non-zero timeout of at least 0.001 seconds, and a finite one")
   end
   if ms > MAX_TIMEOUT_MS then ms = MAX_TIMEOUT_MS end
   return to_integer(ms) or ms
@@ -359,10 +361,8 @@ end
 -- Jobs --------------------------------------------------------------------------------------
 
 function protocol.job_start(conn, argv, opts)
-  if opts.id ~= nil and (type(opts.id) ~= "string" or not opts.id:match("^[%w_%-]+$")
-      or #opts.id > 64) then
-    return nil, errors.invalid_input(JOB_START, "id", "a job id is 1 to 64 of [A-Za-z0-9_-]")
-  end
+  local bad = opts.id ~= nil and options.id(JOB_START, opts.id, options.JOB_ID)
+  if bad then return nil, bad end
   local body, err = command_body(JOB_START, argv, { timeout = opts.timeout, cwd = opts.cwd,
     env = opts.env, job_id = opts.id })
   if not body then return nil, err end
@@ -681,20 +681,24 @@ function protocol.activate(conn)
   return true
 end
 
---- Fills the timing fields of a connection from options, with the protocol's defaults.
-function protocol.connection(transport, options)
-  options = options or {}
+--- nil when every timing option of `given` (protocol.DEFAULTS' names) is a number of seconds,
+-- else INVALID_INPUT for `operation` naming the first in sorted order.
+function protocol.check_timings(operation, given)
+  local names = {}
+  for name in pairs(protocol.DEFAULTS) do names[#names + 1] = name end
+  table.sort(names)
+  return select(2, options.each(options.seconds, operation, given, names))
+end
+
+--- Fills the timing fields of a connection from `given` (checked by protocol.check_timings
+-- when the sandbox was made), with the protocol's defaults.
+function protocol.connection(transport, given)
+  given = given or {}
   local conn = { transport = transport, features = {} }
-  for name, default in pairs(protocol.DEFAULTS) do
-    local v = options[name]
-    if v ~= nil and (type(v) ~= "number" or v <= 0) then
-      error("sandkit: " .. name .. " must be a positive number of seconds", 3)
-    end
-    conn[name] = v or default
-  end
+  for name, default in pairs(protocol.DEFAULTS) do conn[name] = given[name] or default end
   -- An error body is part of the answer the header timeout bounds: a sandbox told to give up
   -- on headers after half a second must not wait ten for a stalled 403's body.
-  if options.error_body_timeout == nil then
+  if given.error_body_timeout == nil then
     conn.error_body_timeout = math.min(conn.error_body_timeout, conn.header_timeout)
   end
   return conn

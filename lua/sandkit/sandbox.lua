@@ -12,11 +12,15 @@
 --   provider:list()                                 -> { record… } | nil, err
 --   provider:terminate(id)                          -> true | nil, err
 --   provider:connection(record)                     -> conn (see protocol.lua) | nil, err
--- and optionally get_or_create(opts) -> record, created (opts.id is set); session_capabilities(record);
--- preview(record, port); pause(record); resume(record); snapshot(record); and
--- refusals = { [capability] = "why not, and what to do instead" }.
+-- and optionally check_create(opts, operation) -> nil | err (what create refuses, asked of
+-- get_or_create before it looks); serve(record, operation) -> record | nil, err (an existing
+-- session made ready to hand back: one still starting waited for); get_or_create(opts) ->
+-- record, created (opts.id is set), for a provider whose needs the two do not cover;
+-- session_capabilities(record); preview(record, port); pause(record); resume(record);
+-- snapshot(record); and refusals = { [capability] = "why not, and what to do instead" }.
 -- The provider's module exports OPTIONS (sandbox options besides the common ones) and may export
--- CREATE_OPTIONS (create options besides id and env); unknown keys are refused before it is asked.
+-- CREATE_OPTIONS (create options besides id and env) and ID (what its session ids are, an
+-- options.id rule); unknown keys and ids that are none are refused before it is asked.
 -- A record is { id =, state =, generation = } plus whatever the provider keeps (boot_id,
 -- created_at).
 -- A connection may carry `ops`, replacing protocol functions for sessions without an agent.
@@ -73,10 +77,10 @@ local JOB_OPTIONS = options_check.set{ "id" }
 local FRAMES_OPTIONS = options_check.set{ "since", "interval" }
 local TRANSFER_OPTIONS = options_check.set{ "progress" }
 
---- `module` is the provider's module, for its CREATE_OPTIONS.
+--- `module` is the provider's module, for its CREATE_OPTIONS and ID.
 function sandbox.new(provider, options, module)
   return setmetatable({ provider = provider, options = options or {},
-    create_options = module and module.CREATE_OPTIONS or {} }, sandbox_mt)
+    create_options = module and module.CREATE_OPTIONS or {}, id_rule = module and module.ID }, sandbox_mt)
 end
 
 function sandbox_mt:capabilities()
@@ -97,27 +101,30 @@ local function new_session(sb, record)
   }, session_mt)
 end
 
-local function check_id(id, operation)
-  if id ~= nil and type(id) ~= "string" then
-    error("sandkit: " .. operation .. ": a session id is a string", 3)
-  end
+--- nil when `id` is one of the provider's session ids, else the INVALID_INPUT refusal. An id
+-- that is no string at all is a caller's mistake, and raised.
+local function refuse_id(sb, id, operation)
+  if type(id) ~= "string" then error("sandkit: " .. operation .. ": a session id is a string", 3) end
+  return sb.id_rule and options_check.id(operation, id, sb.id_rule)
 end
+
+local CREATE = "sandbox.create"
+local GET_OR_CREATE = "sandbox.getOrCreate"
 
 function sandbox_mt:create(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("sandkit: create takes an options table", 2) end
-  check_id(opts.id, "create")
-  local unknown = options_check.check("sandbox.create", opts, CREATE_OPTIONS, self.create_options)
-  if unknown then return nil, unknown end
+  local refusal = opts.id ~= nil and refuse_id(self, opts.id, CREATE)
+    or options_check.check(CREATE, opts, CREATE_OPTIONS, self.create_options)
+  if refusal then return nil, refusal end
   local record, err = self.provider:create(opts)
   if not record then return nil, err end
   return new_session(self, record)
 end
 
 function sandbox_mt:get(id)
-  check_id(id, "get")
   if id == nil then error("sandkit: get needs an id", 2) end
-  local refusal = refuse(self.provider:capabilities(), "get", self.provider)
+  local refusal = refuse_id(self, id, "sandbox.get") or refuse(self.provider:capabilities(), "get", self.provider)
   if refusal then return nil, refusal end
   local record, err = self.provider:get(id)
   if not record then return nil, err end
@@ -126,23 +133,30 @@ end
 
 --- Returns the session with opts.id, creating it when absent; `created` comes from the path
 -- taken. Not atomic: two callers racing on one id may both see created = true. Without an
--- id there is nothing to get: it creates. A provider's own get_or_create sees only ids.
+-- id there is nothing to get: it creates. An existing session is handed back once the
+-- provider's `serve` made it ready; what create would refuse is refused before anything is
+-- read. A provider's own get_or_create sees only ids.
 function sandbox_mt:get_or_create(opts)
   opts = opts or {}
-  check_id(opts.id, "get_or_create")
-  local unknown = options_check.check("sandbox.get_or_create", opts, CREATE_OPTIONS, self.create_options)
-  if unknown then return nil, unknown end
+  if type(opts) ~= "table" then error("sandkit: get_or_create takes an options table", 2) end
+  local refusal = opts.id ~= nil and refuse_id(self, opts.id, GET_OR_CREATE)
+    or options_check.check(GET_OR_CREATE, opts, CREATE_OPTIONS, self.create_options)
+  if refusal then return nil, refusal end
   if opts.id == nil then
     local session, err = self:create(opts)
     if not session then return nil, err end
     return session, true
   end
-  if self.provider.get_or_create then
-    local record, created = self.provider:get_or_create(opts)
+  local provider = self.provider
+  if provider.get_or_create then
+    local record, created = provider:get_or_create(opts)
     if not record then return nil, created end
     return new_session(self, record), created
   end
-  local record, err = self.provider:get(opts.id)
+  refusal = provider.check_create and provider:check_create(opts, GET_OR_CREATE)
+  if refusal then return nil, refusal end
+  local record, err = provider:get(opts.id)
+  if record and provider.serve then record, err = provider:serve(record, GET_OR_CREATE) end
   if record then return new_session(self, record), false end
   if err then return nil, err end
   local session
@@ -163,8 +177,9 @@ end
 
 --- Idempotent: terminating an absent session succeeds.
 function sandbox_mt:terminate(id)
-  check_id(id, "terminate")
   if id == nil then error("sandkit: terminate needs an id", 2) end
+  local refusal = refuse_id(self, id, "sandbox.terminate")
+  if refusal then return nil, refusal end
   return self.provider:terminate(id)
 end
 
@@ -296,8 +311,9 @@ function session_mt:exec(argv, opts)
   local unknown = check_command_options(opts, protocol.OPERATIONS.run, EXEC_OPTIONS, 2)
   if unknown then return nil, unknown end
   opts = opts or {}
-  local limit = opts.max_output or DEFAULT_MAX_OUTPUT
-  if type(limit) ~= "number" or limit < 0 then error("sandkit: max_output must be a byte count", 2) end
+  local limit
+  limit, unknown = options_check.whole_number(protocol.OPERATIONS.run, opts, "max_output", DEFAULT_MAX_OUTPUT)
+  if not limit then return nil, unknown end
   -- The agent need not send what would be cut here anyway (0 would mean no cap at all).
   local stream_opts = opts
   if opts.output_cap == nil and limit > 0 then
@@ -562,13 +578,11 @@ end
 -- Polls with a cursor and yields each frame once, in order, ending with the exit frame; a job
 -- that ended in an error raises it, as a failed poll does.
 function job_mt:frames(opts)
-  local unknown = options_check.check("sandbox.jobPoll", opts, FRAMES_OPTIONS)
-  if unknown then return function() error(unknown, 0) end end
+  local interval, refusal = nil, options_check.check("sandbox.jobPoll", opts, FRAMES_OPTIONS)
+  if not refusal then interval, refusal = options_check.seconds("sandbox.jobPoll", opts, "interval", 0.2) end
+  -- An iterator has no `err` to return: its refusal is raised by the loop's first call.
+  if refusal then return function() error(refusal, 0) end end
   opts = opts or {}
-  local interval = opts.interval or 0.2
-  if type(interval) ~= "number" or interval <= 0 then
-    error("sandkit: interval must be a positive number of seconds", 2)
-  end
   local since = opts.since
   -- The queue's length is kept apart: taken slots are cleared, and `#` of a table with holes at
   -- its start is any border under LuaJIT.

@@ -28,6 +28,7 @@ local core = require "sandkit.core"
 local json_codec = require "sandkit.json"
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
+local options_check = require "sandkit.options"
 local sigv4 = require "sandkit.aws.sigv4"
 local wait = require "sandkit.wait"
 
@@ -42,6 +43,12 @@ microvms.MAX_AUTH_TOKEN_MINUTES = 60
 --- Seconds one control-plane call may take: its answers are small documents, so a call that
 -- takes longer is a call that is not coming back.
 microvms.DEFAULT_TIMEOUT = 30
+
+--- What a MicroVM id is: whatever RunMicrovm names one, bounded, without control characters.
+-- Every id goes into its path escaped (segment below), so this is a bound, not what keeps an id
+-- from reaching another route.
+microvms.ID = { max = 256, pattern = "^[^%c]+$",
+  what = "a MicroVM id is 1 to 256 characters, none of them a control character" }
 
 --- The SigV4 service name: MicroVMs are signed as Lambda, not as a service of their own.
 local SERVICE = "lambda"
@@ -98,10 +105,8 @@ function microvms.new(options)
     return nil, errors.invalid_input("sandbox.create", "credentials",
       "credentials must be a table or a function returning one")
   end
-  local timeout = options.timeout or microvms.DEFAULT_TIMEOUT
-  if type(timeout) ~= "number" or timeout <= 0 then
-    error("sandkit: timeout must be a positive number of seconds", 2)
-  end
+  local timeout, bad = options_check.seconds("sandbox.create", options, "timeout", microvms.DEFAULT_TIMEOUT)
+  if bad then return nil, bad end
   return setmetatable({
     region = region,
     base = base,
@@ -264,10 +269,6 @@ local function microvm(json)
     image_version = text_field(json.imageVersion) }
 end
 
-local function check_id(id)
-  if not non_empty_string(id) then error("sandkit: a MicroVM id is a non-empty string", 3) end
-end
-
 local encode = json_codec.encode
 
 local function positive_integer(v, name)
@@ -301,21 +302,24 @@ function client_mt:run(spec)
 end
 
 function client_mt:get(id)
-  check_id(id)
+  local bad = options_check.id("GetMicrovm", id, microvms.ID)
+  if bad then return nil, bad end
   local json, err = self:call("GetMicrovm", "GET", "/microvms/" .. segment(id), nil, true)
   if not json then return nil, err end
   return microvm(json)
 end
 
 function client_mt:terminate(id)
-  check_id(id)
+  local bad = options_check.id("TerminateMicrovm", id, microvms.ID)
+  if bad then return nil, bad end
   local json, err = self:call("TerminateMicrovm", "DELETE", "/microvms/" .. segment(id), nil, true)
   if not json then return nil, err end
   return true
 end
 
 function client_mt:suspend(id)
-  check_id(id)
+  local bad = options_check.id("SuspendMicrovm", id, microvms.ID)
+  if bad then return nil, bad end
   local json, err = self:call("SuspendMicrovm", "POST", "/microvms/" .. segment(id) .. "/suspend",
     "{}", true, true)
   if not json then return nil, err end
@@ -323,7 +327,8 @@ function client_mt:suspend(id)
 end
 
 function client_mt:resume(id)
-  check_id(id)
+  local bad = options_check.id("ResumeMicrovm", id, microvms.ID)
+  if bad then return nil, bad end
   local json, err = self:call("ResumeMicrovm", "POST", "/microvms/" .. segment(id) .. "/resume",
     "{}", true, true)
   if not json then return nil, err end
@@ -339,7 +344,8 @@ end
 --- CreateMicrovmAuthToken: a header map that admits requests to `ports` of one MicroVM for
 -- `minutes` (clamped to what AWS mints).
 function client_mt:create_auth_token(id, ports, minutes)
-  check_id(id)
+  local bad = options_check.id("CreateMicrovmAuthToken", id, microvms.ID)
+  if bad then return nil, bad end
   if type(ports) ~= "table" or #ports == 0 then error("sandkit: ports is a list of port numbers", 2) end
   local allowed = {}
   for i, port in ipairs(ports) do

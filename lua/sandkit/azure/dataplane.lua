@@ -18,6 +18,7 @@ local core = require "sandkit.core"
 local json_codec = require "sandkit.json"
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
+local options_check = require "sandkit.options"
 
 local dataplane = {}
 
@@ -49,6 +50,10 @@ local function segment(value)
     and value ~= "." and value ~= ".."
 end
 
+--- What a sandbox id is: one path segment, as long as an Azure resource name may be.
+dataplane.ID = { max = 260, pattern = "^[%w%-_%.]+$", valid = segment,
+  what = "a sandbox id is 1 to 260 of letters, digits, '-', '_', '.'" }
+
 function dataplane.new(options)
   if type(options) ~= "table" then error("sandkit: dataplane.new takes an options table", 2) end
   for _, name in ipairs{ "subscription", "resource_group" } do
@@ -74,10 +79,8 @@ function dataplane.new(options)
       "the Azure data plane needs token: an Entra token for " .. dataplane.SCOPE
         .. ", or a function(scope) returning one")
   end
-  local timeout = options.timeout or dataplane.DEFAULT_TIMEOUT
-  if type(timeout) ~= "number" or timeout <= 0 then
-    return nil, errors.invalid_input("sandkit.sandbox", "timeout", "timeout is a positive number of seconds")
-  end
+  local timeout, bad = options_check.seconds("sandkit.sandbox", options, "timeout", dataplane.DEFAULT_TIMEOUT)
+  if bad then return nil, bad end
   local api_version = options.api_version or dataplane.API_VERSION
   if type(api_version) ~= "string" or not api_version:match("^[%w%-%.]+$") then
     return nil, errors.invalid_input("sandkit.sandbox", "api_version", "api_version is a version such as "
@@ -203,11 +206,6 @@ local function to_record(json)
   }
 end
 
-local function bad_id(operation, id)
-  if segment(id) then return nil end
-  return errors.invalid_input(operation, "id", "a sandbox id is letters, digits, '-', '_', '.'")
-end
-
 local function record_answer(operation, resp)
   local record = to_record(resp.json)
   if not record then
@@ -218,7 +216,7 @@ end
 
 function client_mt:get_sandbox(group, id)
   local op = "azure.getSandbox"
-  local bad = bad_id(op, id)
+  local bad = options_check.id(op, id, dataplane.ID)
   if bad then return nil, bad end
   local resp, err = self:send{ operation = op, method = "GET", group = group, path = sandbox_path(id) }
   if not resp then return nil, err end
@@ -256,7 +254,7 @@ function client_mt:create_sandbox(group, spec)
 end
 
 local function simple(self, op, method, group, id, suffix, once)
-  local bad = bad_id(op, id)
+  local bad = options_check.id(op, id, dataplane.ID)
   if bad then return nil, bad end
   local resp, err = self:send{ operation = op, method = method, group = group,
     path = sandbox_path(id) .. (suffix or ""), json = method == "POST" and {} or nil, once = once }
@@ -312,7 +310,7 @@ end
 
 function client_mt:read_file(group, id, path)
   local op = "azure.readFile"
-  local bad = bad_id(op, id)
+  local bad = options_check.id(op, id, dataplane.ID)
   if bad then return nil, bad end
   local resp, err = self:send{ operation = op, method = "GET", group = group,
     path = sandbox_path(id) .. "/files", query = { { "path", path } },
@@ -323,7 +321,7 @@ end
 
 function client_mt:write_file(group, id, path, bytes)
   local op = "azure.writeFile"
-  local bad = bad_id(op, id)
+  local bad = options_check.id(op, id, dataplane.ID)
   if bad then return nil, bad end
   if #bytes > dataplane.MAX_FILE_BYTES then
     return nil, errors.invalid_input(op, "files", path .. " is larger than the 33554432-byte file limit")
@@ -337,7 +335,7 @@ end
 
 function client_mt:mkdir(group, id, path)
   local op = "azure.mkdir"
-  local bad = bad_id(op, id)
+  local bad = options_check.id(op, id, dataplane.ID)
   if bad then return nil, bad end
   local resp, err = self:send{ operation = op, method = "POST", group = group,
     path = sandbox_path(id) .. "/files/mkdir", json = { path = path } }
@@ -349,7 +347,7 @@ end
 -- opts.timeout (seconds) bounds the whole call; the data plane itself has no timeout field.
 function client_mt:execute_shell_command(group, id, command, working_directory, opts)
   local op = "azure.executeShellCommand"
-  local bad = bad_id(op, id)
+  local bad = options_check.id(op, id, dataplane.ID)
   if bad then return nil, bad end
   local call = { operation = op, method = "POST", group = group,
     path = sandbox_path(id) .. "/executeShellCommand",

@@ -15,6 +15,8 @@ local agent = {}
 
 --- The sandbox options this provider takes besides the common ones (sandkit.sandbox).
 agent.OPTIONS = options_check.set{ "url", "token", "ready_timeout", "ca_file" }
+--- The agent is one session, and its id only a name: the rule every provider's ids follow.
+agent.ID = options_check.SESSION_ID
 
 --- Flags of the `sandkit` command for this provider (see cli.lua).
 agent.CLI_OPTIONS = {
@@ -48,6 +50,9 @@ function agent.new(options)
   if options.token ~= nil and type(options.token) ~= "string" then
     return nil, errors.invalid_input("sandbox.create", "token", "token must be a string")
   end
+  local ready_timeout, bad = options_check.seconds("sandkit.sandbox", options, "ready_timeout",
+    readiness.DEFAULT_TIMEOUT)
+  if bad then return nil, bad end
   local transport = setmetatable({ base = url:gsub("/+$", ""), token = options.token,
     ca_file = options.ca_file }, transport_mt)
   return setmetatable({
@@ -55,6 +60,7 @@ function agent.new(options)
     options = options,
     transport = transport,
     conn = protocol.connection(transport, options),
+    ready_timeout = ready_timeout,
   }, provider_mt)
 end
 
@@ -64,7 +70,7 @@ end
 
 --- Health-checks the agent (activating it when it asks) and describes it as a session.
 function provider_mt:create(opts)
-  local health, err = readiness.wait(self.conn, { timeout = self.options.ready_timeout })
+  local health, err = readiness.wait(self.conn, { timeout = self.ready_timeout })
   if not health then return nil, err end
   self.conn.features = health.features
   return { id = opts.id or "agent", state = "running", generation = 1, boot_id = health.bootId }

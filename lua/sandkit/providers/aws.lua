@@ -37,6 +37,8 @@ aws.OPTIONS = options_check.set{ "region", "image", "image_version", "egress_con
   "api_timeout", "credentials", "access_key_id", "secret_access_key", "session_token",
   "ready_timeout", "ready_interval", "allow_loopback_http" }
 aws.CREATE_OPTIONS = options_check.set{ "tenant_key" }
+--- A session id is its MicroVM's.
+aws.ID = microvms.ID
 
 --- Where sandkit-agent listens inside a MicroVM.
 aws.AGENT_PORT = 8971
@@ -86,11 +88,6 @@ end
 
 local to_integer = json.integer
 
-local function positive_integer(v)
-  local n = to_integer(v)
-  return n ~= nil and n > 0
-end
-
 local function check_options(options)
   local function bad(field, details)
     return errors.invalid_input("sandbox.create", field, details)
@@ -116,7 +113,7 @@ local function check_options(options)
   local port_set = {}
   for i = 1, #ports do
     local port = ports[i]
-    if not positive_integer(port) or port > 65535 then
+    if not options_check.is("port", port) then
       return bad("preview_ports", "preview_ports is a list of port numbers 1-65535")
     end
     if port == aws.AGENT_PORT then
@@ -126,23 +123,19 @@ local function check_options(options)
     end
     port_set[to_integer(port)] = true
   end
-  for _, field in ipairs{ "idle_suspend_seconds", "max_lifetime_seconds" } do
-    local v = options[field]
-    if v ~= nil and not positive_integer(v) then
-      return bad(field, field .. " must be a positive whole number of seconds")
-    end
-  end
+  local _, refused = options_check.each(options_check.whole_seconds, "sandbox.create", options,
+    { "idle_suspend_seconds", "max_lifetime_seconds" })
+  if refused then return refused end
   if options.max_lifetime_seconds and options.max_lifetime_seconds > aws.MAX_LIFETIME_SECONDS then
     return bad("max_lifetime_seconds", "max_lifetime_seconds is at most 28800: Lambda runs a "
       .. "MicroVM for eight hours at most")
   end
-  for _, field in ipairs{ "ready_timeout", "ready_interval", "api_timeout" } do
-    local v = options[field]
-    if v ~= nil and (type(v) ~= "number" or v <= 0) then
-      error("sandkit: " .. field .. " must be a positive number of seconds", 4)
-    end
-  end
-  return nil, version, egress, ports, port_set
+  local times
+  times, refused = options_check.each(options_check.seconds, "sandbox.create", options,
+    { "ready_timeout", "ready_interval", "api_timeout" },
+    { ready_timeout = aws.READY_TIMEOUT, ready_interval = aws.READY_INTERVAL })
+  if refused then return refused end
+  return nil, version, egress, ports, port_set, times
 end
 
 local REFUSALS = {
@@ -152,10 +145,8 @@ local REFUSALS = {
 }
 
 function aws.new(options)
-  local refused, version, egress, ports, port_set = check_options(options)
+  local refused, version, egress, ports, port_set, times = check_options(options)
   if refused then return nil, refused end
-  -- Validates the timing options now rather than at the first command.
-  protocol.connection({}, options)
   local client, err = microvms.new{ region = options.region, endpoint = options.endpoint,
     ca_file = options.ca_file, timeout = options.api_timeout, credentials = options.credentials,
     access_key_id = options.access_key_id, secret_access_key = options.secret_access_key,
@@ -176,8 +167,8 @@ function aws.new(options)
     preview_port_set = port_set,
     idle_suspend_seconds = options.idle_suspend_seconds,
     max_lifetime_seconds = options.max_lifetime_seconds,
-    ready_timeout = options.ready_timeout or aws.READY_TIMEOUT,
-    ready_interval = options.ready_interval or aws.READY_INTERVAL,
+    ready_timeout = times.ready_timeout,
+    ready_interval = times.ready_interval,
   }, provider_mt)
 end
 
@@ -239,6 +230,14 @@ end
 local function session_record(id, vm, state)
   return { id = id, state = state or session_state(vm.state), generation = 1,
     endpoint = vm.endpoint, image_version = vm.image_version }
+end
+
+--- The record of a session whose agent answered `health`.
+local function servable_record(id, vm, health)
+  local record = session_record(id, vm, "running")
+  record.features = health.features
+  record.boot_id = health.bootId
+  return record
 end
 
 --- Where a MicroVM's proxy is reached: https://<endpoint>, or nil and why not. The endpoint
@@ -401,10 +400,7 @@ function provider_mt:create(opts)
     end
     return nil, failure
   end
-  local record = session_record(id, ready, "running")
-  record.features = health.features
-  record.boot_id = health.bootId
-  return record
+  return servable_record(id, ready, health)
 end
 
 function provider_mt:get(id)
@@ -422,24 +418,17 @@ end
 --- Reaching a session someone else started must mean what create means, or the promise holds
 -- only for whoever won the race: a starting session is waited for here (not in get, which
 -- reports a state and promises none).
-function provider_mt:get_or_create(opts)
-  local refusal = refuse_session_fields(opts, "sandbox.getOrCreate")
-  if refusal then return nil, refusal end
-  local record, err = self:get(opts.id)
-  if err then return nil, err end
-  if record then
-    if record.state == "starting" then
-      local ready, health = self:wait_until_servable(record.id, "sandbox.getOrCreate")
-      if not ready then return nil, health end
-      record = session_record(record.id, ready, "running")
-      record.features = health.features
-      record.boot_id = health.bootId
-    end
-    return record, false
-  end
-  record, err = self:create(opts)
-  if not record then return nil, err end
-  return record, true
+function provider_mt:serve(record, operation)
+  if record.state ~= "starting" then return record end
+  local ready, health = self:wait_until_servable(record.id, operation)
+  if not ready then return nil, health end
+  return servable_record(record.id, ready, health)
+end
+
+--- What create refuses, get_or_create refuses before it looks: an existing session honours
+-- env and tenant_key no more than a fresh one would.
+function provider_mt:check_create(opts, operation)
+  return refuse_session_fields(opts, operation)
 end
 
 --- Not offered: enumerating would need lambda:ListMicrovms, which AWS grants on no resource,

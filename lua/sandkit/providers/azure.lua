@@ -20,7 +20,6 @@
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
-local json = require "sandkit.json"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
@@ -34,6 +33,9 @@ azure.OPTIONS = options_check.set{ "group", "image", "egress", "cpu", "memory", 
   "dataplane", "subscription", "resource_group", "region", "endpoint", "token", "timeout",
   "api_version", "ca_file", "proxy", "ready_timeout", "ready_interval", "create_timeout",
   "state_interval", "delete_timeout", "native_grace", "auto_suspend", "allow_loopback_http" }
+
+--- Session ids are the data plane's, held to the rule every provider's ids follow.
+azure.ID = options_check.SESSION_ID
 
 --- Where the agent listens in the sandbox, and the file its image writes the per-boot
 -- credential to (44 characters of standard base64, no newline).
@@ -65,8 +67,6 @@ local DEFAULTS = {
 
 --- Native commands: the deadline is enforced inside the sandbox, so it has bounds of its own.
 local MAX_NATIVE_MS = 24 * 3600 * 1000
-local ID_PATTERN = "^[%w_%-]+$"
-local MAX_ID = 63
 
 --- Azure's sandbox states as sandkit's session states.
 local STATES = {
@@ -153,25 +153,12 @@ local function gone(operation, id)
     { operation = operation })
 end
 
-local function check_id(id, operation)
-  if type(id) ~= "string" or #id < 1 or #id > MAX_ID or not id:match(ID_PATTERN) then
-    return errors.invalid_input(operation, "id", "a session id is 1 to 63 of [A-Za-z0-9_-]")
-  end
-end
-
 local function capabilities(jobs)
   return { files = true, jobs = jobs, reconnect = true, preview = false, pause_resume = true,
     snapshot = false, list = false, isolation = "none" }
 end
 
 -- The provider -------------------------------------------------------------------------------
-
-local function positive(options, name)
-  local v = options[name]
-  if v == nil then return DEFAULTS[name] end
-  if type(v) ~= "number" or v <= 0 then return nil end
-  return v
-end
 
 function azure.new(options)
   if type(options.group) ~= "string" or not options.group:match("^[%w%-_%.]+$") then
@@ -191,18 +178,13 @@ function azure.new(options)
         .. DEFAULTS[name])
     end
   end
-  local times = {}
-  for _, name in ipairs{ "ready_timeout", "ready_interval", "create_timeout", "state_interval",
-      "delete_timeout", "connect_timeout", "native_grace" } do
-    times[name] = positive(options, name)
-    if not times[name] then
-      return nil, errors.invalid_input("sandkit.sandbox", name, name .. " is a positive number of seconds")
-    end
-  end
-  if options.auto_suspend ~= nil and (not json.integer(options.auto_suspend) or options.auto_suspend < 1) then
-    return nil, errors.invalid_input("sandkit.sandbox", "auto_suspend",
-      "auto_suspend is a whole number of idle seconds")
-  end
+  local times, bad = options_check.each(options_check.seconds, "sandkit.sandbox", options,
+    { "ready_timeout", "ready_interval", "create_timeout", "state_interval", "delete_timeout",
+      "connect_timeout", "native_grace" }, DEFAULTS)
+  if not times then return nil, bad end
+  -- Whole idle seconds: the data plane's interval.
+  local _, bad_idle = options_check.whole_seconds("sandkit.sandbox", options, "auto_suspend")
+  if bad_idle then return nil, bad_idle end
   local dp = options.dataplane
   if dp == nil then
     local err
@@ -216,8 +198,6 @@ function azure.new(options)
   for _, name in ipairs{ "header_timeout", "grace", "error_body_timeout", "body_timeout" } do
     conn_options[name] = options[name]
   end
-  -- Fails here, on a bad timing option, rather than on the first operation.
-  protocol.connection(nil, conn_options)
   return setmetatable({
     name = "azure",
     options = options,
@@ -739,8 +719,6 @@ function provider_mt:connection(record)
 end
 
 function provider_mt:get(id)
-  local bad = check_id(id, "sandbox.get")
-  if bad then return nil, bad end
   local raw, err = self:read(id, "sandbox.get")
   if not raw then return nil, err end
   return self:judge(raw, "sandbox.get")
@@ -755,7 +733,9 @@ function provider_mt:discard(id, err)
   return nil, err
 end
 
---- Brings a record to the point where it serves: an agent session waits for its agent.
+--- Brings a record to the point where it serves: an agent session waits for its agent. An
+-- absent id cannot be made under that name by get_or_create: the data plane chooses ids, and
+-- create says so.
 function provider_mt:serve(record, operation)
   if record.transport ~= "agent" or record.state ~= "running" then return record end
   local health, err = self:wait_agent(record.id, operation)
@@ -800,19 +780,6 @@ function provider_mt:create(opts)
   return record
 end
 
---- An existing session is handed back once it serves. The data plane chooses ids, so an id
--- that does not exist cannot be created under that name.
-function provider_mt:get_or_create(opts)
-  local record, err = self:get(opts.id)
-  if not record then
-    return nil, err or errors.invalid_input("sandbox.get_or_create", "id", "no session " .. opts.id
-      .. " exists, and the Azure data plane chooses the ids of new ones")
-  end
-  record, err = self:serve(record, "sandbox.get_or_create")
-  if not record then return nil, err end
-  return record, false
-end
-
 function provider_mt:list()
   return nil, errors.not_supported("sandbox.list", "the Azure data plane has no listing for a provider to filter")
 end
@@ -820,8 +787,6 @@ end
 --- Deletes the session and waits until it is gone. An absent id succeeds.
 function provider_mt:terminate(id)
   local op = "sandbox.terminate"
-  local bad = check_id(id, op)
-  if bad then return nil, bad end
   self.routes[id] = nil
   local ok, err = self.dataplane:delete_sandbox(self.group, id)
   if not ok and err then return nil, errors.wrap(op, "the session could not be deleted", err) end

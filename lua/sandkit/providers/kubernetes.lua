@@ -63,13 +63,14 @@ kubernetes.CLI_OPTIONS = {
   { flag = "router-url", arg = "URL", option = "router_url", help = "agent-sandbox's router, for --transport router" },
   { flag = "router-token-file", arg = "FILE", option = "router_token", secret_file = true,
     help = "a file holding the router's bearer token (its ROUTER_AUTH_TOKEN)" },
-  { flag = "agent-port", arg = "PORT", option = "agent_port", convert = options_check.port,
+  { flag = "agent-port", arg = "PORT", option = "agent_port", convert = options_check.flag.port,
     help = "the agent's port in the pod (default 8971)" },
-  { flag = "lifetime", arg = "S", option = "lifetime", convert = options_check.whole_seconds,
+  { flag = "lifetime", arg = "S", option = "lifetime", convert = options_check.flag.whole_seconds,
     help = "seconds a claim lives (default 3600); after create or run, that claim's own" },
-  { flag = "ready-timeout", arg = "S", option = "ready_timeout", convert = options_check.seconds,
+  { flag = "ready-timeout", arg = "S", option = "ready_timeout", convert = options_check.flag.seconds,
     help = "seconds a claim gets to serve (default 180)" },
-  { flag = "capability-lifetime", arg = "S", option = "capability_lifetime", convert = options_check.seconds,
+  { flag = "capability-lifetime", arg = "S", option = "capability_lifetime",
+    convert = options_check.flag.seconds,
     help = "seconds a capability lives (default 300, at most 900)" },
   { flag = "service-account-dir", arg = "DIR", option = "service_account_dir",
     help = "the in-cluster credentials (default /var/run/secrets/kubernetes.io/serviceaccount)" },
@@ -133,20 +134,13 @@ local function dns_subdomain(s)
     and s:match("[a-z0-9]$") ~= nil
 end
 
-local function bad_id(operation, id)
-  if dns_label(id) then return nil end
-  return errors.invalid_input(operation, "id", "a kubernetes session id is a DNS label: 1 to 63 "
-    .. "of [a-z0-9-], starting and ending with a letter or digit")
-end
+--- A session id is its claim's name, a DNS label, so that it is also a valid pod and Service
+-- name.
+kubernetes.ID = { max = 63, pattern = "^[a-z0-9%-]+$", valid = dns_label,
+  what = "a kubernetes session id is a DNS label: 1 to 63 of [a-z0-9-], starting and ending with a "
+    .. "letter or digit" }
 
 -- Options --------------------------------------------------------------------------------------
-
-local function positive_number(options, name)
-  local v = options[name]
-  if v == nil then return DEFAULTS[name] end
-  if type(v) ~= "number" or v ~= v or v <= 0 then return nil end
-  return v
-end
 
 local function check_options(options)
   local function bad(field, details)
@@ -182,22 +176,16 @@ local function check_options(options)
   if json.integer(port) == nil or port < 1 or port > 65535 then
     return bad("agent_port", "agent_port is a port number")
   end
-  local times = {}
-  for _, name in ipairs{ "lifetime", "ready_timeout", "ready_interval", "api_timeout" } do
-    times[name] = positive_number(options, name)
-    if name ~= "api_timeout" and not times[name] then
-      return bad(name, name .. " is a positive number of seconds")
-    end
-  end
-  if options.api_timeout ~= nil and not times.api_timeout then
-    return bad("api_timeout", "api_timeout is a positive number of seconds")
-  end
-  if json.integer(times.lifetime) == nil then
-    return bad("lifetime", "lifetime is a whole number of seconds")
-  end
-  local cap_life = options.capability_lifetime or capability.DEFAULT_LIFETIME
-  -- A token re-minted with REMINT_MARGIN left must still have some life to send.
-  if type(cap_life) ~= "number" or cap_life <= capability.REMINT_MARGIN then
+  local times, refused = options_check.each(options_check.seconds, "sandkit.sandbox", options,
+    { "ready_timeout", "ready_interval", "api_timeout" }, DEFAULTS)
+  if not times then return nil, refused end
+  times.lifetime, refused = options_check.whole_seconds("sandkit.sandbox", options, "lifetime", DEFAULTS.lifetime)
+  if not times.lifetime then return nil, refused end
+  -- A token re-minted with REMINT_MARGIN left must still have some life to send: the refusal
+  -- says so, whatever else is wrong with the value.
+  local cap_life = options_check.seconds("sandkit.sandbox", options, "capability_lifetime",
+    capability.DEFAULT_LIFETIME)
+  if not cap_life or cap_life <= capability.REMINT_MARGIN then
     return bad("capability_lifetime", "capability_lifetime is more than "
       .. capability.REMINT_MARGIN .. " seconds (at most " .. capability.MAX_LIFETIME .. " are used)")
   end
@@ -208,8 +196,6 @@ end
 function kubernetes.new(options)
   local checked, err = check_options(options)
   if not checked then return nil, err end
-  -- Fails here, on a bad timing option, rather than on the first command.
-  protocol.connection({}, options)
   local key
   key, err = capability.load_key(options.signing_key, "sandkit.sandbox")
   if not key then return nil, err end
@@ -740,13 +726,10 @@ function provider_mt:create(opts)
   local refusal = refuse_env(opts, op)
   if refusal then return nil, refusal end
   local id = opts.id or ("sandkit-" .. hex(5))
-  local bad = bad_id(op, id)
-  if bad then return nil, bad end
-  local lifetime = opts.lifetime or self.times.lifetime
-  -- json.integer refuses inf and NaN; the claim's shutdownTime must be a time RFC 3339 can
-  -- write, whose year has four digits.
-  if json.integer(lifetime) == nil or lifetime <= 0 or os.time() + lifetime > LAST_SHUTDOWN_TIME then
-    return nil, errors.invalid_input(op, "lifetime", "lifetime is a whole number of seconds, "
+  local lifetime, bad = options_check.whole_seconds(op, opts, "lifetime", self.times.lifetime)
+  -- The claim's shutdownTime must be a time RFC 3339 can write, whose year has four digits.
+  if not lifetime or os.time() + lifetime > LAST_SHUTDOWN_TIME then
+    return nil, bad or errors.invalid_input(op, "lifetime", "lifetime is a whole number of seconds, "
       .. "ending before the year 10000")
   end
   local claim, err = self:post_claim(id, lifetime, op)
@@ -759,8 +742,6 @@ end
 
 function provider_mt:get(id)
   local op = "sandbox.get"
-  local bad = bad_id(op, id)
-  if bad then return nil, bad end
   local claim, err = self:read_claim(id, op)
   if err then return nil, err end
   if not claim or not self:owns(claim) then return nil end
@@ -769,25 +750,16 @@ end
 
 --- An existing session is handed back once it serves: one still starting is waited for (and
 -- never deleted here: it is not this call's to give up on).
-function provider_mt:get_or_create(opts)
-  local op = "sandbox.getOrCreate"
-  local refusal = refuse_env(opts, op)
-  if refusal then return nil, refusal end
-  local record, err = self:get(opts.id)
-  if err then return nil, err end
-  if record then
-    if record.state == "starting" then
-      local claim
-      claim, err = self:read_claim(opts.id, op)
-      if not claim then return nil, err or errors.unreachable(op, "claim " .. opts.id .. " was deleted") end
-      record, err = self:await(claim, op)
-      if not record then return nil, err end
-    end
-    return record, false
-  end
-  record, err = self:create(opts)
-  if not record then return nil, err end
-  return record, true
+function provider_mt:serve(record, operation)
+  if record.state ~= "starting" then return record end
+  local claim, err = self:read_claim(record.id, operation)
+  if not claim then return nil, err or errors.unreachable(operation, "claim " .. record.id .. " was deleted") end
+  return self:await(claim, operation)
+end
+
+--- Session env is refused by get_or_create before it looks, as create refuses it.
+function provider_mt:check_create(opts, operation)
+  return refuse_env(opts, operation)
 end
 
 --- Finds the Sandboxes `wanted` names and their pods with one list of each collection (however
@@ -853,8 +825,6 @@ end
 -- error someone reads. The claim is left to its owner and to its own shutdownTime.
 function provider_mt:terminate(id)
   local op = "sandbox.terminate"
-  local bad = bad_id(op, id)
-  if bad then return nil, bad end
   local claim, err = self:read_claim(id, op)
   if err then return nil, err end
   if not claim then return true end

@@ -34,6 +34,9 @@ local provider_local = {}
 -- create options besides id and env.
 provider_local.OPTIONS = options_check.set{ "root", "isolate", "agent_path", "output_cap", "ready_timeout" }
 provider_local.CREATE_OPTIONS = options_check.set{ "lifetime" }
+--- A session id is a directory name and part of a URL nowhere; the rule is the other
+-- providers' so that ids move between them.
+provider_local.ID = options_check.SESSION_ID
 --- The flags the `sandkit` command takes for this provider, before or after its command: each
 -- sets the sandbox option it names (sandkit/cli.lua reads this table; `convert`, when given,
 -- turns the text into the option's value or returns nil and why not).
@@ -50,10 +53,6 @@ provider_mt.__index = provider_mt
 --- Seconds an agent gets to report that it listens, and to leave after SIGTERM.
 local START_TIMEOUT = 10
 local STOP_TIMEOUT = 5
---- A session id is a directory name and part of a URL nowhere; the rule matches the other
--- providers' so ids move between them.
-local ID_PATTERN = "^[%w_%-]+$"
-local MAX_ID = 63
 
 local function state_root(options)
   if options.root then return options.root end
@@ -122,6 +121,10 @@ local function bwrap_available()
 end
 
 function provider_local.new(options)
+  local ready_timeout, bad = options_check.seconds("sandkit.sandbox", options, "ready_timeout", START_TIMEOUT)
+  if bad then return nil, bad end
+  local _, bad_cap = options_check.whole_number("sandkit.sandbox", options, "output_cap")
+  if bad_cap then return nil, bad_cap end
   local root = state_root(options)
   if not root then
     return nil, errors.invalid_input("sandbox.create", "root",
@@ -135,7 +138,7 @@ function provider_local.new(options)
       "isolate = \"bwrap\" needs bubblewrap (/usr/bin/bwrap), which is not installed")
   end
   return setmetatable({ name = "local", options = options, root = root,
-    sessions = root .. "/sessions" }, provider_mt)
+    sessions = root .. "/sessions", ready_timeout = ready_timeout }, provider_mt)
 end
 
 function provider_mt:capabilities()
@@ -149,12 +152,6 @@ function provider_mt:capabilities()
     isolation = isolated and "bwrap" or "none",
     bwrap = bwrap_available(),
   }
-end
-
-local function check_id(id, operation)
-  if type(id) ~= "string" or #id < 1 or #id > MAX_ID or not id:match(ID_PATTERN) then
-    return errors.invalid_input(operation, "id", "a session id is 1 to 63 of [A-Za-z0-9_-]")
-  end
 end
 
 local function new_id()
@@ -242,7 +239,7 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
   end
   if self.options.output_cap then
     argv[#argv + 1] = "--output-cap"
-    argv[#argv + 1] = tostring(math.floor(self.options.output_cap))
+    argv[#argv + 1] = tostring(self.options.output_cap)
   end
   local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
     stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
@@ -273,7 +270,7 @@ end
 function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   -- The agent writes one line when it listens; its closing without one means it failed.
   local line, got = nil, ""
-  local deadline = core.now() + (self.options.ready_timeout or START_TIMEOUT)
+  local deadline = core.now() + self.ready_timeout
   while not line do
     local chunk = reader:read()
     if chunk then
@@ -296,7 +293,7 @@ function provider_mt:await_agent(id, dir, pid, reader, token, fields)
     generation = fields.generation, isolate = self.options.isolate, env = fields.env, created_at = os.time(),
     expires_at = fields.expires_at }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
-  local health, herr = readiness.wait(conn, { timeout = self.options.ready_timeout or START_TIMEOUT })
+  local health, herr = readiness.wait(conn, { timeout = self.ready_timeout })
   if not health then return nil, herr end
   local written, werr = write_record(dir, record)
   if not written then return nil, errors.invalid_input("sandbox.create", "root", tostring(werr)) end
@@ -311,16 +308,10 @@ function provider_mt:create(opts)
   -- could not be waited for.
   wait.check_nginx()
   local id = opts.id or new_id()
-  local bad = check_id(id, "sandbox.create")
+  -- A second at least: the wall clock the record keeps counts in seconds. An endless one is no
+  -- lifetime: the record (JSON) cannot hold it, and no lifetime is what nil says.
+  local lifetime, bad = options_check.lifetime("sandbox.create", opts, "lifetime")
   if bad then return nil, bad end
-  local lifetime = opts.lifetime
-  if lifetime ~= nil and (type(lifetime) ~= "number" or lifetime ~= lifetime or lifetime < 1
-      or lifetime == math.huge) then
-    -- A whole second at least: the wall clock the record keeps counts in seconds. An endless
-    -- one is no lifetime: the record (JSON) cannot hold it, and no lifetime is what nil says.
-    return nil, errors.invalid_input("sandbox.create", "lifetime",
-      "lifetime is a finite number of seconds, 1 or more")
-  end
   if opts.env ~= nil then
     for k, v in pairs(opts.env) do
       if type(k) ~= "string" or type(v) ~= "string" then
@@ -369,8 +360,6 @@ end
 local PROBE_TIMEOUT = 2
 
 function provider_mt:get(id)
-  local bad = check_id(id, "sandbox.get")
-  if bad then return nil, bad end
   local dir = self:dir(id)
   local record = load_record(dir)
   if not record then
@@ -430,7 +419,7 @@ function provider_mt:list()
   if not names then return records end
   table.sort(names)
   for _, id in ipairs(names) do
-    if not check_id(id, "sandbox.list") then
+    if not options_check.id("sandbox.list", id, provider_local.ID) then
       local record = self:get(id)
       if record then records[#records + 1] = record end
     end
@@ -446,8 +435,6 @@ local REMOVAL_MAY_SUCCEED = { ENOTEMPTY = true, ENOMEM = true, EMFILE = true, EN
 
 --- Kills the session's agent and removes its directory. An absent id succeeds.
 function provider_mt:terminate(id)
-  local bad = check_id(id, "sandbox.terminate")
-  if bad then return nil, bad end
   wait.check_nginx()
   local dir = self:dir(id)
   local record = load_record(dir)
