@@ -5,7 +5,7 @@
 
 local cjson = require "cjson"
 local core = require "sandkit.core"
-local capability = require "sandkit.kubernetes.capability"
+local capability = require "sandkit.providers.kubernetes.capability"
 local fake_http = require "support.fake_http"
 local files = require "support.files"
 local raw = require "support.raw_http"

@@ -1,9 +1,9 @@
--- The Lambda MicroVMs control-plane client (lua/sandkit/aws/microvms.lua) against a fake control
+-- The Lambda MicroVMs control-plane client (lua/sandkit/providers/aws/microvms.lua) against a fake control
 -- plane over real sockets: the request shapes and their SigV4 signatures as they arrive, how
 -- AWS's answers are classified, and what an error may say.
 
 local core = require "sandkit.core"
-local microvms = require "sandkit.aws.microvms"
+local microvms = require "sandkit.providers.aws.microvms"
 local aws_control_plane = require "support.aws_control_plane"
 local files = require "support.files"
 
@@ -201,7 +201,7 @@ describe("the Lambda MicroVMs client", function()
   it("reads credentials from the standard AWS environment variables", function()
     cp = aws_control_plane.start{ microvms = { ["mvm-1"] = { imageArn = "sbx-image" } } }
     local out = run_child(string.format([[
-      local m = require "sandkit.aws.microvms"
+      local m = require "sandkit.providers.aws.microvms"
       local c = assert(m.new{ region = "eu-west-1", endpoint = %q })
       local vm, err = c:get("mvm-1")
       io.write(vm and vm.id or tostring(err))
@@ -217,7 +217,7 @@ describe("the Lambda MicroVMs client", function()
   it("with no credentials anywhere, says where they are looked for and sends nothing", function()
     cp = aws_control_plane.start{}
     local out = run_child(string.format([[
-      local m = require "sandkit.aws.microvms"
+      local m = require "sandkit.providers.aws.microvms"
       local c = assert(m.new{ region = "us-east-2", endpoint = %q })
       local vm, err = c:get("mvm-1")
       io.write(err.code, "|", err.message)

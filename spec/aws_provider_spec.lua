@@ -1,10 +1,10 @@
--- The aws provider (lua/sandkit/providers/aws.lua) through the public API, against a fake
+-- The aws provider (lua/sandkit/providers/aws/init.lua) through the public API, against a fake
 -- Lambda MicroVMs control plane and fake agents over real sockets. Every call the provider
 -- makes is recorded, so "never called" is asserted from what arrived, not assumed.
 
 local sandkit = require "sandkit"
 local aws = require "sandkit.providers.aws"
-local microvms = require "sandkit.aws.microvms"
+local microvms = require "sandkit.providers.aws.microvms"
 local fake_http = require "support.fake_http"
 local aws_control_plane = require "support.aws_control_plane"
 

@@ -3,7 +3,7 @@
 
 local cjson = require "cjson"
 local raw_http = require "support.raw_http"
-local dataplane = require "sandkit.azure.dataplane"
+local dataplane = require "sandkit.providers.azure.dataplane"
 local agents = require "support.azure_agents"
 
 local GROUP = "/subscriptions/sub-1/resourceGroups/rg-1/sandboxGroups/group"

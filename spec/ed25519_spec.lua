@@ -2,7 +2,7 @@
 -- capability tokens checked both ways against Debian's python3-cryptography.
 
 local core = require "sandkit.core"
-local capability = require "sandkit.kubernetes.capability"
+local capability = require "sandkit.providers.kubernetes.capability"
 local files = require "support.files"
 
 local PYTHON = "/usr/bin/python3"

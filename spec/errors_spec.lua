@@ -6,9 +6,9 @@
 local errors = require "sandkit.errors"
 local fake_http = require "support.fake_http"
 local protocol = require "sandkit.protocol"
-local microvms = require "sandkit.aws.microvms"
-local dataplane = require "sandkit.azure.dataplane"
-local api = require "sandkit.kubernetes.api"
+local microvms = require "sandkit.providers.aws.microvms"
+local dataplane = require "sandkit.providers.azure.dataplane"
+local api = require "sandkit.providers.kubernetes.api"
 
 local function found(text, needle) return text:find(needle, 1, true) ~= nil end
 

@@ -3,7 +3,7 @@
 
 local kube_cluster = require "support.kube_cluster"
 local local_state = require "support.local_state"
-local rfc3339 = require "sandkit.kubernetes.rfc3339"
+local time = require "sandkit.time"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 local q = local_state.shell_quote
@@ -54,7 +54,7 @@ describe("the sandkit command with --provider kubernetes", function()
 
   local function shutdown_in(name)
     local claim = assert(claims()[name], name)
-    return rfc3339.parse(claim.spec.lifecycle.shutdownTime) - os.time()
+    return time.parse_rfc3339(claim.spec.lifecycle.shutdownTime) - os.time()
   end
 
   it("gives claims the --lifetime before the command, and a command's own --lifetime after it", function()

@@ -1,13 +1,13 @@
 -- Where the kubernetes provider finds the API server and its credentials
--- (sandkit.kubernetes.kubeconfig and .auth): kubeconfig files read with lyaml, the exec
+-- (sandkit.providers.kubernetes.kubeconfig and .auth): kubeconfig files read with lyaml, the exec
 -- plugins, token files and the in-cluster service account. No server is needed here; the
 -- provider specs use the same files against the fake API server.
 
 local cjson = require "cjson"
 local core = require "sandkit.core"
 local wait = require "sandkit.wait"
-local auth = require "sandkit.kubernetes.auth"
-local kubeconfig = require "sandkit.kubernetes.kubeconfig"
+local auth = require "sandkit.providers.kubernetes.auth"
+local kubeconfig = require "sandkit.providers.kubernetes.kubeconfig"
 local files = require "support.files"
 local processes = require "support.processes"
 
@@ -208,7 +208,7 @@ local function load_with_env(env, sa_dir)
   local script = dir .. "/load.lua"
   files.write(script, [[
     local cjson = require "cjson"
-    local kubeconfig = require "sandkit.kubernetes.kubeconfig"
+    local kubeconfig = require "sandkit.providers.kubernetes.kubeconfig"
     local cfg, err = kubeconfig.load{ service_account_dir = arg[1] ~= "" and arg[1] or nil }
     local out = { err = err and err.message }
     if cfg then

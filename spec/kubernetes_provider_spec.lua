@@ -68,7 +68,7 @@ describe("a kubernetes sandbox", function()
     assert.matches("^%x+$", claim.metadata.annotations["sandkit.dev/nonce"])
     assert.same({ name = "py-pool" }, claim.spec.warmPoolRef)
     assert.equal("Delete", claim.spec.lifecycle.shutdownPolicy)
-    local shutdown = require("sandkit.kubernetes.rfc3339").parse(claim.spec.lifecycle.shutdownTime)
+    local shutdown = require("sandkit.time").parse_rfc3339(claim.spec.lifecycle.shutdownTime)
     assert.is_true(math.abs(shutdown - (os.time() + 600)) <= 5, claim.spec.lifecycle.shutdownTime)
 
     local result = assert(session:exec({ "sh", "-c", "echo hi; echo oops >&2; exit 3" }, { timeout = 10 }))
@@ -270,7 +270,7 @@ describe("a kubernetes sandbox", function()
   it("gives one claim its own lifetime from create{ lifetime = S }, and refuses a fractional one", function()
     local sb = assert(cluster:sandbox{ lifetime = 600 })
     local session = assert(sb:create{ id = "own-life", lifetime = 120 })
-    local shutdown = require("sandkit.kubernetes.rfc3339").parse(
+    local shutdown = require("sandkit.time").parse_rfc3339(
       claim_of(cluster, "own-life").spec.lifecycle.shutdownTime)
     assert.is_true(math.abs(shutdown - (os.time() + 120)) <= 5)
     assert(session:terminate())

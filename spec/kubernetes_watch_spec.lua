@@ -1,10 +1,10 @@
--- Reading a Kubernetes watch (sandkit.kubernetes.watch): JSON lines from a streamed response,
+-- Reading a Kubernetes watch (sandkit.providers.kubernetes.watch): JSON lines from a streamed response,
 -- however the chunks cut them, within a bound on a line, telling each way a stream stops.
 
 local http = require "sandkit.http"
 local wait = require "sandkit.wait"
 local json = require "sandkit.json"
-local watch = require "sandkit.kubernetes.watch"
+local watch = require "sandkit.providers.kubernetes.watch"
 local fake_http = require "support.fake_http"
 
 --- A server that answers every request with the chunks of `chunks_source` (a Lua expression),

@@ -1,9 +1,9 @@
--- AWS Signature Version 4 (src/common/sigv4.c, src/lua_sigv4.c, lua/sandkit/aws/sigv4.lua) against
--- AWS's published test suite and the Lambda MicroVMs request shapes. spec/fixtures/sigv4/
--- SOURCES.md says where each fixture comes from.
+-- AWS Signature Version 4 (src/common/sigv4.c, src/lua_sigv4.c, lua/sandkit/providers/aws/sigv4.lua)
+-- against AWS's published test suite and the Lambda MicroVMs request shapes.
+-- spec/fixtures/sigv4/SOURCES.md says where each fixture comes from.
 local core = require "sandkit.core"
 local cjson = require "cjson"
-local sigv4 = require "sandkit.aws.sigv4"
+local sigv4 = require "sandkit.providers.aws.sigv4"
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local fixtures = here .. "fixtures/sigv4/"
@@ -312,7 +312,7 @@ describe("core.sigv4", function()
   end)
 end)
 
-describe("sandkit.aws.sigv4.sign", function()
+describe("sandkit.providers.aws.sigv4.sign", function()
   local creds = { access_key_id = "AKIDEXAMPLE", secret_access_key = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY" }
 
   it("signs the suite's get-vanilla-query-order-key-case from a URL and returns the sorted query in the URL to send",

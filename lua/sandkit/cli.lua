@@ -15,7 +15,7 @@ local core = require "sandkit.core"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
-local rfc3339 = require "sandkit.kubernetes.rfc3339"
+local time = require "sandkit.time"
 local sandkit = require "sandkit"
 local wait = require "sandkit.wait"
 
@@ -224,7 +224,7 @@ local function command_ended(exit, cap)
 end
 
 local function iso_time(t)
-  return t and rfc3339.format(t) or nil
+  return t and time.rfc3339(t) or nil
 end
 
 local function size_text(bytes)

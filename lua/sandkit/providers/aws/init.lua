@@ -22,7 +22,7 @@
 
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
-local microvms = require "sandkit.aws.microvms"
+local microvms = require "sandkit.providers.aws.microvms"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"

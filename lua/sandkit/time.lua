@@ -1,7 +1,8 @@
---- RFC 3339 timestamps as Kubernetes writes them ("2026-03-05T17:30:20Z", with an optional
--- fraction and numeric offset), to and from Unix seconds, without the local time zone.
+--- Times as sandkit writes and reads them: RFC 3339 timestamps ("2026-03-05T17:30:20Z", with
+-- an optional fraction and numeric offset, as Kubernetes writes them and the `sandkit` command
+-- prints them), to and from Unix seconds, without the local time zone.
 
-local rfc3339 = {}
+local time = {}
 
 --- Days from 1970-01-01 to a civil date (proleptic Gregorian; H. Hinnant's algorithm).
 local function days_from_civil(y, m, d)
@@ -15,7 +16,7 @@ local function days_from_civil(y, m, d)
 end
 
 --- Unix seconds (an integer) of a timestamp, or nil when it is not one.
-function rfc3339.parse(s)
+function time.parse_rfc3339(s)
   if type(s) ~= "string" then return nil end
   local y, mo, d, h, mi, sec, rest = s:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)[Tt](%d%d):(%d%d):(%d%d)(.*)$")
   if not y then return nil end
@@ -35,8 +36,8 @@ function rfc3339.parse(s)
 end
 
 --- The UTC timestamp of Unix seconds, as Kubernetes writes metav1.Time.
-function rfc3339.format(t)
+function time.rfc3339(t)
   return os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(t))
 end
 
-return rfc3339
+return time

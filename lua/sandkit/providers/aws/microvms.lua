@@ -1,7 +1,7 @@
 --- The Lambda MicroVMs control plane: the REST calls the aws provider makes, signed with SigV4
 -- (service `lambda`) and sent over http.exchange.
 --
---   local microvms = require "sandkit.aws.microvms"
+--   local microvms = require "sandkit.providers.aws.microvms"
 --   local client = assert(microvms.new{
 --     region = "us-east-2",            -- or $AWS_REGION / $AWS_DEFAULT_REGION
 --     endpoint = nil,                  -- default https://lambda.<region>.amazonaws.com
@@ -29,7 +29,7 @@ local json_codec = require "sandkit.json"
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
 local options_check = require "sandkit.options"
-local sigv4 = require "sandkit.aws.sigv4"
+local sigv4 = require "sandkit.providers.aws.sigv4"
 local wait = require "sandkit.wait"
 
 local microvms = {}
@@ -279,7 +279,7 @@ local function positive_integer(v, name)
 end
 
 --- RunMicrovm. The client token makes AWS start one MicroVM however often the same request
--- arrives; no execution role is ever passed (see providers/aws.lua).
+-- arrives; no execution role is ever passed (see providers/aws/init.lua).
 function client_mt:run(spec)
   if type(spec) ~= "table" or not non_empty_string(spec.image_identifier)
       or not non_empty_string(spec.image_version) or not non_empty_string(spec.client_token) then

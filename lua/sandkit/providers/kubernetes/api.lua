@@ -2,7 +2,7 @@
 -- requests and answers, watches as streams, and the one place a Kubernetes answer becomes a
 -- sandkit error.
 --
---   local client = api.new(cfg, { timeout = 30 })    -- cfg from sandkit.kubernetes.kubeconfig
+--   local client = api.new(cfg, { timeout = 30 })    -- cfg from sandkit.providers.kubernetes.kubeconfig
 --   client:call{ operation =, verb = "get", resource = "sandboxclaims", namespace =, name =,
 --                method = "GET", path =, query = { {k, v}… }, body = <table>, once = bool,
 --                absent_on_404 = bool }       -- decoded answer | nil (absent) | nil, err

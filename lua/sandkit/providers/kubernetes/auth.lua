@@ -19,7 +19,7 @@ local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
-local rfc3339 = require "sandkit.kubernetes.rfc3339"
+local time = require "sandkit.time"
 local wait = require "sandkit.wait"
 
 local auth = {}
@@ -206,7 +206,7 @@ local function exec_credential(exec, operation, beat)
   end
   if not cred.token and not cred.cert then return bad("it has neither a token nor a certificate") end
   if status.expirationTimestamp ~= nil then
-    cred.expires = rfc3339.parse(status.expirationTimestamp)
+    cred.expires = time.parse_rfc3339(status.expirationTimestamp)
     if not cred.expires then return bad("expirationTimestamp is not an RFC 3339 time") end
   end
   return cred

@@ -188,7 +188,7 @@ function azure.new(options)
   local dp = options.dataplane
   if dp == nil then
     local err
-    dp, err = require("sandkit.azure.dataplane").new(options)
+    dp, err = require("sandkit.providers.azure.dataplane").new(options)
     if not dp then return nil, err end
   elseif type(dp) ~= "table" then
     return nil, errors.invalid_input("sandkit.sandbox", "dataplane",

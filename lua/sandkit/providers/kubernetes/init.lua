@@ -28,11 +28,11 @@ local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
-local api = require "sandkit.kubernetes.api"
-local capability = require "sandkit.kubernetes.capability"
-local kubeconfig = require "sandkit.kubernetes.kubeconfig"
-local rfc3339 = require "sandkit.kubernetes.rfc3339"
-local watch = require "sandkit.kubernetes.watch"
+local api = require "sandkit.providers.kubernetes.api"
+local capability = require "sandkit.providers.kubernetes.capability"
+local kubeconfig = require "sandkit.providers.kubernetes.kubeconfig"
+local time = require "sandkit.time"
+local watch = require "sandkit.providers.kubernetes.watch"
 
 local kubernetes = {}
 
@@ -418,7 +418,7 @@ function provider_mt:record(claim, operation, lookup)
     return nil, why
   end
   local record = { id = meta(claim).name, state = claim_state(claim), generation = 1,
-    claim_uid = meta(claim).uid, created_at = rfc3339.parse(meta(claim).creationTimestamp) }
+    claim_uid = meta(claim).uid, created_at = time.parse_rfc3339(meta(claim).creationTimestamp) }
   if record.state == "running" then
     if pod then record.pod = pod else record.state = "starting" end
   end
@@ -685,7 +685,7 @@ function provider_mt:post_claim(id, lifetime, operation)
     metadata = { name = id, labels = { [kubernetes.MANAGED_BY_LABEL] = kubernetes.MANAGED_BY },
       annotations = { [kubernetes.NONCE_ANNOTATION] = nonce } },
     spec = { warmPoolRef = { name = self.warm_pool },
-      lifecycle = { shutdownTime = rfc3339.format(os.time() + lifetime),
+      lifecycle = { shutdownTime = time.rfc3339(os.time() + lifetime),
         shutdownPolicy = "Delete" } },
   }
   local claim, err = self.api:call{ operation = operation, verb = "create",

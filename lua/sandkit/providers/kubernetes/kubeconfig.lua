@@ -2,7 +2,7 @@
 -- lyaml, Debian's lua-yaml), or the pod's own service account when running in a cluster.
 --
 --   local cfg = kubeconfig.load{ kubeconfig = nil, context = nil, service_account_dir = nil }
---   cfg.server, cfg.namespace, cfg.ca_pem, cfg.tls_server_name, cfg.auth (sandkit.kubernetes.auth)
+--   cfg.server, cfg.namespace, cfg.ca_pem, cfg.tls_server_name, cfg.auth (sandkit.providers.kubernetes.auth)
 --
 -- Which file: `kubeconfig`, else $KUBECONFIG (a colon list, merged: the first file that names
 -- a cluster, user or context defines it, and the first current-context wins), else
@@ -13,7 +13,7 @@
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
-local auth = require "sandkit.kubernetes.auth"
+local auth = require "sandkit.providers.kubernetes.auth"
 local wait = require "sandkit.wait"
 
 local kubeconfig = {}
