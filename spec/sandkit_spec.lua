@@ -17,4 +17,18 @@ describe("sandkit.sandbox", function()
     assert.is_nil(sb)
     assert.equal("INVALID_INPUT", err.code)
   end)
+
+  it("loads each provider from its folder, and the modules the docs name by every name they gave", function()
+    for _, name in ipairs(sandkit.PROVIDERS) do
+      assert.is_table(require("sandkit.providers." .. name).OPTIONS, name)
+    end
+    assert.equal(require "sandkit.providers.aws.sigv4", require "sandkit.aws.sigv4")
+    assert.equal(require "sandkit.providers.azure.dataplane", require "sandkit.azure.dataplane")
+    local azure = require "sandkit.providers.azure"
+    assert.equal(8971, azure.AGENT_PORT)
+    assert.equal("/run/sandkit/agent-token", azure.TOKEN_PATH)
+    assert.equal("alienAgentTransport", azure.TRANSPORT_LABEL)
+    assert.equal("native-file-v1", azure.TRANSPORT_VERSION)
+    assert.same({ defaultAction = "Deny" }, azure.egress_policy{ mode = "deny" })
+  end)
 end)

@@ -162,6 +162,14 @@ function errors.unreachable(operation, details, fields)
   return errors.new("SANDBOX_UNREACHABLE", fields)
 end
 
+--- A session a provider will not touch because it is not this sandbox's. Absent and someone
+-- else's are one refusal, so no caller learns whether a sibling's id exists; `not_ours` tells
+-- the provider itself which it was.
+function errors.not_ours(operation, id)
+  return errors.unreachable(operation, "session '" .. id .. "' does not belong to this sandbox",
+    { not_ours = true })
+end
+
 --- A failure of one step as seen by the operation that needed it: the step's code, retry
 -- advice and details stand (a throttle stays a throttle), its message after what the
 -- operation was doing, and the step's error as the cause.

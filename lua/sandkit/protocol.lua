@@ -100,6 +100,14 @@ local function agent_reason(text)
   return text:match("^([A-Z][A-Z0-9_]+):")
 end
 
+--- Whether the agent refused a request's credential (§2): a 401, or the 403 whose body is a
+-- SANDBOX_CAPABILITY_REFUSED. Such a refusal comes before anything runs, so a transport whose
+-- credential can change may send the request once more with a fresh one.
+function protocol.credential_refused(err)
+  return err.status == 401 or (err.status == 403 and err.code == "SANDBOX_COMMAND_FAILED"
+    and err.reason == "SANDBOX_CAPABILITY_REFUSED")
+end
+
 --- Who answers the protocol's requests, as the transport failures' wording names it.
 local PEER = "the agent"
 

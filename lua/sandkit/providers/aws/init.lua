@@ -18,15 +18,15 @@
 -- every operation on a session reads its record first. A record naming another image, or none,
 -- is not ours: `get` reads it as absent, everything else refuses it.
 --
--- docs/aws.md describes the options and every refusal.
+-- docs/aws.md describes the options and every refusal. Its parts: agent_endpoint.lua (the way
+-- to a MicroVM's agent through AWS's proxy), microvms.lua (the control-plane client), sigv4.lua
+-- (the request signer).
 
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
 local microvms = require "sandkit.providers.aws.microvms"
 local options_check = require "sandkit.options"
-local protocol = require "sandkit.protocol"
-local readiness = require "sandkit.readiness"
-local wait = require "sandkit.wait"
+local agent_endpoint = require "sandkit.providers.aws.agent_endpoint"
 
 local aws = {}
 
@@ -40,14 +40,11 @@ aws.CREATE_OPTIONS = options_check.set{ "tenant_key" }
 --- A session id is its MicroVM's.
 aws.ID = microvms.ID
 
---- Where sandkit-agent listens inside a MicroVM.
-aws.AGENT_PORT = 8971
---- The header AWS's proxy reads to pick the port inside the MicroVM.
-aws.PROXY_PORT_HEADER = "X-aws-proxy-port"
---- Life of the token minted for each agent request. Short because it is minted per request:
--- the mint's answer carries no expiry to cache against, so a longer life would only widen
--- the window in which a leaked token works.
-aws.AGENT_TOKEN_MINUTES = 5
+--- Where sandkit-agent listens inside a MicroVM, the header AWS's proxy reads to pick the port,
+-- and the life of the token minted for each agent request (agent_endpoint.lua).
+aws.AGENT_PORT = agent_endpoint.AGENT_PORT
+aws.PROXY_PORT_HEADER = agent_endpoint.PROXY_PORT_HEADER
+aws.AGENT_TOKEN_MINUTES = agent_endpoint.AGENT_TOKEN_MINUTES
 --- Life of a preview token handed to a caller: long enough for a person to use a preview,
 -- and half of what AWS mints at most.
 aws.PREVIEW_TOKEN_MINUTES = 30
@@ -68,6 +65,7 @@ end
 
 local provider_mt = {}
 provider_mt.__index = provider_mt
+for name, method in pairs(agent_endpoint.methods) do provider_mt[name] = method end
 
 local STATES = {
   RUNNING = "running",
@@ -80,10 +78,6 @@ local STATES = {
 -- to something that cannot answer yet.
 local function session_state(aws_state)
   return STATES[aws_state] or "starting"
-end
-
-local function quoted(v)
-  return v and ("'" .. v .. "'") or "none"
 end
 
 local to_integer = json.integer
@@ -181,11 +175,6 @@ end
 
 -- Errors -------------------------------------------------------------------------------------
 
---- Absent and someone else's are one refusal, so no caller learns whether a sibling's id exists.
-local function not_ours(operation, id)
-  return errors.unreachable(operation, "session '" .. id .. "' does not belong to this sandbox")
-end
-
 --- Refused rather than dropped: RunMicrovm has nowhere to put either, and a session-level
 -- value that silently never applies is worse than no session.
 local function refuse_session_fields(opts, operation)
@@ -223,7 +212,7 @@ end
 function provider_mt:ensure_owned(id, operation)
   local vm, err = self:owned(id, operation)
   if err then return nil, err end
-  if not vm then return nil, not_ours(operation, id) end
+  if not vm then return nil, errors.not_ours(operation, id) end
   return vm
 end
 
@@ -240,128 +229,7 @@ local function servable_record(id, vm, health)
   return record
 end
 
---- Where a MicroVM's proxy is reached: https://<endpoint>, or nil and why not. The endpoint
--- becomes the host of a URL that carries a token, so only host[:port] is accepted.
-function provider_mt:endpoint_url(id, vm, operation)
-  local endpoint = vm.endpoint
-  if not endpoint then
-    return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' has no endpoint yet (state "
-      .. tostring(vm.state) .. ")")
-  end
-  local host = endpoint:match("^([%w%.%-]+):?%d*$") or endpoint:match("^(%[[%x:]+%]):?%d*$")
-  if not host or endpoint:sub(-1) == ":" then
-    return nil, errors.unexpected(operation, "endpoint",
-      "MicroVM '" .. id .. "' reported an endpoint that is not host[:port]")
-  end
-  -- Specs serve fake agents on this machine without TLS; nothing else is ever plain http.
-  if self.options.allow_loopback_http and microvms.is_loopback(host) then
-    return "http://" .. endpoint
-  end
-  return "https://" .. endpoint
-end
-
---- A token's header map for `ports` of one MicroVM, with the port header added.
-function provider_mt:mint(id, port, minutes, operation, what)
-  local token, err = self.client:create_auth_token(id, { port }, minutes)
-  if err then return nil, errors.wrap(operation, what, err) end
-  if not token then
-    return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' no longer exists")
-  end
-  local headers = {}
-  for name, value in pairs(token) do
-    if name:lower() ~= aws.PROXY_PORT_HEADER:lower() then headers[name] = value end
-  end
-  headers[aws.PROXY_PORT_HEADER] = tostring(port)
-  return headers
-end
-
--- Agent requests ----------------------------------------------------------------------------
-
---- The whole of what AWS does differently from any other agent: where a request goes and
--- what authorizes it. Two control-plane calls per request — the record (ownership and
--- endpoint from one read) and a fresh 5-minute token — because the mint's answer carries no
--- expiry, so a cached token could only be guessed valid. The token is a header map, never a
--- bearer: AWS's proxy answers a bearer with a 403 that reads like a permissions problem.
-function provider_mt:agent_target(id, path, operation)
-  local vm, err = self:owned(id, operation)
-  if err then return nil, err end
-  if not vm then return nil, not_ours(operation, id) end
-  local base
-  base, err = self:endpoint_url(id, vm, operation)
-  if not base then return nil, err end
-  local headers
-  headers, err = self:mint(id, aws.AGENT_PORT, aws.AGENT_TOKEN_MINUTES, operation,
-    "could not mint an endpoint token for '" .. id .. "'")
-  if not headers then return nil, err end
-  return { url = base .. path, headers = headers, ca_file = self.options.ca_file }
-end
-
-function provider_mt:connection(record)
-  local provider, id = self, record.id
-  local transport = {
-    prepare = function(_, _, path, operation)
-      return provider:agent_target(id, path, operation)
-    end,
-  }
-  local conn = protocol.connection(transport, self.options)
-  conn.features = record.features or {}
-  return conn
-end
-
 -- Lifecycle ---------------------------------------------------------------------------------
-
---- Returns once the session's agent answers its health probe: first its endpoint must be
--- published, then the probe must get through the 502s of a snapshot restore. Only the
--- endpoint's absence and the restore are waited on; a refused read or mint, or a record that
--- is not ours, does not resolve by waiting and is reported at once.
-function provider_mt:wait_until_servable(id, operation)
-  local deadline = wait.now() + self.ready_timeout
-  local vm
-  while true do
-    local found, err = self:fetch(id, operation)
-    if err then return nil, err end
-    if found and not self:owns(found) then
-      return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' does not belong to this "
-        .. "sandbox: it reports image " .. quoted(found.image_arn) .. ", not '" .. self.image .. "'")
-    end
-    -- A MicroVM AWS has just accepted may not read back yet: absent is waited on too.
-    if found and found.endpoint then
-      vm = found
-      break
-    end
-    local left = deadline - wait.now()
-    if left <= 0 then
-      return nil, errors.unreachable(operation, string.format(
-        "MicroVM '%s' published no endpoint within %gs (last state %s)", id, self.ready_timeout,
-        found and tostring(found.state) or "unknown: the MicroVM did not read back"))
-    end
-    wait.sleep(math.min(self.ready_interval, left))
-  end
-
-  local base, err = self:endpoint_url(id, vm, operation)
-  if not base then return nil, err end
-  -- One token serves the whole wait: the probes cost no further reads or mints.
-  local headers
-  headers, err = self:mint(id, aws.AGENT_PORT, aws.AGENT_TOKEN_MINUTES, operation,
-    "could not mint an endpoint token for '" .. id .. "'")
-  if not headers then return nil, err end
-  local ca_file = self.options.ca_file
-  local probe = protocol.connection({
-    prepare = function(_, _, path)
-      local copy = {}
-      for k, v in pairs(headers) do copy[k] = v end
-      return { url = base .. path, headers = copy, ca_file = ca_file }
-    end,
-  }, self.options)
-  local health
-  health, err = readiness.wait(probe, { timeout = math.max(deadline - wait.now(), 0.001),
-    interval = self.ready_interval, operation = operation })
-  if not health then
-    return nil, errors.unreachable(operation, "MicroVM '" .. id .. "' did not become servable: "
-      .. err.message, { cause = err })
-  end
-  return vm, health
-end
 
 --- Starts a MicroVM and returns once it can serve.
 --
@@ -445,7 +313,7 @@ function provider_mt:terminate(id)
   local vm, err = self:fetch(id, "sandbox.terminate")
   if err then return nil, err end
   if not vm then return true end
-  if not self:owns(vm) then return nil, not_ours("sandbox.terminate", id) end
+  if not self:owns(vm) then return nil, errors.not_ours("sandbox.terminate", id) end
   local _, terr = self.client:terminate(id)
   if terr then
     return nil, errors.wrap("sandbox.terminate", "could not terminate MicroVM '" .. id .. "'", terr)

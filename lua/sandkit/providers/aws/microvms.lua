@@ -301,36 +301,34 @@ function client_mt:run(spec)
   return microvm(json)
 end
 
-function client_mt:get(id)
-  local bad = options_check.id("GetMicrovm", id, microvms.ID)
+--- A call on the MicroVM `id`, at `suffix` below its path: the answer, nil when AWS says it
+-- is absent, or nil and an error (an id that is none is refused before anything is signed).
+function client_mt:call_on(id, operation, method, suffix, body, once)
+  local bad = options_check.id(operation, id, microvms.ID)
   if bad then return nil, bad end
-  local json, err = self:call("GetMicrovm", "GET", "/microvms/" .. segment(id), nil, true)
+  return self:call(operation, method, "/microvms/" .. segment(id) .. suffix, body, true, once)
+end
+
+function client_mt:get(id)
+  local json, err = self:call_on(id, "GetMicrovm", "GET", "")
   if not json then return nil, err end
   return microvm(json)
 end
 
 function client_mt:terminate(id)
-  local bad = options_check.id("TerminateMicrovm", id, microvms.ID)
-  if bad then return nil, bad end
-  local json, err = self:call("TerminateMicrovm", "DELETE", "/microvms/" .. segment(id), nil, true)
+  local json, err = self:call_on(id, "TerminateMicrovm", "DELETE", "")
   if not json then return nil, err end
   return true
 end
 
 function client_mt:suspend(id)
-  local bad = options_check.id("SuspendMicrovm", id, microvms.ID)
-  if bad then return nil, bad end
-  local json, err = self:call("SuspendMicrovm", "POST", "/microvms/" .. segment(id) .. "/suspend",
-    "{}", true, true)
+  local json, err = self:call_on(id, "SuspendMicrovm", "POST", "/suspend", "{}", true)
   if not json then return nil, err end
   return true
 end
 
 function client_mt:resume(id)
-  local bad = options_check.id("ResumeMicrovm", id, microvms.ID)
-  if bad then return nil, bad end
-  local json, err = self:call("ResumeMicrovm", "POST", "/microvms/" .. segment(id) .. "/resume",
-    "{}", true, true)
+  local json, err = self:call_on(id, "ResumeMicrovm", "POST", "/resume", "{}", true)
   if not json then return nil, err end
   return true
 end
@@ -344,21 +342,17 @@ end
 --- CreateMicrovmAuthToken: a header map that admits requests to `ports` of one MicroVM for
 -- `minutes` (clamped to what AWS mints).
 function client_mt:create_auth_token(id, ports, minutes)
-  local bad = options_check.id("CreateMicrovmAuthToken", id, microvms.ID)
-  if bad then return nil, bad end
   if type(ports) ~= "table" or #ports == 0 then error("sandkit: ports is a list of port numbers", 2) end
   local allowed = {}
   for i, port in ipairs(ports) do
-    local n = to_integer(port)
-    if not n or n < 1 or n > 65535 then error("sandkit: ports is a list of port numbers", 2) end
-    allowed[i] = { port = n }
+    if not options_check.is("port", port) then error("sandkit: ports is a list of port numbers", 2) end
+    allowed[i] = { port = to_integer(port) }
   end
   local life = positive_integer(minutes, "minutes")
   if not life then error("sandkit: minutes is required", 2) end
   life = math.min(life, microvms.MAX_AUTH_TOKEN_MINUTES)
-  local json, err = self:call("CreateMicrovmAuthToken", "POST",
-    "/microvms/" .. segment(id) .. "/auth-token",
-    encode{ allowedPorts = allowed, expirationInMinutes = life }, true)
+  local json, err = self:call_on(id, "CreateMicrovmAuthToken", "POST", "/auth-token",
+    encode{ allowedPorts = allowed, expirationInMinutes = life })
   if not json then return nil, err end
   local token = json.authToken
   if type(token) ~= "table" or next(token) == nil then

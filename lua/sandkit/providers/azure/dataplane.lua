@@ -147,15 +147,21 @@ local function refusal(call, resp)
 end
 
 --- Sends one call. Returns the answer for a 2xx, nil for a 404, or nil and an error.
--- call: operation, method, group, path (below the group), query, json | body + content_type,
---       once, timeout, max_body.
+-- call: operation, method, group, id (a sandbox's, when the call is on one), path (below the
+--       group, or below the sandbox), query, json | body + content_type, once, timeout, max_body.
 function client_mt:send(call)
   if not segment(call.group) then
     return nil, errors.invalid_input(call.operation, "group", "a sandbox group is letters, digits, '-', '_', '.'")
   end
+  local path = call.path
+  if call.id ~= nil then
+    local bad = options_check.id(call.operation, call.id, dataplane.ID)
+    if bad then return nil, bad end
+    path = "/sandboxes/" .. call.id .. (path or "")
+  end
   local token, err = self:bearer(call.operation)
   if not token then return nil, err end
-  local url = self.endpoint .. self.prefix .. call.group .. call.path .. "?api-version=" .. self.api_version
+  local url = self.endpoint .. self.prefix .. call.group .. path .. "?api-version=" .. self.api_version
   for _, pair in ipairs(call.query or {}) do
     url = url .. "&" .. pair[1] .. "=" .. escape(pair[2], true)
   end
@@ -181,10 +187,6 @@ function client_mt:send(call)
   if resp.status >= 200 and resp.status < 300 then return resp end
   if resp.status == 404 then return nil end
   return nil, refusal(call, resp)
-end
-
-local function sandbox_path(id)
-  return "/sandboxes/" .. id
 end
 
 --- A sandbox as the provider reads it. Label values are kept whatever their type, so a
@@ -216,9 +218,7 @@ end
 
 function client_mt:get_sandbox(group, id)
   local op = "azure.getSandbox"
-  local bad = options_check.id(op, id, dataplane.ID)
-  if bad then return nil, bad end
-  local resp, err = self:send{ operation = op, method = "GET", group = group, path = sandbox_path(id) }
+  local resp, err = self:send{ operation = op, method = "GET", group = group, id = id }
   if not resp then return nil, err end
   return record_answer(op, resp)
 end
@@ -254,10 +254,8 @@ function client_mt:create_sandbox(group, spec)
 end
 
 local function simple(self, op, method, group, id, suffix, once)
-  local bad = options_check.id(op, id, dataplane.ID)
-  if bad then return nil, bad end
-  local resp, err = self:send{ operation = op, method = method, group = group,
-    path = sandbox_path(id) .. (suffix or ""), json = method == "POST" and {} or nil, once = once }
+  local resp, err = self:send{ operation = op, method = method, group = group, id = id,
+    path = suffix, json = method == "POST" and {} or nil, once = once }
   if not resp then return nil, err end
   return true
 end
@@ -296,7 +294,7 @@ function client_mt:agent_port_url(group, id, port)
   if url then return url end
   local resp
   resp, err = self:send{ operation = op, method = "POST", group = group,
-    path = sandbox_path(id) .. "/ports/add", json = { port = port, auth = { anonymous = true } } }
+    id = id, path = "/ports/add", json = { port = port, auth = { anonymous = true } } }
   if not resp then return nil, err end
   url = port_url(resp.json and resp.json.ports, port)
   if url then return url end
@@ -310,10 +308,8 @@ end
 
 function client_mt:read_file(group, id, path)
   local op = "azure.readFile"
-  local bad = options_check.id(op, id, dataplane.ID)
-  if bad then return nil, bad end
   local resp, err = self:send{ operation = op, method = "GET", group = group,
-    path = sandbox_path(id) .. "/files", query = { { "path", path } },
+    id = id, path = "/files", query = { { "path", path } },
     max_body = dataplane.MAX_FILE_BYTES }
   if not resp then return nil, err end
   return resp.body
@@ -321,13 +317,11 @@ end
 
 function client_mt:write_file(group, id, path, bytes)
   local op = "azure.writeFile"
-  local bad = options_check.id(op, id, dataplane.ID)
-  if bad then return nil, bad end
   if #bytes > dataplane.MAX_FILE_BYTES then
     return nil, errors.invalid_input(op, "files", path .. " is larger than the 33554432-byte file limit")
   end
   local resp, err = self:send{ operation = op, method = "PUT", group = group,
-    path = sandbox_path(id) .. "/files", query = { { "path", path }, { "createDirs", "true" } },
+    id = id, path = "/files", query = { { "path", path }, { "createDirs", "true" } },
     body = bytes, content_type = "application/octet-stream" }
   if not resp then return nil, err end
   return true
@@ -335,10 +329,8 @@ end
 
 function client_mt:mkdir(group, id, path)
   local op = "azure.mkdir"
-  local bad = options_check.id(op, id, dataplane.ID)
-  if bad then return nil, bad end
   local resp, err = self:send{ operation = op, method = "POST", group = group,
-    path = sandbox_path(id) .. "/files/mkdir", json = { path = path } }
+    id = id, path = "/files/mkdir", json = { path = path } }
   if not resp then return nil, err end
   return true
 end
@@ -347,10 +339,8 @@ end
 -- opts.timeout (seconds) bounds the whole call; the data plane itself has no timeout field.
 function client_mt:execute_shell_command(group, id, command, working_directory, opts)
   local op = "azure.executeShellCommand"
-  local bad = options_check.id(op, id, dataplane.ID)
-  if bad then return nil, bad end
   local call = { operation = op, method = "POST", group = group,
-    path = sandbox_path(id) .. "/executeShellCommand",
+    id = id, path = "/executeShellCommand",
     json = { command = command, workingDirectory = working_directory }, once = true,
     timeout = opts and opts.timeout, max_body = MAX_EXECUTE_BODY }
   local resp, err = self:send(call)

@@ -18,7 +18,8 @@
 --   token        the agent's bearer token, mode 0600
 --   files/       the sandbox root the agent serves: what commands and file calls see
 --   agent.log    the agent's stderr
--- The record is what lets get, list and terminate work from another process.
+-- The record is what lets get, list and terminate work from another process. Its parts:
+-- state.lua (the state folder and the records in it), agent_process.lua (the agents).
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
@@ -27,6 +28,8 @@ local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
+local agent_process = require "sandkit.providers.local.agent_process"
+local state = require "sandkit.providers.local.state"
 
 local provider_local = {}
 
@@ -50,82 +53,19 @@ provider_local.CLI_OPTIONS = {
 local provider_mt = {}
 provider_mt.__index = provider_mt
 
---- Seconds an agent gets to report that it listens, and to leave after SIGTERM.
-local START_TIMEOUT = 10
-local STOP_TIMEOUT = 5
-
-local function state_root(options)
-  if options.root then return options.root end
-  local xdg = os.getenv("XDG_STATE_HOME")
-  if xdg and xdg ~= "" then return xdg .. "/sandkit" end
-  local home = os.getenv("HOME")
-  if not home or home == "" then return nil end
-  return home .. "/.local/state/sandkit"
-end
-
-local function file_exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() return true end
-  return false
-end
-
-local function read_file(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
---- The agent binary: the option, $SANDKIT_AGENT, next to this installation's bin/, or $PATH;
--- nil and where it was looked for when it is nowhere.
-local function find_agent(options)
-  if options.agent_path then
-    if file_exists(options.agent_path) then return options.agent_path end
-    return nil, "agent_path " .. options.agent_path .. " does not exist"
-  end
-  local env = os.getenv("SANDKIT_AGENT")
-  if env and env ~= "" then
-    if file_exists(env) then return env end
-    return nil, "$SANDKIT_AGENT names " .. env .. ", which does not exist"
-  end
-  -- A LuaRocks tree or prefix keeps the module at <tree>/lib/lua/5.x/sandkit/core.so and the
-  -- binary at <tree>/bin/sandkit-agent.
-  local so = package.searchpath("sandkit.core", package.cpath)
-  if so then
-    local tree = so:match("^(.*)/lib/lua/[^/]+/sandkit/core%.so$")
-    if tree and file_exists(tree .. "/bin/sandkit-agent") then return tree .. "/bin/sandkit-agent" end
-  end
-  for dir in (os.getenv("PATH") or ""):gmatch("[^:]+") do
-    if file_exists(dir .. "/sandkit-agent") then return dir .. "/sandkit-agent" end
-  end
-  return nil, "sandkit-agent was not found (set agent_path, $SANDKIT_AGENT, or put it on $PATH)"
-end
-
-local function mkdirs(path)
-  local parent = path:match("^(.+)/[^/]+$")
-  if parent and parent ~= "" then
-    local ok, _, code = core.mkdir(parent, 448)
-    if not ok and code == "ENOENT" then
-      local made, err = mkdirs(parent)
-      if not made then return nil, err end
-    end
-  end
-  local ok, err, code = core.mkdir(path, 448) -- 0700: sessions are private to their user
-  if ok or code == "EEXIST" then return true end
-  return nil, err
-end
+local read_file = state.read_file
 
 local function bwrap_available()
-  return file_exists("/usr/bin/bwrap")
+  return state.file_exists("/usr/bin/bwrap")
 end
 
 function provider_local.new(options)
-  local ready_timeout, bad = options_check.seconds("sandkit.sandbox", options, "ready_timeout", START_TIMEOUT)
+  local ready_timeout, bad = options_check.seconds("sandkit.sandbox", options, "ready_timeout",
+    agent_process.START_TIMEOUT)
   if bad then return nil, bad end
   local _, bad_cap = options_check.whole_number("sandkit.sandbox", options, "output_cap")
   if bad_cap then return nil, bad_cap end
-  local root = state_root(options)
+  local root = state.root(options)
   if not root then
     return nil, errors.invalid_input("sandbox.create", "root",
       "no state folder: set root, $XDG_STATE_HOME or $HOME")
@@ -171,49 +111,10 @@ local function transport_for(port, token)
   }
 end
 
-local function write_record(dir, record)
-  local tmp = dir .. "/record.json.tmp"
-  os.remove(tmp)
-  local text = json.encode(record)
-  local ok, err = core.write_private(tmp, text)
-  if not ok then return nil, err end
-  local renamed, rerr = os.rename(tmp, dir .. "/record.json")
-  if not renamed then return nil, rerr end
-  return true
-end
-
---- Whether pid is the agent serving dir: a recorded pid may since belong to someone else.
-local function is_agent_of(pid, dir)
-  local cmdline = read_file("/proc/" .. pid .. "/cmdline")
-  return cmdline ~= nil and cmdline:find(dir .. "/files", 1, true) ~= nil
-end
-
-local function stop_agent(pid, dir)
-  if not (core.alive(pid) and is_agent_of(pid, dir)) then
-    core.reap(pid)
-    return
-  end
-  -- SIGTERM lets the agent kill its commands' process groups before it goes.
-  core.kill(pid, core.SIGTERM)
-  local deadline = core.now() + STOP_TIMEOUT
-  while core.now() < deadline do
-    if core.reap(pid) and not (core.alive(pid) and is_agent_of(pid, dir)) then return end
-    wait.sleep(0.02)
-  end
-  core.kill(pid, core.SIGKILL)
-  core.reap(pid, true)
-end
-
---- A lifetime is kept by coreutils' timeout(1) in front of the agent: at the end it sends the
--- agent SIGTERM, which the agent answers by killing its commands' process groups and leaving,
--- and SIGKILL if it has not left STOP_TIMEOUT seconds later. A SIGTERM from terminate reaches
--- the agent through it the same way.
-local TIMEOUT_PROGRAM = "timeout"
-
 --- Starts an agent for the session directory and waits until it serves. `expires_at` (os.time
 -- seconds, or nil) ends the agent's life.
 function provider_mt:start_agent(id, dir, generation, env, expires_at)
-  local agent, missing = find_agent(self.options)
+  local agent, missing = agent_process.find(self.options)
   if not agent then
     -- Not OPERATION_NOT_SUPPORTED: the provider does this; the installation is what is amiss.
     return nil, errors.invalid_input("sandbox.create", "agent_path", missing)
@@ -223,24 +124,7 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
   local token = core.b64encode(core.random(32))
   local ok, err = core.write_private(token_path, token)
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
-  local argv = { agent, "--root", dir .. "/files", "--token-file", token_path,
-    "--listen", "127.0.0.1:0", "--ready-fd", "3", "--log", "info" }
-  if expires_at then
-    local left = expires_at - os.time()
-    if left < 1 then left = 1 end
-    table.insert(argv, 1, TIMEOUT_PROGRAM)
-    table.insert(argv, 2, "--kill-after=" .. STOP_TIMEOUT)
-    table.insert(argv, 3, tostring(math.floor(left)))
-  end
-  if self.options.isolate == "bwrap" then
-    -- The state folder holds every session's token, record and files: inside the sandbox it is
-    -- empty but for this session's own files.
-    for _, word in ipairs{ "--isolate", "bwrap", "--hide", self.root } do argv[#argv + 1] = word end
-  end
-  if self.options.output_cap then
-    argv[#argv + 1] = "--output-cap"
-    argv[#argv + 1] = tostring(self.options.output_cap)
-  end
+  local argv = agent_process.argv(agent, dir, expires_at, self.options, self.root)
   local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
     stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
   if not pid then
@@ -259,7 +143,7 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
   if not record then
     reader:close()
     -- SIGTERM first: under timeout(1) a SIGKILL would end timeout alone and orphan the agent.
-    stop_agent(pid, dir)
+    agent_process.stop(pid, dir)
     return nil, failure
   end
   return record
@@ -269,20 +153,7 @@ end
 -- record, or nil and an error (the caller stops the agent).
 function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   -- The agent writes one line when it listens; its closing without one means it failed.
-  local line, got = nil, ""
-  local deadline = core.now() + self.ready_timeout
-  while not line do
-    local chunk = reader:read()
-    if chunk then
-      got = got .. chunk
-      line = got:match("^([^\n]*)\n")
-    elseif chunk == nil or core.now() >= deadline then
-      break
-    else
-      wait.ready(reader, deadline)
-    end
-  end
-  reader:close()
+  local line = agent_process.ready_line(reader, core.now() + self.ready_timeout)
   local ready = line and json.decode(line)
   if type(ready) ~= "table" or type(ready.port) ~= "number" then
     local log = (read_file(dir .. "/agent.log") or ""):sub(-600)
@@ -295,7 +166,7 @@ function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   local conn = protocol.connection(transport_for(record.port, token), self.options)
   local health, herr = readiness.wait(conn, { timeout = self.ready_timeout })
   if not health then return nil, herr end
-  local written, werr = write_record(dir, record)
+  local written, werr = state.write_record(dir, record)
   if not written then return nil, errors.invalid_input("sandbox.create", "root", tostring(werr)) end
   record.state = "running"
   record.token = token
@@ -319,7 +190,7 @@ function provider_mt:create(opts)
       end
     end
   end
-  local made, err = mkdirs(self.sessions)
+  local made, err = state.mkdirs(self.sessions)
   if not made then return nil, errors.invalid_input("sandbox.create", "root", tostring(err)) end
   local dir = self:dir(id)
   -- Making the directory is the claim: of two creators of one id, exactly one gets it.
@@ -340,28 +211,12 @@ function provider_mt:create(opts)
   return record
 end
 
-local function load_record(dir)
-  local text = read_file(dir .. "/record.json")
-  if not text then return nil end
-  local record = json.decode(text)
-  if type(record) ~= "table" then return nil end
-  record.pid = json.integer(record.pid)
-  record.port = json.integer(record.port)
-  record.generation = json.integer(record.generation or 1)
-  record.created_at = json.integer(record.created_at)
-  record.expires_at = json.integer(record.expires_at)
-  -- A record this provider did not write whole is not a session it can serve.
-  if not (record.pid and record.port and record.generation) then return nil end
-  if record.env == json.null then record.env = nil end
-  return record
-end
-
 --- How long a health probe of a recorded agent may take before it reads as gone.
 local PROBE_TIMEOUT = 2
 
 function provider_mt:get(id)
   local dir = self:dir(id)
-  local record = load_record(dir)
+  local record = state.load_record(dir)
   if not record then
     -- A directory without a record is a create still under way, or one that failed.
     return nil
@@ -375,7 +230,7 @@ function provider_mt:get(id)
   record.token = read_file(dir .. "/token")
   core.reap(record.pid)
   record.state = "terminated"
-  if record.token and core.alive(record.pid) and is_agent_of(record.pid, dir) then
+  if record.token and core.alive(record.pid) and agent_process.is_agent_of(record.pid, dir) then
     local conn = protocol.connection(transport_for(record.port, record.token),
       { header_timeout = PROBE_TIMEOUT })
     local health = protocol.health(conn)
@@ -437,8 +292,8 @@ local REMOVAL_MAY_SUCCEED = { ENOTEMPTY = true, ENOMEM = true, EMFILE = true, EN
 function provider_mt:terminate(id)
   wait.check_nginx()
   local dir = self:dir(id)
-  local record = load_record(dir)
-  if record then stop_agent(record.pid, dir) end
+  local record = state.load_record(dir)
+  if record then agent_process.stop(record.pid, dir) end
   local ok, err, errno = core.remove_tree(dir)
   if not ok then
     return nil, errors.unreachable("sandbox.terminate", "the session's files could not be removed: "

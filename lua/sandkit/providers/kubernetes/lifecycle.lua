@@ -1,0 +1,267 @@
+--- A Kubernetes session's life: a SandboxClaim posted once and settled by reading it back,
+-- waited for until its chain holds and its agent answers, handed back, listed, and deleted.
+-- Methods of the kubernetes provider (lifecycle.methods).
+
+local core = require "sandkit.core"
+local errors = require "sandkit.errors"
+local options_check = require "sandkit.options"
+local readiness = require "sandkit.readiness"
+local time = require "sandkit.time"
+local wait = require "sandkit.wait"
+local claims = require "sandkit.providers.kubernetes.claims"
+local watch = require "sandkit.providers.kubernetes.watch"
+
+local lifecycle = { methods = {} }
+local methods = lifecycle.methods
+
+--- The annotation a create writes its nonce to, by which it knows its claim read back.
+lifecycle.NONCE_ANNOTATION = "sandkit.dev/nonce"
+--- 9999-12-31T23:59:59Z, the last time RFC 3339 (a claim's shutdownTime) can write.
+local LAST_SHUTDOWN_TIME = 253402300799
+
+local meta, ready_condition, describe = claims.meta, claims.ready_condition, claims.describe
+local TERMINAL = claims.TERMINAL
+
+local function hex(n)
+  return (core.random(n):gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+--- Deletes a claim (Background: its Sandbox and pod go after it). With the uid, only that
+-- object: a claim of the same name made since is someone else's. True also when it is gone.
+function methods:delete_claim(id, uid, operation)
+  local _, err = self.api:call{ operation = operation, verb = "delete", resource = "sandboxclaims",
+    namespace = self.namespace, name = id, method = "DELETE", path = self:claims_path(id),
+    absent_on_404 = true, body = { apiVersion = "v1", kind = "DeleteOptions",
+      propagationPolicy = "Background", preconditions = uid and { uid = uid } or nil } }
+  -- 409 is the uid precondition failing: the claim meant is already gone.
+  if err and err.status ~= 409 then return nil, err end
+  return true
+end
+
+local function terminal_error(operation, claim)
+  local c = ready_condition(claim)
+  local kind = TERMINAL[c.reason]
+  local message = operation .. ": claim " .. meta(claim).name .. " cannot become ready: "
+    .. describe(claim)
+  if kind == "config" then
+    return errors.new("INVALID_INPUT", { operation = operation, reason = c.reason, message = message,
+      field = (c.reason == "WarmPoolNotFound" or c.reason == "TemplateNotFound") and "warm_pool" or nil })
+  end
+  return errors.new("SANDBOX_UNREACHABLE", { operation = operation, reason = c.reason,
+    message = message, retryable = false })
+end
+
+--- Waits for a claim to be Ready, its chain to hold and its agent to answer; returns the
+-- session record, or nil and an error naming what was last seen. The claim is followed through
+-- a watch (watch.follow), read again wherever the watch cannot say.
+function methods:await(claim, operation)
+  local id = meta(claim).name
+  local deadline = wait.now() + self.times.ready_timeout
+  local pod, ready_claim = watch.follow{
+    object = claim, deadline = deadline, seen = describe(claim),
+    read = function() return self:read_claim(id, operation) end,
+    open = function(query)
+      return self.api:watch{ operation = operation, verb = "watch", resource = "sandboxclaims",
+        namespace = self.namespace, name = id, method = "GET", path = self:claims_path(),
+        deadline = deadline, query = query }
+    end,
+    judge = function(current)
+      local c = ready_condition(current)
+      if meta(current).deletionTimestamp then
+        return "stop", nil, errors.unreachable(operation, "claim " .. id .. " is being deleted")
+      end
+      if c and c.status == "False" and TERMINAL[c.reason] then
+        return "stop", nil, terminal_error(operation, current)
+      end
+      local seen = describe(current)
+      if not (c and c.status == "True") then return nil, seen end
+      local found, why = self:chain(current, operation)
+      if found == nil then return "stop", nil, why end
+      if found then return "stop", found, current end
+      -- The claim is Ready but its pod is not in view yet: no claim event may come, so the
+      -- chain is read again shortly.
+      return "again", seen .. "; " .. why
+    end,
+    ended = function(why, seen)
+      if why == "deleted" then
+        return errors.unreachable(operation, "claim " .. id .. " was deleted while it was awaited; "
+          .. "last seen: " .. tostring(seen))
+      end
+      return errors.unreachable(operation, string.format("claim %s did not become ready within %gs; "
+        .. "last seen: %s", id, self.times.ready_timeout, tostring(seen)))
+    end,
+  }
+  if not pod then return nil, ready_claim end
+  return self:await_agent(id, meta(ready_claim).uid, pod, operation, deadline)
+end
+
+--- Waits for the pod's agent to answer health (protocol version 1, ready).
+function methods:await_agent(id, claim_uid, pod, operation, deadline)
+  local record = { id = id, state = "running", generation = 1, claim_uid = claim_uid, pod = pod }
+  local conn = self:connection(record)
+  local health, err = readiness.wait(conn, { timeout = math.max(0.001, deadline - wait.now()),
+    interval = self.times.ready_interval, operation = operation })
+  if not health then
+    return nil, errors.unreachable(operation, "the agent of claim " .. id .. " (pod " .. pod.name .. ") did "
+      .. "not become ready: " .. err.message, { cause = err })
+  end
+  record.features = health.features
+  record.boot_id = health.bootId
+  return record
+end
+
+--- A new claim that could not be handed back is deleted; when that fails too, the error says
+-- so and names it in `left_behind`.
+function methods:discard(claim, err, operation)
+  local id = meta(claim).name
+  local ok, derr = self:delete_claim(id, meta(claim).uid, operation)
+  if not ok then
+    err.message = err.message .. "; deleting claim " .. id .. " failed too (" .. derr.message .. ")"
+    err.left_behind = id
+  end
+  return nil, err
+end
+
+--- Whether a claim read back after an unanswered or refused create is this call's.
+local function made_by(claim, nonce)
+  local annotations = meta(claim).annotations
+  return type(annotations) == "table" and annotations[lifecycle.NONCE_ANNOTATION] == nonce
+end
+
+--- POSTs the claim. An answer lost, a 5xx or a 409 is settled by reading the claim back and
+-- comparing its nonce — never by sending the create again.
+function methods:post_claim(id, lifetime, operation)
+  local nonce = hex(16)
+  local body = {
+    apiVersion = "extensions.agents.x-k8s.io/v1beta1", kind = "SandboxClaim",
+    metadata = { name = id, labels = { [claims.MANAGED_BY_LABEL] = claims.MANAGED_BY },
+      annotations = { [lifecycle.NONCE_ANNOTATION] = nonce } },
+    spec = { warmPoolRef = { name = self.warm_pool },
+      lifecycle = { shutdownTime = time.rfc3339(os.time() + lifetime),
+        shutdownPolicy = "Delete" } },
+  }
+  local claim, err = self.api:call{ operation = operation, verb = "create",
+    resource = "sandboxclaims", namespace = self.namespace, name = id, method = "POST",
+    path = self:claims_path(), body = body, once = true }
+  if claim then return claim end
+  local unsettled = err.status == 409 or err.code == "SANDBOX_OUTCOME_UNKNOWN"
+    or (err.status and err.status >= 500)
+  if not unsettled then return nil, err end
+  local found, ferr = self:read_claim(id, operation)
+  if ferr then
+    return nil, errors.new("SANDBOX_OUTCOME_UNKNOWN", { operation = operation, cause = err,
+      message = operation .. ": the create of claim " .. id .. " was not settled and reading it "
+        .. "back failed, so a claim may exist: " .. ferr.message })
+  end
+  if not found then
+    return nil, errors.unreachable(operation, "claim " .. id .. " does not exist after its create "
+      .. (err.status == 409 and "was refused as a duplicate" or "went unanswered")
+      .. "; nothing was created, and the same create may be sent again", { cause = err })
+  end
+  if not made_by(found, nonce) then
+    return nil, errors.new("INVALID_INPUT", { operation = operation, field = "id",
+      message = operation .. ": a claim named " .. id .. " already exists and is not this call's" })
+  end
+  return found
+end
+
+local function refuse_env(opts, operation)
+  if opts.env ~= nil and (type(opts.env) ~= "table" or next(opts.env) ~= nil) then
+    -- agent-sandbox's claim env forces a cold start outside the warm pool: env goes per command.
+    return errors.invalid_input(operation, "env", "kubernetes sessions take no session env "
+      .. "(a claim's env forces a cold start); give env per command")
+  end
+end
+
+function methods:create(opts)
+  local op = "sandbox.create"
+  local refusal = refuse_env(opts, op)
+  if refusal then return nil, refusal end
+  local id = opts.id or ("sandkit-" .. hex(5))
+  local lifetime, bad = options_check.whole_seconds(op, opts, "lifetime", self.times.lifetime)
+  -- The claim's shutdownTime must be a time RFC 3339 can write, whose year has four digits.
+  if not lifetime or os.time() + lifetime > LAST_SHUTDOWN_TIME then
+    return nil, bad or errors.invalid_input(op, "lifetime", "lifetime is a whole number of seconds, "
+      .. "ending before the year 10000")
+  end
+  local claim, err = self:post_claim(id, lifetime, op)
+  if not claim then return nil, err end
+  local record
+  record, err = self:await(claim, op)
+  if not record then return self:discard(claim, err, op) end
+  return record
+end
+
+function methods:get(id)
+  local op = "sandbox.get"
+  local claim, err = self:read_claim(id, op)
+  if err then return nil, err end
+  if not claim or not self:owns(claim) then return nil end
+  return self:record(claim, op)
+end
+
+--- An existing session is handed back once it serves: one still starting is waited for (and
+-- never deleted here: it is not this call's to give up on).
+function methods:serve(record, operation)
+  if record.state ~= "starting" then return record end
+  local claim, err = self:read_claim(record.id, operation)
+  if not claim then return nil, err or errors.unreachable(operation, "claim " .. record.id .. " was deleted") end
+  return self:await(claim, operation)
+end
+
+--- Session env is refused by get_or_create before it looks, as create refuses it.
+function methods:check_create(opts, operation)
+  return refuse_env(opts, operation)
+end
+
+--- Every session of this sandbox: its claims, page by page, each with its chain checked as
+-- `get` checks it — a session whose chain does not hold is not listed. The Sandboxes and
+-- pods are read with one list each (only when some claim names a Sandbox).
+function methods:list()
+  local op = "sandbox.list"
+  local listed, wanted = {}, {}
+  local ok, err = self:each_listed(op, "sandboxclaims",
+    { { "labelSelector", claims.MANAGED_BY_LABEL .. "=" .. claims.MANAGED_BY } },
+    function(claim)
+      if self:owns(claim) and claims.dns_label(meta(claim).name) then
+        listed[#listed + 1] = claim
+        local sb_name = claims.sandbox_name(claim)
+        if sb_name then wanted[sb_name] = true end
+      end
+    end)
+  if not ok then return nil, err end
+  local lookup
+  if next(wanted) then
+    lookup, err = self:bulk_lookup(op, wanted)
+    if not lookup then return nil, err end
+  end
+  local records = {}
+  for _, claim in ipairs(listed) do
+    local record, rerr = self:record(claim, op, lookup)
+    if rerr then return nil, rerr end
+    if record then records[#records + 1] = record end
+  end
+  return records
+end
+
+--- Idempotent: an absent claim is terminated. One that is not this sandbox's is refused, and
+-- so is one whose chain does not hold: its Sandbox or pod is another's, and "never operated
+-- on" means no DELETE. That is the refusal another pool's claim gets, not the success an
+-- absent one gets: the claim is still there, and a caller told its session was terminated
+-- would believe the claim gone; a chain that broke under a claim sandkit made is worth an
+-- error someone reads. The claim is left to its owner and to its own shutdownTime.
+function methods:terminate(id)
+  local op = "sandbox.terminate"
+  local claim, err = self:read_claim(id, op)
+  if err then return nil, err end
+  if not claim then return true end
+  if not self:owns(claim) then return nil, errors.not_ours(op, id) end
+  local pod, why = self:chain(claim, op)
+  if pod == nil then return nil, why end
+  local ok
+  ok, err = self:delete_claim(id, meta(claim).uid, op)
+  if not ok then return nil, errors.wrap(op, "claim " .. id .. " could not be deleted", err) end
+  return true
+end
+
+return lifecycle

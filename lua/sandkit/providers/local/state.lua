@@ -1,0 +1,79 @@
+--- The local provider's state folder: where it is, and what it keeps per session under
+-- <root>/sessions/<id> (mode 0700) — record.json, written whole through a rename so that another
+-- process never reads half of one.
+
+local core = require "sandkit.core"
+local json = require "sandkit.json"
+
+local state = {}
+
+--- The state folder: the `root` option, $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit;
+-- nil when none can be named.
+function state.root(options)
+  if options.root then return options.root end
+  local xdg = os.getenv("XDG_STATE_HOME")
+  if xdg and xdg ~= "" then return xdg .. "/sandkit" end
+  local home = os.getenv("HOME")
+  if not home or home == "" then return nil end
+  return home .. "/.local/state/sandkit"
+end
+
+function state.file_exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+function state.read_file(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+--- Makes `path` and its missing parents, each private to this user: true, or nil and why.
+function state.mkdirs(path)
+  local parent = path:match("^(.+)/[^/]+$")
+  if parent and parent ~= "" then
+    local ok, _, code = core.mkdir(parent, 448)
+    if not ok and code == "ENOENT" then
+      local made, err = state.mkdirs(parent)
+      if not made then return nil, err end
+    end
+  end
+  local ok, err, code = core.mkdir(path, 448) -- 0700: sessions are private to their user
+  if ok or code == "EEXIST" then return true end
+  return nil, err
+end
+
+--- Writes a session's record: true, or nil and why.
+function state.write_record(dir, record)
+  local tmp = dir .. "/record.json.tmp"
+  os.remove(tmp)
+  local text = json.encode(record)
+  local ok, err = core.write_private(tmp, text)
+  if not ok then return nil, err end
+  local renamed, rerr = os.rename(tmp, dir .. "/record.json")
+  if not renamed then return nil, rerr end
+  return true
+end
+
+--- A session's record as its provider wrote it, or nil when there is none, or not a whole one.
+function state.load_record(dir)
+  local text = state.read_file(dir .. "/record.json")
+  if not text then return nil end
+  local record = json.decode(text)
+  if type(record) ~= "table" then return nil end
+  record.pid = json.integer(record.pid)
+  record.port = json.integer(record.port)
+  record.generation = json.integer(record.generation or 1)
+  record.created_at = json.integer(record.created_at)
+  record.expires_at = json.integer(record.expires_at)
+  -- A record this provider did not write whole is not a session it can serve.
+  if not (record.pid and record.port and record.generation) then return nil end
+  if record.env == json.null then record.env = nil end
+  return record
+end
+
+return state
