@@ -69,7 +69,9 @@ describe("a transport failure", function()
     assert.equal("SANDBOX_OUTCOME_UNKNOWN", errors.unanswered("sandbox.runCommand", "lost").code)
     assert.equal("SANDBOX_OUTCOME_UNKNOWN", errors.unanswered("sandbox.jobStart", "lost").code)
     assert.equal("SANDBOX_UNREACHABLE", errors.unanswered("sandbox.readFile", "lost").code)
-    assert.equal("SANDBOX_UNREACHABLE", errors.unanswered("sandbox.runCommand", "lost", { sent = false }).code)
+    -- The protocol reads a failed connection as unanswered like any other (docs/protocol.md §4).
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", errors.unanswered("sandbox.runCommand", "lost", { sent = false }).code)
+    assert.equal("SANDBOX_UNREACHABLE", errors.unanswered("azure.createSandbox", "lost", { sent = false }, true).code)
     assert.equal("SANDBOX_UNREACHABLE", errors.unanswered("azure.createSandbox", "lost", nil, false).code)
   end)
 end)
@@ -120,11 +122,13 @@ describe("every client", function()
       { "the Kubernetes API server", kube_err } }
   end
 
-  it("says a request that never connected never reached its peer, and may send it again", function()
+  it("says a request that never connected never reached its peer, and a cloud's call may be sent again", function()
     for _, c in ipairs(calls(closed_url)) do
       local peer, err = c[1], c[2]
-      assert.equal("SANDBOX_UNREACHABLE", err.code, peer)
-      assert.is_true(err.retryable, peer)
+      -- The agent's command start keeps the protocol's one code for every unanswered start.
+      local command_start = peer == "the agent"
+      assert.equal(command_start and "SANDBOX_OUTCOME_UNKNOWN" or "SANDBOX_UNREACHABLE", err.code, peer)
+      assert.equal(not command_start, err.retryable, peer)
       assert.is_false(err.sent, peer)
       assert.is_true(found(err.message, "the request never reached " .. peer .. ": "), err.message)
     end

@@ -95,16 +95,18 @@ function error_mt:external()
 end
 
 --- The one rule for a request that got no whole answer: could it have run, and may it be sent
--- again. One that provably never left (fields.sent == false) ran nowhere: SANDBOX_UNREACHABLE,
--- safe to send again. One that may have been delivered is SANDBOX_UNREACHABLE too when it may
--- be repeated, and SANDBOX_OUTCOME_UNKNOWN (never retryable) when it is sent `once`, because it
--- may start something: a command, a sandbox, a change of state. `once` defaults to whether the
--- agent protocol's `operation` may start a command.
+-- again. An operation that may be repeated is SANDBOX_UNREACHABLE, safe to send again. One sent
+-- `once`, because it may start something (a sandbox, a claim, a change of state), is
+-- SANDBOX_OUTCOME_UNKNOWN (never retryable) unless it provably never left (fields.sent ==
+-- false): then it ran nowhere and is SANDBOX_UNREACHABLE. The agent protocol's two command
+-- starts (`once` left nil) are SANDBOX_OUTCOME_UNKNOWN whatever the transport says: the protocol
+-- reads a failed connection as unanswered like any other (docs/protocol.md §4), and a caller of
+-- runCommand or jobStart branches on that one code; `err.sent == false` still says it never left.
 function errors.unanswered(operation, reason, fields, once)
   fields = fields or {}
   fields.operation = operation
-  if once == nil then once = NOT_IDEMPOTENT[operation] == true end
-  if once and fields.sent ~= false then
+  local starts_command = once == nil and NOT_IDEMPOTENT[operation] == true
+  if starts_command or (once and fields.sent ~= false) then
     fields.message = operation .. " did not report its outcome and may have taken effect: " .. reason
     return errors.new("SANDBOX_OUTCOME_UNKNOWN", fields)
   end

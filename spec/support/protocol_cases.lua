@@ -587,14 +587,14 @@ case("on a closed connection is reported as never reached when nothing listens",
   end,
 })
 
-case("that never connected is a runCommand that may be sent again: it ran nowhere", {
+case("that never connected is still a runCommand with an unknown outcome, whose error says it was not sent", {
   route = [[function(req, conn) end]],
   between = function(server) server:stop() end,
   act = exec_error,
   check = function(r)
     assert.is_nil(r.result)
-    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
-    assert.is_true(r.err.retryable)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
+    assert.is_false(r.err.retryable)
     assert.is_false(r.err.sent)
     assert.is_true(found(r.err.text, "never reached the agent"))
   end,
