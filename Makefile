@@ -4,7 +4,9 @@
 #   make                     builds build/<lua>/sandkit/core.so (for Lua 5.4 and for LuaJIT) and
 #                            build/sandkit-agent
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
-#                            under Lua 5.4 and under LuaJIT (test and test-luajit)
+#                            under Lua 5.4 and, where the interpreter matters, under LuaJIT
+#                            (test and test-luajit)
+#   make test-times          the same two passes, with each spec file's and case's time
 #   make rock                packs build/sandkit-scm-1.src.rock from the files git tracks
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                runs examples/quickstart.lua against a local session
@@ -86,7 +88,7 @@ AGENT_BIN := $(BUILD)/sandkit-agent
 
 LUA_FILES := $(shell find lua -name '*.lua' | sort)
 
-.PHONY: all deps test test-luajit check check-asan demo bench fuzz abuse soak install clean lint rock \
+.PHONY: all deps test test-luajit test-times check check-asan demo bench fuzz abuse soak install clean lint rock \
         jit-core
 
 all: $(CORE_SO) $(AGENT_BIN) $(JIT_CORE)
@@ -118,22 +120,49 @@ deps:
 
 # The suite runs against the build tree: the C module from $(MODDIR), the agent from $(BUILD),
 # and inside nginx the LuaJIT build of the C module. TEST_PRELOAD and TEST_ENV_EXTRA are set by
-# check-asan.
+# check-asan. `make test` runs every spec under $(LUA) (BUSTED_ARGS chooses files instead).
 test:
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_TEST_LUA=$(LUA) SANDKIT_TEST_CPATH='$(abspath $(MODDIR))/?.so' \
 	  SANDKIT_NGINX_CPATH='$(abspath $(JIT_MODDIR))/?.so' \
 	  $(if $(TEST_PRELOAD),LD_PRELOAD="$(TEST_PRELOAD)") $(TEST_ENV_EXTRA) \
 	  $(BUSTED) --lua=$(LUA) --cpath='$(MODDIR)/?.so' $(BUSTED_ARGS)
 
-# The same suite under LuaJIT (Debian's luajit2, the LuaJIT nginx's Lua module runs).
+# Specs whose outcome does not depend on the interpreter running busted. `make check` runs them
+# once, in the Lua 5.4 pass, and every other spec under both Lua 5.4 and LuaJIT: a spec file not
+# named here runs twice, so a new one is never left out of either pass.
+#   agent_*_spec.lua, agent_spec.lua: the C agent, driven over sockets; Lua only builds the
+#     requests (the tokens sandkit mints are checked by real agents in the kubernetes specs).
+#   nginx_*_spec.lua, openresty_example_spec.lua: the client runs inside nginx's Lua module,
+#     which is LuaJIT whatever runs busted; busted's side only sends HTTP to nginx.
+#   packaging_spec.lua: builds and installs for Lua 5.4 and for the 5.1 ABI by name.
+ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agent_containment_spec.lua \
+              spec/agent_errors_spec.lua spec/agent_extensions_spec.lua spec/agent_hide_spec.lua \
+              spec/agent_spec.lua \
+              spec/nginx_kubernetes_spec.lua spec/nginx_protocol_spec.lua spec/nginx_providers_spec.lua \
+              spec/nginx_transport_spec.lua spec/nginx_worker_spec.lua spec/openresty_example_spec.lua \
+              spec/packaging_spec.lua
+BOTH_SPECS := $(filter-out $(ONCE_SPECS),$(sort $(wildcard spec/*_spec.lua)))
+
+# The specs of both passes under LuaJIT (Debian's luajit2, the LuaJIT nginx's Lua module runs);
+# TEST_LUAJIT_ARGS chooses files instead. Every spec under LuaJIT: make test LUA_PC=luajit.
 test-luajit:
-	$(MAKE) test LUA_PC=luajit $(if $(TEST_LUAJIT_ARGS),BUSTED_ARGS='$(TEST_LUAJIT_ARGS)')
+	@for f in $(ONCE_SPECS); do [ -f "$$f" ] || { echo "Makefile: ONCE_SPECS names $$f, which is gone" >&2; exit 1; }; done
+	$(MAKE) test LUA_PC=luajit BUSTED_ARGS='$(or $(TEST_LUAJIT_ARGS),$(BOTH_SPECS))'
 
 check: deps
 	$(MAKE) lint
 	$(MAKE) all
 	$(MAKE) test
 	$(MAKE) test-luajit
+
+# Both passes of check, each reporting how long each spec file and each case took, slowest first
+# (tools/test_times.lua), and failing if either failed.
+TIMES_OUTPUT := -o tools/test_times.lua
+test-times: all
+	status=0; \
+	$(MAKE) test BUSTED_ARGS='$(TIMES_OUTPUT) $(BUSTED_ARGS)' || status=1; \
+	$(MAKE) test-luajit TEST_LUAJIT_ARGS='$(TIMES_OUTPUT) $(or $(TEST_LUAJIT_ARGS),$(BOTH_SPECS))' || status=1; \
+	exit $$status
 
 # Lua itself is not instrumented, so the sanitizer runtimes are preloaded; leak checking is off
 # because the interpreter keeps its own allocations alive until exit.
