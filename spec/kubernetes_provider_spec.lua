@@ -304,9 +304,10 @@ describe("a kubernetes sandbox", function()
     assert.equal(session.record.pod.ip, h["x-sandbox-pod-ip"])
     assert.equal("Bearer router-secret", h.authorization)
     assert(session:terminate())
-    -- A wrong router token is the router's refusal, told apart from the agent's.
+    -- A wrong router token is the router's refusal, told apart from the agent's. Readiness
+    -- waits through a 401 to its end, which only needs to outlast the claim's binding here.
     local bad = assert(cluster:sandbox{ transport = "router", router_url = cluster.router_url,
-      router_token = "wrong" })
+      router_token = "wrong", ready_timeout = 2 })
     local _, err = bad:create{ id = "via-router-2" }
     assert.matches("401", err.message)
   end)

@@ -77,6 +77,32 @@ local function ring_entry(kid, path)
   return kid .. ":" .. core.b64encode(key:public())
 end
 
+-- The files of a cluster's certificates and signing key, made with the openssl command for the
+-- first cluster of a spec file and written afresh into each later one's folder: a spec that
+-- starts a cluster per case would otherwise spend most of each start in openssl.
+local MATERIAL = { "ca.crt", "ca.key", "server.crt", "server.key", "named.crt", "named.key", "client.crt",
+  "client.key", "stranger.crt", "stranger.key", "other-ca.crt", "other-ca.key", "signing.pem" }
+local material
+
+local function write_material(dir)
+  if material then
+    for name, text in pairs(material) do files.write(dir .. "/" .. name, text) end
+  else
+    local ca = tls.ca(dir, "ca")
+    tls.issue(dir, ca, "server", { "IP:127.0.0.1", "DNS:localhost" })
+    tls.issue(dir, ca, "named", { "DNS:" .. kube_cluster.SERVER_NAME })
+    tls.issue(dir, ca, "client", nil, "client", "/O=system:masters/CN=" .. kube_cluster.CLIENT_CN)
+    tls.issue(dir, ca, "stranger", nil, "client")
+    tls.ca(dir, "other-ca")
+    tls.run(dir, "openssl genpkey -algorithm ed25519 -out signing.pem")
+    local made = {}
+    for _, name in ipairs(MATERIAL) do made[name] = assert(files.read(dir .. "/" .. name), name) end
+    material = made
+  end
+  -- nginx loads an SNI-picked certificate in its worker, which runs as nobody under root.
+  tls.run(dir, "chmod 644 server.key named.key")
+end
+
 function kube_cluster.start(opts)
   opts = opts or {}
   tls.require_openssl()
@@ -86,18 +112,10 @@ function kube_cluster.start(opts)
   local c = setmetatable({ dir = nginx.temp_dir(), namespace = opts.namespace or kube_cluster.NAMESPACE },
     cluster_mt)
   local ok, err = pcall(function()
-    local ca = tls.ca(c.dir, "ca")
-    tls.issue(c.dir, ca, "server", { "IP:127.0.0.1", "DNS:localhost" })
-    tls.issue(c.dir, ca, "named", { "DNS:" .. kube_cluster.SERVER_NAME })
-    tls.issue(c.dir, ca, "client", nil, "client", "/O=system:masters/CN=" .. kube_cluster.CLIENT_CN)
-    tls.issue(c.dir, ca, "stranger", nil, "client")
-    tls.ca(c.dir, "other-ca")
-    -- nginx loads an SNI-picked certificate in its worker, which runs as nobody under root.
-    tls.run(c.dir, "chmod 644 server.key named.key")
+    write_material(c.dir)
     c.ca_file = c.dir .. "/ca.crt"
     c.ca_pem = files.read(c.ca_file)
     c.key_path = c.dir .. "/signing.pem"
-    tls.run(c.dir, "openssl genpkey -algorithm ed25519 -out signing.pem")
     c.key_id = kube_cluster.KEY_ID
     local keys = { ring_entry(c.key_id, c.key_path) }
     for _, extra in ipairs(opts.extra_keys or {}) do keys[#keys + 1] = ring_entry(extra[1], extra[2]) end
