@@ -11,6 +11,8 @@ local q = files.shell_quote
 --- The environment of a make or luarocks started from inside `make test`: the outer make's
 -- flags and variables would otherwise leak into the inner one.
 local CLEAN_ENV = "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u BUSTED_ARGS "
+--- Added to CLEAN_ENV where a make only compiles: one job a core, as a user's -j would.
+local PARALLEL = "MAKEFLAGS=-j$(nproc) "
 
 local temp_dir = local_state.new
 
@@ -42,7 +44,7 @@ describe("the build", function()
   it("builds for the Lua 5.1 ABI from PUC Lua 5.1's headers, and LuaJIT loads that build", function()
     -- What `luarocks --lua-version=5.1` finds on Debian: an OpenResty install is built this way.
     local dir = temp_dir()
-    local out, err, status = local_state.sh(CLEAN_ENV .. "make " .. q(dir .. "/lua5.1/sandkit/core.so")
+    local out, err, status = local_state.sh(CLEAN_ENV .. PARALLEL .. "make " .. q(dir .. "/lua5.1/sandkit/core.so")
       .. " BUILD=" .. q(dir) .. " LUA_INCDIR=/usr/include/lua5.1 2>&1")
     assert.equal(0, status, out .. err)
     local loaded
@@ -121,7 +123,7 @@ describe("a source rock", function()
     -- everything else.
     local tree = dir .. "/tree"
     local log
-    log, err, status = local_state.sh("cd " .. q(dir) .. " && " .. CLEAN_ENV
+    log, err, status = local_state.sh("cd " .. q(dir) .. " && " .. CLEAN_ENV .. PARALLEL
       .. "luarocks --lua-version=5.4 install --tree=" .. q(tree) .. " --deps-mode=none "
       .. "--only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " 2>&1")
     assert.equal(0, status, log .. err)
@@ -147,9 +149,9 @@ describe("a source rock", function()
     local as_user = "cd " .. q(dir) .. " && " .. CLEAN_ENV .. "HOME=" .. q(home) .. " "
     local log
     log, err, status = local_state.sh(as_user .. "luarocks --lua-version=5.1 config --scope=user "
-      .. "lua_interpreter luajit && " .. CLEAN_ENV .. "HOME=" .. q(home) .. " luarocks --lua-version=5.1 install"
-      .. " --tree=" .. q(tree) .. " --deps-mode=none --only-server=" .. q(dir .. "/no-server") .. " "
-      .. q(build .. "/sandkit-scm-1.src.rock") .. " 2>&1")
+      .. "lua_interpreter luajit && " .. CLEAN_ENV .. PARALLEL .. "HOME=" .. q(home)
+      .. " luarocks --lua-version=5.1 install --tree=" .. q(tree) .. " --deps-mode=none"
+      .. " --only-server=" .. q(dir .. "/no-server") .. " " .. q(build .. "/sandkit-scm-1.src.rock") .. " 2>&1")
     assert.equal(0, status, log .. err)
     assert.truthy(files.read(tree .. "/lib/lua/5.1/sandkit/core.so"), "the C core is in the 5.1 tree")
     local paths = "eval \"$(luarocks --lua-version=5.1 path --tree=" .. q(tree) .. ")\""
