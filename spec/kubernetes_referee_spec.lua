@@ -4,24 +4,52 @@
 -- the same objects.
 
 local cjson = require "cjson"
+local core = require "sandkit.core"
 local json = require "sandkit.json"
 local files = require "support.files"
 local kube_cluster = require "support.kube_cluster"
+local processes = require "support.processes"
 
 local PYTHON = "/usr/bin/python3"
+--- Seconds a request may take: the longest is a watch of 20 s.
+local ANSWER_TIMEOUT = 60
+
+--- The referee process (spec/support/kube_referee.py) that serves this file, started at the
+-- first request: python3-kubernetes takes most of a second to import, paid once, not per check.
+local served
 
 local function referee(kubeconfig, ...)
-  local args = { PYTHON, "spec/support/kube_referee.py", kubeconfig, ... }
-  for i, a in ipairs(args) do args[i] = files.shell_quote(a) end
-  local err = os.tmpname()
-  local p = assert(io.popen(table.concat(args, " ") .. " 2>" .. err))
-  local out = p:read("a")
-  local ok = p:close()
-  local said = files.read(err) or ""
-  os.remove(err)
-  assert(ok and out ~= "", "the referee failed: " .. said)
-  return cjson.decode(out)
+  if not served then
+    local dir = files.temp_dir()
+    served = { dir = dir, answers = dir .. "/answers", said = dir .. "/stderr", asked = 0 }
+    served.requests = assert(io.popen(PYTHON .. " spec/support/kube_referee.py " .. files.shell_quote(served.answers)
+      .. " 2>" .. files.shell_quote(served.said), "w"))
+  end
+  local function failed(why) return "the referee failed: " .. why .. (files.read(served.said) or "") end
+  assert(served.requests:write(cjson.encode({ kubeconfig, ... }), "\n"), failed("it left; "))
+  assert(served.requests:flush(), failed("it left; "))
+  served.asked = served.asked + 1
+  local line
+  local answered = processes.within(ANSWER_TIMEOUT, function()
+    local n = 0
+    for l in (files.read(served.answers) or ""):gmatch("([^\n]*)\n") do
+      n = n + 1
+      if n == served.asked then line = l return true end
+    end
+    return false
+  end)
+  assert(answered, failed("no answer within " .. ANSWER_TIMEOUT .. " s; "))
+  local out = cjson.decode(line)
+  assert(out.referee_failed == nil, failed(tostring(out.referee_failed)))
+  return out
 end
+
+teardown(function()
+  if served then
+    served.requests:close()
+    core.remove_tree(served.dir)
+  end
+end)
 
 describe("python3-kubernetes and sandkit against the fake API server", function()
   local cluster

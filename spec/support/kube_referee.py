@@ -1,7 +1,12 @@
 """The referee of the kubernetes specs: Debian's python3-kubernetes, run against the same fake
-API server and with the same kubeconfig files as sandkit, printing what it saw as JSON.
+API server and with the same kubeconfig files as sandkit, saying what it saw as JSON.
 
-    python3 kube_referee.py KUBECONFIG ACTION [ARGS...]
+    python3 kube_referee.py ANSWERS
+
+reads one request a line on stdin, a JSON array [KUBECONFIG, ACTION, ARGS...], and appends one
+JSON line to the file ANSWERS for each, in order, until stdin ends. One process serves a whole
+spec file: importing python3-kubernetes takes most of a second. Each request loads its
+kubeconfig afresh. Actions:
 
     create NAME POOL NONCE      a SandboxClaim in sandkit's shape
     get NAME                    the claim, or {"status": 404}
@@ -11,6 +16,7 @@ API server and with the same kubeconfig files as sandkit, printing what it saw a
 """
 import json
 import sys
+import traceback
 
 from kubernetes import client, config, watch
 
@@ -34,8 +40,7 @@ def ready(obj):
     return None, None
 
 
-def main():
-    kubeconfig, action, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+def answer(kubeconfig, action, args):
     contexts, current = config.list_kube_config_contexts(config_file=kubeconfig)
     namespace = current["context"]["namespace"]
     config.load_kube_config(config_file=kubeconfig)
@@ -85,10 +90,23 @@ def main():
                     w.stop()
             out = {"events": events}
         else:
-            raise SystemExit("unknown action " + action)
+            raise ValueError("unknown action " + action)
     except client.rest.ApiException as e:
         out = failure(e)
-    print(json.dumps(out, sort_keys=True))
+    return out
+
+
+def main():
+    with open(sys.argv[1], "a") as answers:
+        for line in sys.stdin:
+            request = json.loads(line)
+            try:
+                out = answer(request[0], request[1], request[2:])
+            except Exception:
+                # The spec fails with this text instead of waiting for an answer that never comes.
+                out = {"referee_failed": traceback.format_exc()}
+            answers.write(json.dumps(out, sort_keys=True) + "\n")
+            answers.flush()
 
 
 main()
