@@ -154,7 +154,7 @@ end
 
 describe("a 401 whose body stalls", function()
   it("does not hold up another operation on the same session, and is itself neither replayed nor unbounded", function()
-    local body_bound = 2
+    local body_bound = 1
     local server, dp, conn = stalled_401_session(body_bound)
 
     local first, second = {}, {}
@@ -186,7 +186,7 @@ describe("a 401 whose body stalls", function()
   end)
 
   it("does not hold up another operation on the same session under sandkit.run either", function()
-    local body_bound = 2
+    local body_bound = 1
     local server, dp, conn = stalled_401_session(body_bound)
 
     local results = compat.pack(sandkit.run(function()

@@ -71,7 +71,7 @@ describe("deploy/kubernetes", function()
     local cluster = kube_cluster.start{ pools = { ["py-pool"] = {} },
       faults = { allow = allowed{ ["sandkit-client"] = true } } }
     local ok, err = pcall(function()
-      local sb = assert(cluster:sandbox{ transport = "apiserver", ready_timeout = 3 })
+      local sb = assert(cluster:sandbox{ transport = "apiserver", ready_timeout = 2 })
       local _, cerr = sb:create{ id = "no-proxy" }
       assert.matches('with subresource \\"proxy\\"', cerr.message, 1, true)
     end)
