@@ -228,6 +228,10 @@ lint:
 # LuaJIT, since sandkit needs more than PUC Lua 5.1 offers (LuaRocks passes LUA=…/lua5.1).
 RUN_LUA := $(if $(filter 5.1,$(LUA_ABI))$(findstring 5.1,$(notdir $(LUA))),luajit,$(notdir $(LUA)))
 
+# The installed command looks for its modules where they were installed first (bin/sandkit):
+# this line of it is where install writes their folders, and install fails if it is gone.
+INSTALLED_DIRS_LINE := local INSTALLED_LUA_DIR, INSTALLED_C_DIR = nil, nil
+
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(LUA_CMOD)/sandkit/core.so
@@ -235,7 +239,10 @@ install: all
 	  d=$(DESTDIR)$(LUA_LMOD)/$$(dirname $${f#lua/}); install -d $$d && install -m 0644 $$f $$d/; \
 	done
 	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent
-	sed '1s|^#!.*|#!/usr/bin/env $(RUN_LUA)|' bin/sandkit >$(DESTDIR)$(BINDIR)/sandkit
+	sed -e '1s|^#!.*|#!/usr/bin/env $(RUN_LUA)|' \
+	  -e 's|^$(INSTALLED_DIRS_LINE)$$|local INSTALLED_LUA_DIR, INSTALLED_C_DIR = [==[$(abspath $(LUA_LMOD))]==], [==[$(abspath $(LUA_CMOD))]==]|' \
+	  bin/sandkit >$(DESTDIR)$(BINDIR)/sandkit
+	grep -q '^local INSTALLED_LUA_DIR, INSTALLED_C_DIR = \[' $(DESTDIR)$(BINDIR)/sandkit
 	chmod 0755 $(DESTDIR)$(BINDIR)/sandkit
 
 # A source rock as `luarocks pack` would make it, without fetching: the rockspec and the

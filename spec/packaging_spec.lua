@@ -136,6 +136,11 @@ describe("a source rock", function()
       .. "sh -c " .. q(paths .. " && sandkit --root " .. q(dir .. "/state") .. " run -- echo from-the-rock"))
     assert.equal(0, status, err)
     assert.equal("from-the-rock\n", out)
+    -- Without `luarocks path`: the command finds the tree it was installed into by itself.
+    out, err, status = local_state.sh("cd " .. q(dir) .. " && env -i PATH=/usr/bin:/bin "
+      .. q(tree .. "/bin/sandkit") .. " --root " .. q(dir .. "/state") .. " run -- echo scrubbed")
+    assert.equal(0, status, err)
+    assert.equal("scrubbed\n", out)
   end)
 
   it("installs for LuaJIT and OpenResty into the 5.1 tree, its command run by LuaJIT", function()
@@ -159,6 +164,82 @@ describe("a source rock", function()
       .. q(paths .. " && sandkit --root " .. q(dir .. "/state") .. " run -- sh -c 'echo from-luajit; exit 3'"))
     assert.equal(3, status, err)
     assert.equal("from-luajit\n", out)
+    out, err, status = local_state.sh("cd " .. q(dir) .. " && env -i PATH=/usr/bin:/bin HOME=" .. q(home) .. " "
+      .. q(tree .. "/bin/sandkit") .. " --root " .. q(dir .. "/state") .. " run -- echo scrubbed")
+    assert.equal(0, status, err)
+    assert.equal("scrubbed\n", out)
     assert.truthy(files.read(tree .. "/bin/sandkit"):find("luajit", 1, true), "the wrapper runs LuaJIT")
   end)
 end)
+
+describe("a `make install PREFIX=…`", function()
+  -- Only what a login shell without any Lua configuration has: no LUA_PATH, no LUA_CPATH, no
+  -- SANDKIT_AGENT, and no PATH entry for the prefix.
+  local SCRUBBED = "env -i PATH=/usr/bin:/bin "
+  local prefix
+
+  --- Installs this checkout's build for the Lua of pkg-config name lua_pc into a fresh prefix.
+  local function install(lua_pc)
+    prefix = temp_dir()
+    local out, err, status = local_state.sh(CLEAN_ENV .. "make install LUA_PC=" .. lua_pc .. " PREFIX="
+      .. q(prefix) .. " 2>&1")
+    assert.equal(0, status, out .. err)
+  end
+
+  after_each(function()
+    local_state.clean(prefix .. "/state")
+    core.remove_tree(prefix)
+  end)
+
+  for _, case in ipairs{ { lua_pc = "lua5.4", abi = "5.4" }, { lua_pc = "luajit", abi = "5.1" } } do
+    it("gives a " .. case.lua_pc .. " `sandkit` that runs from a scrubbed environment, its modules and agent "
+        .. "found where they were installed", function()
+      install(case.lua_pc)
+      local out, err, status = local_state.sh(SCRUBBED .. q(prefix .. "/bin/sandkit") .. " --root "
+        .. q(prefix .. "/state") .. " run -- sh -c 'echo from-the-prefix; exit 3'")
+      assert.equal(3, status, err)
+      assert.equal("from-the-prefix\n", out)
+      assert.truthy(files.read(prefix .. "/lib/lua/" .. case.abi .. "/sandkit/core.so"))
+    end)
+  end
+
+  it("takes its own modules before those LUA_PATH and LUA_CPATH name", function()
+    install("lua5.4")
+    -- A different sandkit first on both paths: a command module that would say so, and a C
+    -- module that is no shared object (the defaults stay after them: lua-cjson is there).
+    local other = prefix .. "/other"
+    assert(core.mkdir(other, 448))
+    assert(core.mkdir(other .. "/sandkit", 448))
+    files.write(other .. "/sandkit/cli.lua", "io.write('the other sandkit') os.exit(9)")
+    files.write(other .. "/sandkit/core.so", "not a shared object")
+    local paths = "LUA_PATH=" .. q(other .. "/?.lua;;") .. " LUA_CPATH=" .. q(other .. "/?.so;;") .. " "
+    local out, err, status = local_state.sh(SCRUBBED .. paths .. q(prefix .. "/bin/sandkit") .. " --root "
+      .. q(prefix .. "/state") .. " run -- echo installed")
+    assert.equal(0, status, out .. err)
+    assert.equal("installed\n", out)
+  end)
+
+  it("names a missing Lua file with require's search list and the variable that adds a folder", function()
+    install("lua5.4")
+    assert(os.remove(prefix .. "/share/lua/5.4/sandkit/cli.lua"))
+    local out, err, status = local_state.sh(SCRUBBED .. q(prefix .. "/bin/sandkit") .. " ls")
+    assert.equal(125, status)
+    assert.equal("", out)
+    assert.matches("^sandkit: module 'sandkit.cli' not found:\n", err)
+    assert.truthy(err:find("\n\tno file '" .. prefix .. "/share/lua/5.4/sandkit/cli.lua'\n", 1, true), err)
+    assert.truthy(err:find("\nsandkit: sandkit's Lua files (sandkit/*.lua) are not in any of those places: "
+      .. "set LUA_PATH to name their folder, as in '/usr/local/share/lua/5.4/?.lua;;'\n", 1, true), err)
+  end)
+
+  it("names a missing C module with require's search list and the variable Lua 5.4 reads", function()
+    install("lua5.4")
+    assert(os.remove(prefix .. "/lib/lua/5.4/sandkit/core.so"))
+    local _, err, status = local_state.sh(SCRUBBED .. "LUA_CPATH_5_4=';;' " .. q(prefix .. "/bin/sandkit") .. " ls")
+    assert.equal(125, status)
+    assert.truthy(err:find("module 'sandkit.core' not found:\n", 1, true), err)
+    assert.truthy(err:find("\n\tno file '" .. prefix .. "/lib/lua/5.4/sandkit/core.so'\n", 1, true), err)
+    assert.truthy(err:find("\nsandkit: sandkit's C module (sandkit/core.so) is not in any of those places: "
+      .. "set LUA_CPATH_5_4 to name its folder", 1, true), err)
+  end)
+end)
+
