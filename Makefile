@@ -9,7 +9,8 @@
 #   make test-times          the same two passes, with each spec file's and case's time
 #   make rock                packs build/sandkit-scm-1.src.rock from the files git tracks
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
-#   make demo                runs examples/quickstart.lua against a local session
+#   make demo                installs what the demo needs, builds, runs examples/quickstart.lua
+#                            against a local session
 #   make bench               runs the benchmarks in bench/
 #   make fuzz                runs every libFuzzer target in tools/fuzz/
 #   make abuse               attacks a real agent (tools/abuse/) and reports what it cost
@@ -115,8 +116,10 @@ $(AGENT_BIN): $(AGENT_OBJ)
 $(MODDIR)/obj $(MODDIR)/obj/common $(MODDIR)/sandkit $(BUILD)/agent-obj/agent $(BUILD)/agent-obj/common:
 	mkdir -p $@
 
+# The packages make check needs (tools/bootstrap.sh: `--list check` names them); make demo and
+# make bench install their own sets.
 deps:
-	@sh tools/bootstrap.sh
+	@sh tools/bootstrap.sh check
 
 # The suite runs against the build tree: the C module from $(MODDIR), the agent from $(BUILD),
 # and inside nginx the LuaJIT build of the C module. TEST_PRELOAD and TEST_ENV_EXTRA are set by
@@ -176,7 +179,9 @@ check-asan: deps
 	  TEST_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 	  TEST_ENV_EXTRA='ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1'
 
-demo: deps
+# Only what the demo needs: the build and a local session (`tools/bootstrap.sh --list demo`).
+demo:
+	@sh tools/bootstrap.sh demo
 	$(MAKE) all
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) examples/quickstart.lua

@@ -1,20 +1,47 @@
 #!/bin/sh
-# Installs the Debian packages sandkit builds, tests and runs with, when any is missing.
-# Run by `make check` and `make demo`, and with `bench` by `make bench` (which also needs the
-# peers it measures against); a no-op once everything is there.
+# Installs the Debian packages of one set, when any is missing; a no-op once all are there.
+#   sh tools/bootstrap.sh demo      what `make demo` needs: build sandkit, run a local session
+#   sh tools/bootstrap.sh [check]   what `make check` needs besides: the test tools and everything
+#                                   the specs start (the default)
+#   sh tools/bootstrap.sh bench     what `make bench` needs besides: the peers it measures against
+#   sh tools/bootstrap.sh --list SET   prints the set's packages, one a line, and installs nothing
 set -eu
 
-# nginx with its Lua module and lua-resty-core runs the nginx specs and examples/openresty;
-# chromium loads that example's page in its end-to-end spec. lua-yaml reads kubeconfigs, and
-# python3-kubernetes and python3-cryptography referee the Kubernetes specs. lua5.1 and its
-# headers are what `luarocks --lua-version=5.1` builds an OpenResty install with; the packaging
-# spec takes that path, and packs its source rock with zip.
-packages="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson lua-busted lua-check lua-socket lua-cqueues
-libcurl4-openssl-dev libssl-dev libevent-dev luarocks luajit2 libluajit2-5.1-dev nginx
-libnginx-mod-http-lua lua-resty-core chromium bubblewrap curl openssl procps lua-yaml python3-kubernetes
+# The build (a C compiler, the Lua 5.4 headers, libcurl, OpenSSL, libevent) and lua-cjson, which
+# sandkit needs at run time. bubblewrap builds each confined local session; passt (pasta) and
+# slirp4netns give one an outbound network, set up with iproute2.
+demo="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson libcurl4-openssl-dev libssl-dev libevent-dev
+bubblewrap passt slirp4netns iproute2"
+# busted and luacheck run the suite and the lint. nginx with its Lua module and lua-resty-core
+# runs the nginx specs and examples/openresty, on the C module built for LuaJIT (luajit2 and its
+# headers); chromium loads that example's page in its end-to-end spec. lua-yaml reads
+# kubeconfigs, and python3-kubernetes and python3-cryptography referee the Kubernetes specs.
+# lua5.1 and its headers are what `luarocks --lua-version=5.1` builds an OpenResty install with;
+# the packaging spec takes that path, and packs its source rock with zip. The specs' fakes and
+# clients use LuaSocket, cqueues, curl, openssl and procps.
+check="$demo lua-busted lua-check lua-socket lua-cqueues luarocks luajit2 libluajit2-5.1-dev nginx
+libnginx-mod-http-lua lua-resty-core chromium curl openssl procps lua-yaml python3-kubernetes
 python3-cryptography lua5.1 liblua5.1-0-dev zip"
-if [ "${1:-}" = "bench" ]; then
-	packages="$packages python3 nodejs valgrind"
+bench="$check python3 nodejs valgrind"
+
+list=""
+if [ "${1:-}" = "--list" ]; then
+	list=yes
+	shift
+fi
+case "${1:-check}" in
+demo) packages=$demo ;;
+check) packages=$check ;;
+bench) packages=$bench ;;
+*)
+	echo "sandkit: bootstrap takes [--list] demo, check or bench, not: $1" >&2
+	exit 2
+	;;
+esac
+
+if [ -n "$list" ]; then
+	for p in $packages; do echo "$p"; done
+	exit 0
 fi
 
 # One dpkg-query for every package (one each took seconds on a busy machine); a package it
