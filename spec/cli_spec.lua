@@ -491,6 +491,27 @@ describe("the sandkit command", function()
     assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "rm removed the session it knew")
   end)
 
+  it("takes a session that does not exist as removed with rm -f (or --force), as rm -f does", function()
+    sandkit_cmd("create real")
+    for _, args in ipairs{ "rm -f nosuch", "rm --force nosuch", "rm -f nosuch real nosuch2" } do
+      local out, err, status = sandkit_cmd(args)
+      assert.equal(0, status, args .. ": " .. err)
+      assert.equal("", out, args)
+      assert.equal("", err, args)
+    end
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))), "rm -f removed the session it knew")
+    -- A cleanup trap for a session a script may or may not have made.
+    local _, err, status = local_state.sh("sh -c " .. q("trap " .. q(command("rm -f scratch")) .. " EXIT; "
+      .. command("create scratch") .. " >/dev/null"))
+    assert.equal(0, status, err)
+    assert.same({ sessions = {} }, cjson.decode((sandkit_cmd("ls --json"))))
+    _, err, status = local_state.sh("sh -c " .. q("trap " .. q(command("rm -f never-made")) .. " EXIT; true"))
+    assert.equal(0, status, err)
+    _, err, status = sandkit_cmd("rm -x nosuch")
+    assert.equal(2, status)
+    assert.matches("unknown option %-x", err)
+  end)
+
   it("exits with a job's own status when a poll sees it ended, and 0 while it runs or with --json", function()
     sandkit_cmd("create jobs")
     local id = (sandkit_cmd("job start jobs -- sh -c 'exit 5'")):match("^(%S+)\n$")

@@ -44,9 +44,9 @@ exit status:
   1    sandkit could not do what was asked: a refused file, a failed call
   2    the command line is wrong
   124  the command outlived --timeout (default a day)
-  125  no such session (whichever command names it), or sandkit could not run the
-       command (none could be made) or lost its outcome, or could not remove the
-       throwaway session of a run whose command succeeded
+  125  no such session (whichever command names it; rm -f takes it as removed), or
+       sandkit could not run the command (none could be made) or lost its outcome,
+       or could not remove the throwaway session of a run whose command succeeded
   127  the command could not be started: its program or --cwd is missing, or the agent
        refused it (a --cwd outside the session, a bad --env)
   129, 130, 141, 143
@@ -85,7 +85,8 @@ local function env_map(pairs_list)
 end
 
 --- Every option a command may take. `arg` names its value (a flag has none), `list` repeats,
--- `convert` turns the text into the value or says what it should be.
+-- `convert` turns the text into the value or says what it should be, `short` is the letter of
+-- its one-dash form (`-f`, for a flag), where the command it mirrors has one.
 local OPTIONS = {
   session = { arg = "NAME", help = "run in this session; it must exist unless --create" },
   create = { help = "make the --session when it does not exist" },
@@ -102,6 +103,7 @@ local OPTIONS = {
   since = { arg = "N", convert = options_check.flag.whole_number, help = "only the output after seq N" },
   follow = { help = "print until the job ends, then exit with its status" },
   json = { help = "print one JSON document instead of text" },
+  force = { short = "f", help = "a session that does not exist is no error (exit 0), as with rm -f" },
   help = { help = "print this help" },
 }
 
@@ -423,8 +425,10 @@ end
 local function rm(ctx)
   local status = 0
   for _, name in ipairs(ctx.args) do
-    -- A name rm does not know is a mistake to report, as rm(1) does, not a removal that happened.
-    local existing, err = ctx.sandbox:get(name)
+    -- A name rm does not know is a mistake to report, as rm(1) does, not a removal that happened;
+    -- with --force, as with rm -f, it is already what was asked for (terminate says so too).
+    local existing, err = true, nil
+    if not ctx.opts.force then existing, err = ctx.sandbox:get(name) end
     if not existing then
       status = no_session(err and (name .. ": " .. one_line(err)) or ("no session named " .. name))
     else
@@ -562,8 +566,9 @@ local COMMANDS = {
     synopsis = "create [NAME] [--lifetime S] [--json]", summary = "make a session and print its name" },
   { name = "ls", handler = ls, options = { "json" }, synopsis = "ls [--json]",
     summary = "list sessions: name, state, generation, creation time" },
-  { name = "rm", handler = rm, args = { "NAME..." }, synopsis = "rm NAME...",
-    summary = "terminate sessions and remove their files" },
+  { name = "rm", handler = rm, args = { "NAME..." }, options = { "force" }, synopsis = "rm [-f] NAME...",
+    summary = "terminate sessions and remove their files; one that does not exist is\n"
+      .. "status 125, and with -f no error" },
   { name = "prune", handler = prune, options = { "json" }, synopsis = "prune [--json]",
     summary = "remove the sessions whose agent died and print their names (one past\n"
       .. "its lifetime is gone already: any listing removed it, unnamed)" },
@@ -620,7 +625,8 @@ local function provider_flags(name)
 end
 
 local function option_line(name, spec)
-  local left = "  --" .. name .. (spec.arg and (" " .. spec.arg) or "")
+  local left = "  " .. (spec.short and ("-" .. spec.short .. ", ") or "") .. "--" .. name
+    .. (spec.arg and (" " .. spec.arg) or "")
   if #left >= 22 then return left .. "\n" .. string.rep(" ", 22) .. spec.help .. "\n" end
   return left .. string.rep(" ", 22 - #left) .. spec.help .. "\n"
 end
@@ -761,7 +767,13 @@ local function parse(args, pflags, provider)
         into[key] = true
       end
     elseif a:sub(1, 1) == "-" and a ~= "-" then
-      return nil, "unknown option " .. a, command
+      -- A one-dash option is the letter of one of the command's own flags, alone.
+      local short
+      for _, allowed in ipairs(command and command.options or {}) do
+        if OPTIONS[allowed].short and a == "-" .. OPTIONS[allowed].short then short = allowed end
+      end
+      if not short then return nil, "unknown option " .. a, command end
+      p.opts[short:gsub("%-", "_")] = true
     elseif pending_job then
       command = BY_NAME["job " .. a]
       if not command then return nil, "job needs start, poll or cancel, not " .. a, BY_NAME.job end
