@@ -15,8 +15,9 @@
  *                                  code, or 128 + the signal that killed it)
  *   core.isatty(fd)             -- whether descriptor fd is a terminal
  *   core.mkdir(path, mode)      -- true | nil, err, errno_name
- *   core.write_private(path, s) -- creates path (must not exist) with mode 0600 and writes s
- *   core.listdir(path)          -- array of names | nil, err
+ *   core.write_private(path, s) -- creates path (must not exist) with mode 0600 and writes s;
+ *                                  true | nil, err, errno_name
+ *   core.listdir(path)          -- array of names | nil, err, errno_name
  *   core.remove_tree(path)      -- removes path and everything under it, following no
  *                                  symlink, at any depth; true | nil, err, errno_name (an
  *                                  absent path succeeds; the name says whether it may recur)
@@ -53,6 +54,36 @@ static int push_errno(lua_State *L, const char *what, int err)
 	lua_pushnil(L);
 	lua_pushfstring(L, "%s: %s", what, strerror(err));
 	return 2;
+}
+
+/* The few errno names a caller decides on (whether a folder exists, whether a removal may
+ * succeed when asked again, whether the user lacks permission); the message carries the rest. */
+static const char *errno_name(int err)
+{
+	switch (err) {
+	case EEXIST: return "EEXIST";
+	case ENOENT: return "ENOENT";
+	case EACCES: return "EACCES";
+	case EPERM: return "EPERM";
+	case EBUSY: return "EBUSY";
+	case EROFS: return "EROFS";
+	case EXDEV: return "EXDEV";
+	case ENOTEMPTY: return "ENOTEMPTY";
+	case ENOMEM: return "ENOMEM";
+	case EMFILE: return "EMFILE";
+	case ENFILE: return "ENFILE";
+	case EINTR: return "EINTR";
+	case EIO: return "EIO";
+	default: return "other";
+	}
+}
+
+/* Also the errno's name (errno_name) as a third value. */
+static int push_errno_named(lua_State *L, const char *what, int err)
+{
+	push_errno(L, what, err);
+	lua_pushstring(L, errno_name(err));
+	return 3;
 }
 
 /* Collects the strings of a Lua array (argv) or map (env, as K=V) into a NULL-terminated
@@ -286,12 +317,8 @@ static int core_mkdir(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
 	lua_Integer mode = skc_checkinteger(L, 2);
-	if (mkdir(path, (mode_t)mode) < 0) {
-		int e = errno;
-		push_errno(L, path, e);
-		lua_pushstring(L, e == EEXIST ? "EEXIST" : e == ENOENT ? "ENOENT" : "other");
-		return 3;
-	}
+	if (mkdir(path, (mode_t)mode) < 0)
+		return push_errno_named(L, path, errno);
 	lua_pushboolean(L, 1);
 	return 1;
 }
@@ -303,7 +330,7 @@ static int core_write_private(lua_State *L)
 	const char *data = luaL_checklstring(L, 2, &len);
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
-		return push_errno(L, path, errno);
+		return push_errno_named(L, path, errno);
 	size_t off = 0;
 	while (off < len) {
 		ssize_t n = write(fd, data + off, len - off);
@@ -313,12 +340,12 @@ static int core_write_private(lua_State *L)
 			int e = errno;
 			close(fd);
 			unlink(path);
-			return push_errno(L, path, e);
+			return push_errno_named(L, path, e);
 		}
 		off += (size_t)n;
 	}
 	if (close(fd) < 0)
-		return push_errno(L, path, errno);
+		return push_errno_named(L, path, errno);
 	lua_pushboolean(L, 1);
 	return 1;
 }
@@ -328,7 +355,7 @@ static int core_listdir(lua_State *L)
 	const char *path = luaL_checkstring(L, 1);
 	DIR *d = opendir(path);
 	if (d == NULL)
-		return push_errno(L, path, errno);
+		return push_errno_named(L, path, errno);
 	lua_newtable(L);
 	int n = 0;
 	struct dirent *e;
@@ -470,34 +497,11 @@ static int remove_tree(const char *path)
 	return rc;
 }
 
-/* The few errno names a caller of remove_tree decides on; the message carries the rest. */
-static const char *errno_name(int err)
-{
-	switch (err) {
-	case EACCES: return "EACCES";
-	case EPERM: return "EPERM";
-	case EBUSY: return "EBUSY";
-	case EROFS: return "EROFS";
-	case EXDEV: return "EXDEV";
-	case ENOTEMPTY: return "ENOTEMPTY";
-	case ENOMEM: return "ENOMEM";
-	case EMFILE: return "EMFILE";
-	case ENFILE: return "ENFILE";
-	case EINTR: return "EINTR";
-	case EIO: return "EIO";
-	default: return "other";
-	}
-}
-
 static int core_remove_tree(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
-	if (remove_tree(path) < 0) {
-		int err = errno;
-		push_errno(L, path, err);
-		lua_pushstring(L, errno_name(err));
-		return 3;
-	}
+	if (remove_tree(path) < 0)
+		return push_errno_named(L, path, errno);
 	lua_pushboolean(L, 1);
 	return 1;
 }

@@ -2,7 +2,8 @@
 -- another process takes it first, in its own temp directory, and always stopped.
 --
 --   local server = nginx.start{ server = "location /x { content_by_lua_block { … } }",
---                               http = "…", main = "…", workers = 1, ports = { "tls" } }
+--                               http = "…", main = "…", workers = 1, ports = { "tls" },
+--                               bound_by_modes = false }
 --   server.port, server.url, server.dir, server.ports.tls, server:worker_pid(),
 --   server:error_log(), server:stop()
 -- `ports` names further ports to pick, written as ${name} in `http` (say, a second server
@@ -13,7 +14,9 @@
 -- loaded after the NDK module it needs), with this checkout's lua/ and spec/ on
 -- lua_package_path and the LuaJIT build of the C module on lua_package_cpath
 -- ($SANDKIT_NGINX_CPATH, which `make test` sets), and passes SANDKIT_AGENT and PATH on to its
--- workers. nginx.launch is the bare pick-a-port-and-start loop, for a configuration of the
+-- workers; with `bound_by_modes` nginx runs under processes.bound_by_modes (a root master and
+-- its workers then meet folders' modes as any user does). nginx.launch is the bare
+-- pick-a-port-and-start loop, for a configuration of the
 -- caller's own (spec/support/aws_endpoint_proxy.lua, kube_cluster.lua), whose opening
 -- nginx.conf_head writes; certificates come from spec/support/tls.lua.
 --
@@ -77,9 +80,9 @@ function nginx.conf_head(dir, connections)
 end
 
 --- Starts nginx on a free port: conf(port) is the configuration's text; before(attempt) runs
--- before each try (say, to start a helper the configuration names). Returns pid, port; raises
--- with nginx's own words when it never listened.
-function nginx.launch(dir, conf, before)
+-- before each try (say, to start a helper the configuration names); prefix, an argv nginx's
+-- own is appended to. Returns pid, port; raises with nginx's own words when it never listened.
+function nginx.launch(dir, conf, before, prefix)
   if not executable(NGINX) then
     error("the nginx specs need nginx at " .. NGINX .. " (Debian package nginx; "
       .. "tools/bootstrap.sh installs it)", 0)
@@ -88,8 +91,12 @@ function nginx.launch(dir, conf, before)
     if before then before(attempt) end
     local port = processes.free_port()
     write_file(dir .. "/nginx.conf", conf(port))
-    local pid = assert(core.spawn({ NGINX, "-p", dir, "-c", dir .. "/nginx.conf",
-      "-g", "daemon off;" }, { stderr = dir .. "/nginx.stderr", stdout = dir .. "/nginx.stderr",
+    local argv = {}
+    for i, word in ipairs(prefix or {}) do argv[i] = word end
+    for _, word in ipairs{ NGINX, "-p", dir, "-c", dir .. "/nginx.conf", "-g", "daemon off;" } do
+      argv[#argv + 1] = word
+    end
+    local pid = assert(core.spawn(argv, { stderr = dir .. "/nginx.stderr", stdout = dir .. "/nginx.stderr",
       setsid = true }))
     if processes.listening(port, pid, START_TIMEOUT) then return pid, port end
     core.kill(pid, core.SIGKILL)
@@ -163,7 +170,8 @@ function nginx.start(opts)
   local s = setmetatable({ dir = dir, ports = {} }, server_mt)
   local ok, err = pcall(function()
     if opts.prepare then opts.prepare(dir) end
-    s.pid, s.port = nginx.launch(dir, lua_conf(opts, dir, cpath, s.ports))
+    s.pid, s.port = nginx.launch(dir, lua_conf(opts, dir, cpath, s.ports), nil,
+      opts.bound_by_modes and processes.bound_by_modes() or nil)
   end)
   if not ok then
     s:stop()

@@ -10,6 +10,8 @@
 --   processes.env(extra, sanitized)       -- an environment for a child: PATH and extra, and
 --                                            with `sanitized` the sanitizer runtime the suite
 --                                            runs under (make check-asan preloads it)
+--   processes.bound_by_modes()            -- an argv prefix under which a folder's modes bind
+--                                            root as they bind anyone (empty for anyone else)
 
 local core = require "sandkit.core"
 local socket = require "socket"
@@ -71,6 +73,16 @@ function processes.env(extra, sanitized)
   end
   for k, v in pairs(extra or {}) do env[k] = v end
   return env
+end
+
+--- What root keeps when it starts a program under bound_by_modes: everything but the two
+-- capabilities that let it read, write and search any file whatever its modes.
+local DAC_CAPABILITIES = "-dac_override,-dac_read_search"
+
+function processes.bound_by_modes()
+  local status = files.read("/proc/self/status") or ""
+  if status:match("\nUid:%s+%d+%s+(%d+)") ~= "0" then return {} end
+  return { "setpriv", "--bounding-set=" .. DAC_CAPABILITIES, "--inh-caps=" .. DAC_CAPABILITIES }
 end
 
 --- Ends a child of ours. Returns true when SIGTERM was enough.

@@ -25,6 +25,7 @@ local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
 local options_check = require "sandkit.options"
+local oserror = require "sandkit.oserror"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
@@ -55,6 +56,10 @@ provider_mt.__index = provider_mt
 
 local read_file = state.read_file
 
+--- What to do about a state folder this process may not use.
+local ROOT_ADVICE = "; the state folder (the root option) must be one this user can write "
+  .. "(docs/openresty.md says how to set one up inside nginx)"
+
 local function bwrap_available()
   return state.file_exists("/usr/bin/bwrap")
 end
@@ -67,8 +72,10 @@ function provider_local.new(options)
   if bad_cap then return nil, bad_cap end
   local root = state.root(options)
   if not root then
+    -- nginx clears its workers' environment: there it is root or `env HOME;`.
     return nil, errors.invalid_input("sandbox.create", "root",
-      "no state folder: set root, $XDG_STATE_HOME or $HOME")
+      "no state folder: give the sandbox a root, or set $XDG_STATE_HOME or $HOME (inside nginx, "
+        .. "whose workers see neither unless `env` passes it, give root: docs/openresty.md)")
   end
   if options.isolate ~= nil and options.isolate ~= "bwrap" then
     return nil, errors.invalid_input("sandbox.create", "isolate", "isolate is nil or \"bwrap\"")
@@ -191,7 +198,7 @@ function provider_mt:create(opts)
     end
   end
   local made, err = state.mkdirs(self.sessions)
-  if not made then return nil, errors.invalid_input("sandbox.create", "root", tostring(err)) end
+  if not made then return nil, errors.invalid_input("sandbox.create", "root", err .. ROOT_ADVICE) end
   local dir = self:dir(id)
   -- Making the directory is the claim: of two creators of one id, exactly one gets it.
   local ok, merr, code = core.mkdir(dir, 448)
@@ -199,7 +206,8 @@ function provider_mt:create(opts)
     if code == "EEXIST" then
       return nil, errors.invalid_input("sandbox.create", "id", "a session named " .. id .. " exists")
     end
-    return nil, errors.invalid_input("sandbox.create", "root", tostring(merr))
+    return nil, errors.invalid_input("sandbox.create", "root",
+      oserror.describe(merr, code, dir, "create") .. ROOT_ADVICE)
   end
   core.mkdir(dir .. "/files", 448)
   local record
@@ -269,8 +277,13 @@ function provider_mt:get_or_create(opts)
 end
 
 function provider_mt:list()
-  local names = core.listdir(self.sessions)
+  local names, err, code = core.listdir(self.sessions)
   local records = {}
+  -- No sessions folder yet is no sessions; one this user may not read is not an empty one.
+  if not names and code ~= "ENOENT" then
+    return nil, errors.invalid_input("sandbox.list", "root", oserror.describe(err, code, self.sessions, "read")
+      .. ROOT_ADVICE)
+  end
   if not names then return records end
   table.sort(names)
   for _, id in ipairs(names) do

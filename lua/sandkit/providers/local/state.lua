@@ -4,6 +4,7 @@
 
 local core = require "sandkit.core"
 local json = require "sandkit.json"
+local oserror = require "sandkit.oserror"
 
 local state = {}
 
@@ -32,19 +33,23 @@ function state.read_file(path)
   return s
 end
 
---- Makes `path` and its missing parents, each private to this user: true, or nil and why.
+--- Makes `path` and its missing parents, each private to this user: true, or nil and why,
+-- said of the folder that could not be made (a parent refused is not news of the child's
+-- absence).
 function state.mkdirs(path)
   local parent = path:match("^(.+)/[^/]+$")
   if parent and parent ~= "" then
-    local ok, _, code = core.mkdir(parent, 448)
+    local ok, err, code = core.mkdir(parent, 448)
     if not ok and code == "ENOENT" then
-      local made, err = state.mkdirs(parent)
-      if not made then return nil, err end
+      local made, why = state.mkdirs(parent)
+      if not made then return nil, why end
+    elseif not ok and code ~= "EEXIST" then
+      return nil, oserror.describe(err, code, parent, "create")
     end
   end
   local ok, err, code = core.mkdir(path, 448) -- 0700: sessions are private to their user
   if ok or code == "EEXIST" then return true end
-  return nil, err
+  return nil, oserror.describe(err, code, path, "create")
 end
 
 --- Writes a session's record: true, or nil and why.
