@@ -73,6 +73,12 @@ describe("the OpenResty example", function()
     assert.equal("event: stdout\nid: 0\ndata: " .. core.b64encode("bytes\0in") .. "\n\n",
       run.body:match("^(.-\n\n)"))
     assert.same({ code = 0, truncated = false }, cjson.decode(run.body:match("event: exit\ndata: ([^\n]*)\n\n$")))
+    local text = assert(raw_http.request(port, "POST", "/sessions/" .. id .. "/run?format=text", { timeout = 30,
+      body = cjson.encode{ argv = { "sh", "-c", "cat in/data.bin; exit 4" } },
+      headers = { Authorization = "Bearer " .. TOKEN, TE = "trailers" } }))
+    assert.equal("text/plain", text.headers["content-type"])
+    assert.equal("bytes\0in\nsandkit: exit code 4\n", text.body)
+    assert.same({ ["sandkit-exit"] = "4" }, text.trailers)
     assert.equal(204, api("DELETE", "/sessions/" .. id).status)
     assert.equal(404, api("GET", "/sessions/" .. id .. "/files?path=/in/data.bin").status)
   end)

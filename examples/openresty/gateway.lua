@@ -5,6 +5,7 @@
 --
 --   POST   /sessions                       -> 201 { "id": … }
 --   POST   /sessions/{id}/run              { "argv": […], "timeout": s } -> text/event-stream
+--                                           (?format=text: the output as plain text, for curl)
 --   POST   /sessions/{id}/runs             { "argv": […], "timeout": s } -> 201 { "events": "/runs/{ticket}" }
 --   GET    /runs/{ticket}                  -> text/event-stream (for EventSource, which cannot POST
 --                                             or send headers: the ticket is single-use, 60 s)
@@ -15,7 +16,10 @@
 -- Every request but GET /runs/{ticket} carries `Authorization: Bearer <token>`, the token nginx
 -- passes in $SANDKIT_GATEWAY_TOKEN. Events: `stdout`/`stderr` (data: base64 of the bytes, id:
 -- the frame's seq), then `exit` (data: {"code":…,"truncated":…}) or `failure` (data: {"code":…,
--- "message":…}, what err:external() shows a tenant). nginx.conf has the directives it needs.
+-- "message":…}, what err:external() shows a tenant). As text: the output bytes, then
+-- `sandkit: exit code N` (or `sandkit: error …`) as the last line and, for a client sending
+-- `TE: trailers`, in the Sandkit-Exit trailer. nginx.conf has the directives it needs, and runs
+-- each route under sandkit.ngx.handle, which logs what a route raises and answers it with a 500.
 
 local cjson = require "cjson.safe"
 local sandkit = require "sandkit"
@@ -122,10 +126,10 @@ local function read_body()
   return body or ""
 end
 
---- Streams the command's output as server-sent events. A command that could not start gets
--- an error status; once the stream began, its end (exit or failure) is the last event.
-local function stream(session, command)
-  local exit, err = sk_ngx.stream(session, command.argv, { timeout = command.timeout, format = "sse" })
+--- Streams the command's output as server-sent events, or as text. A command that could not
+-- start gets an error status; once the stream began, its end (exit or failure) comes last.
+local function stream(session, command, format)
+  local exit, err = sk_ngx.stream(session, command.argv, { timeout = command.timeout, format = format or "sse" })
   if not exit and not ngx.headers_sent then return refuse(502, err:external().message) end
 end
 
@@ -169,7 +173,7 @@ function gateway.sessions()
   end
   if rest == "/run" and method == "POST" then
     local command = command_of(read_body())
-    return stream(session_of(id), command)
+    return stream(session_of(id), command, ngx.var.arg_format == "text" and "text" or "sse")
   end
   if rest == "/runs" and method == "POST" then
     local command = command_of(read_body())

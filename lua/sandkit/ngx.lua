@@ -3,15 +3,20 @@
 --
 --   local sk_ngx = require "sandkit.ngx"
 --   local exit, err = sk_ngx.stream(session, { "make", "test" }, { timeout = 600, format = "sse" })
+--   sk_ngx.handle(function() … assert(sandbox:get(id)) … end)
 --
 -- stream() runs a command and writes its frames to the response as they come, flushing each
--- one: NDJSON (the agent protocol's own lines, §3.3) or server-sent events. The exit status is
--- always the last thing written; a failure is written as a last `error` line (`failure` event)
--- carrying only what err:external() shows a tenant. Each frame waits on ngx.flush(true) before
+-- one: NDJSON (the agent protocol's own lines, §3.3), server-sent events, or plain text (the
+-- output bytes themselves, for curl). The exit status is always the last thing written; a
+-- failure is written as a last `error` line (`failure` event, `sandkit: error` line) carrying
+-- only what err:external() shows a tenant. Each frame waits on ngx.flush(true) before
 -- the next is read from the sandbox, so a slow HTTP client slows the command instead of filling
 -- the worker's memory. With `lua_check_client_abort on`, a client that goes away ends the
 -- request at once, which closes the stream and so stops the command; without it, the next
 -- flush notices.
+--
+-- handle() runs a handler and answers a raised error for it: logged whole, shown to the client
+-- as err:external() with a 500.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
@@ -19,9 +24,14 @@ local json = require "sandkit.json"
 
 local sk_ngx = {}
 
+local pack = table.pack or function(...) return { n = select("#", ...), ... } end
+local unpack = table.unpack or rawget(_G, "unpack")
+
 local FORMATS = {
   ndjson = "application/x-ndjson",
   sse = "text/event-stream",
+  -- No charset: the bytes are the command's, whatever they are.
+  text = "text/plain",
 }
 
 local b64encode, format = core.b64encode, string.format
@@ -67,10 +77,59 @@ local function sse(frame)
     .. "\n\n"
 end
 
-local ENCODERS = { ndjson = ndjson, sse = sse }
+--- The exit status or failure of a text stream, as its last line says it and as the trailer
+-- (below) carries it.
+local function text_ending(frame)
+  if frame.type == "exit" then
+    local line, value = "sandkit: exit code " .. format("%d", frame.code), format("%d", frame.code)
+    if frame.signal then
+      line = line .. ", signal " .. format("%d", frame.signal)
+      value = value .. "; signal=" .. format("%d", frame.signal)
+    end
+    if frame.truncated then
+      line, value = line .. ", output truncated", value .. "; truncated"
+    end
+    return line .. "\n", value
+  end
+  return "sandkit: error " .. frame.code .. ": " .. frame.message .. "\n", "error; code=" .. frame.code
+end
+
+--- Plain text: the bytes as they come, stdout and stderr in the order their frames arrived,
+-- then the ending on a line of its own. Printed whole (there is nothing to print apart from the
+-- payload), a frame costs a stream two output buffers rather than one (see above).
+local function text(frame)
+  local kind = frame.type
+  if kind == "stdout" or kind == "stderr" then return frame.data end
+  return (text_ending(frame))
+end
+
+local ENCODERS = { ndjson = ndjson, sse = sse, text = text }
+
+--- The nginx variable whose value the `Sandkit-Exit` trailer carries (docs/openresty.md: the
+-- location declares it with `set` and sends it with `add_trailer`).
+local TRAILER_VARIABLE = "sandkit_exit"
+
+--- Whether the client said it takes trailers (TE: trailers, RFC 9110 §10.1.4): a trailer the
+-- client did not ask for is one it may drop unseen, and the last line already says the same.
+local function client_takes_trailers()
+  local te = ngx.var.http_te
+  if not te then return false end
+  for member in te:lower():gmatch("[^,]+") do
+    if member:match("^%s*trailers%s*$") then return true end
+  end
+  return false
+end
+
+--- Sets the trailer's value, when the client takes trailers and the location declared the
+-- variable (without it there is no trailer to send: ngx.var raises for an undeclared one).
+local function set_trailer(value)
+  if client_takes_trailers() then
+    pcall(function() ngx.var[TRAILER_VARIABLE] = value end)
+  end
+end
 
 --- Runs argv on session and streams its frames into the response.
--- opts: format = "ndjson" (default) | "sse", and every option session:run takes.
+-- opts: format = "ndjson" (default) | "sse" | "text", and every option session:run takes.
 -- Returns the exit frame ({ type = "exit", code =, truncated =, signal = }) once it was written;
 -- nil and the error when the command could not start (nothing was written: the handler picks
 -- the status), when it failed mid-stream (its error line was written), or when the HTTP client
@@ -80,10 +139,12 @@ function sk_ngx.stream(session, argv, opts)
   if type(opts) ~= "table" then error("sandkit.ngx.stream: options are a table", 2) end
   local name = opts.format or "ndjson"
   local encode = ENCODERS[name]
-  if not encode then error("sandkit.ngx.stream: format is \"ndjson\" or \"sse\"", 2) end
+  if not encode then error("sandkit.ngx.stream: format is \"ndjson\", \"sse\" or \"text\"", 2) end
   -- Payloads stay in the base64 they arrived in: checked by the decoder, never decoded and
-  -- encoded again on their way through — unless they are cut into lines, which needs the bytes.
-  local run_opts = { keep_base64 = not opts.lines }
+  -- encoded again on their way through — unless they are cut into lines or written as
+  -- text, which needs the bytes.
+  local as_text = name == "text"
+  local run_opts = { keep_base64 = not opts.lines and not as_text }
   for k, v in pairs(opts) do
     if k ~= "format" then run_opts[k] = v end
   end
@@ -95,6 +156,8 @@ function sk_ngx.stream(session, argv, opts)
     -- A buffering proxy in front (nginx's own proxy_pass included) would hold frames back.
     ngx.header["X-Accel-Buffering"] = "no"
   end
+  -- Whether text output so far ends a line: its ending must begin one of its own.
+  local at_line_start = true
   while true do
     local frame, failure = stream:next()
     local last = frame == nil or frame.type == "exit"
@@ -105,6 +168,14 @@ function sk_ngx.stream(session, argv, opts)
       frame = { type = "error", code = shown.code, message = shown.message }
     end
     local head, payload = encode(frame)
+    if as_text then
+      if last then
+        if not at_line_start then head = "\n" .. head end
+        set_trailer(select(2, text_ending(frame)))
+      elseif #head > 0 then
+        at_line_start = head:sub(-1) == "\n"
+      end
+    end
     ngx.print(head)
     if payload then ngx.print(payload) end
     local flushed, why = ngx.flush(true)
@@ -120,6 +191,42 @@ function sk_ngx.stream(session, argv, opts)
       return frame
     end
   end
+end
+
+--- What a client is shown of an error that is not sandkit's (a handler's own assert, a bug):
+-- its text may hold anything, so it goes to the error log alone.
+local NOT_SHOWN = "Internal server error"
+
+--- A raised value and where it was raised, kept by handle's message handler.
+local function caught(raised)
+  return { raised = raised, trace = debug.traceback("", 2) }
+end
+
+--- Runs handler(...) for a request and answers for it when it raises: nginx's Lua module would
+-- log a raised sandkit error (a table) as "unknown reason" and answer a bare 500. Here the
+-- error log gets the whole text (tostring: every cause, internal ones included) and the
+-- traceback, and the client a 500 with { code, message, retryable } of err:external() as JSON;
+-- an error that is not sandkit's shows the client only "Internal server error". When the
+-- response had begun, its status cannot change: the connection is cut instead
+-- (ngx.exit(ngx.ERROR)), so a client never takes a response that stopped short for a whole
+-- one. Returns handler's results when it returns; ngx.exit inside it works as usual.
+function sk_ngx.handle(handler, ...)
+  if type(handler) ~= "function" then error("sandkit.ngx.handle: the handler is a function", 2) end
+  local results = pack(xpcall(handler, caught, ...))
+  if results[1] then return unpack(results, 2, results.n) end
+  local raised, trace = results[2].raised, results[2].trace
+  ngx.log(ngx.ERR, "sandkit.ngx.handle: ", tostring(raised), trace)
+  if ngx.headers_sent then return ngx.exit(ngx.ERROR) end
+  local shown = { message = NOT_SHOWN }
+  if errors.is_error(raised) then
+    local external = raised:external()
+    shown = { code = external.code, message = external.message, retryable = external.retryable }
+  end
+  ngx.status = 500
+  ngx.header["Content-Type"] = "application/json"
+  ngx.header["Content-Length"] = nil
+  ngx.say(json.encode(shown))
+  return ngx.exit(500)
 end
 
 return sk_ngx

@@ -86,6 +86,31 @@ function app.stream()
   if not exit and not ngx.headers_sent then return fail(502, tostring(err)) end
 end
 
+--- POST ?format=F, body { frames = [ frame… ], error = { code, message, internal } | nil } ->
+-- what sandkit.ngx.stream writes for a session whose command gives those frames, in that
+-- order, and then, when `error` is given, fails with it instead of ending.
+function app.scripted_stream()
+  local script = body_json()
+  local given = 0
+  local session = {}
+  function session.stream()
+    return {
+      next = function()
+        given = given + 1
+        if script.frames[given] then return script.frames[given] end
+        if script.error then
+          return nil, require("sandkit.errors").new(script.error.code, { message = script.error.message,
+            internal = script.error.internal })
+        end
+        return nil
+      end,
+      close = function() end,
+    }
+  end
+  local exit, err = sk_ngx.stream(session, { "scripted" }, { timeout = 1, format = ngx.var.arg_format })
+  if not exit and not ngx.headers_sent then return fail(502, tostring(err)) end
+end
+
 --- POST ?root=R&session=ID, body: the argv as JSON -> { code, stdout, stderr } of exec.
 function app.exec()
   local argv = body_json()
@@ -317,6 +342,41 @@ function app.get_refusal()
   local sandbox = assert(sandkit.sandbox(options))
   local ok, err = pcall(function() return sandbox:get("phase-probe") end)
   return ok and "no refusal" or tostring(err)
+end
+
+--- Handlers sandkit.ngx.handle runs for /handled?case=NAME, each ending one way. The argument
+-- is the one handled() passes on.
+local HANDLED = {
+  -- The README's idiom: a sandkit call's `nil, err` turned into a raise by assert.
+  sandkit_error = function()
+    assert(sandkit.sandbox{ provider = "local", root = "/nonexistent", rooot = true })
+  end,
+  internal_error = function()
+    error(require("sandkit.errors").new("SANDBOX_UNREACHABLE", { operation = "sandbox.create", internal = true,
+      message = "sandbox.create: refused for arn:aws:iam::123456789012:role/private" }))
+  end,
+  plain_error = function() assert(false, "the handler's own words") end,
+  returns = function(argument)
+    ngx.say("the handler ran with ", argument)
+    return "its result", 2
+  end,
+  exits = function()
+    ngx.status = 404
+    ngx.say("not here")
+    return ngx.exit(404)
+  end,
+  raises_after_output = function()
+    ngx.say("the first line")
+    ngx.flush(true)
+    assert(sandkit.sandbox{ provider = "nosuch" })
+  end,
+}
+
+--- GET ?case=NAME -> what sandkit.ngx.handle makes of HANDLED[NAME]; for a handler that
+-- returns, its results are said after its own output.
+function app.handled()
+  local results = { sk_ngx.handle(HANDLED[ngx.var.arg_case], "an argument") }
+  ngx.say("handle returned ", table.concat(results, " "))
 end
 
 return app

@@ -86,17 +86,23 @@ function Conn:read_head()
   return status, headers
 end
 
--- Next chunk of a chunked body: its bytes, or "" after the last chunk, or nil, err.
+-- Next chunk of a chunked body: its bytes, or "" after the last chunk (its trailers then in
+-- self.trailers, lower-case names), or nil, err.
 function Conn:read_chunk()
   local line, err = receive(self, "*l")
   if not line then return nil, err end
   local size = tonumber(line:match("^(%x+)"), 16)
   if not size then return nil, "bad chunk size line: " .. line end
   if size == 0 then
-    repeat -- trailers, then the empty line
+    self.trailers = {}
+    while true do -- trailers, then the empty line
       local t, terr = receive(self, "*l")
       if not t then return nil, terr end
-    until t == ""
+      if t == "" then break end
+      local name, value = t:match("^([^:]+):%s*(.-)%s*$")
+      if not name then return nil, "bad trailer line: " .. t end
+      self.trailers[name:lower()] = value
+    end
     return ""
   end
   local data, derr = receive(self, size)
@@ -158,7 +164,8 @@ function Conn:close(abort)
   self.sock:close()
 end
 
--- One request on a fresh connection: { status=, headers=, body= } or nil, err.
+-- One request on a fresh connection: { status=, headers=, body=, trailers= } or nil, err
+-- (trailers: those of a chunked body, else nil).
 -- opts: headers (map), body (string), timeout (seconds).
 function M.request(port, method, path, opts)
   opts = opts or {}
@@ -177,7 +184,7 @@ function M.request(port, method, path, opts)
   local body, berr = c:read_body()
   c:close()
   if not body then return nil, berr end
-  return { status = status, headers = headers, body = body }
+  return { status = status, headers = headers, body = body, trailers = c.trailers }
 end
 
 return M
