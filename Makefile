@@ -209,7 +209,10 @@ abuse: all
 # fold them into the repository's with: $(BUILD)/fuzz/NAME -merge=1 tools/fuzz/corpus/NAME $(BUILD)/fuzz/corpus/NAME
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= $(patsubst tools/fuzz/%_fuzz.c,%,$(wildcard tools/fuzz/*_fuzz.c))
-FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE $(SRC_CFLAGS)
+# -fno-sanitize-recover: UBSan's reports end the run (and fail make fuzz) as ASan's do, instead
+# of being printed and passed over.
+FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
+                $(SRC_CFLAGS)
 fuzz_field = $(shell sed -n 's/^ \* $(2): //p' tools/fuzz/$(1)_fuzz.c)
 fuzz:
 	mkdir -p $(BUILD)/fuzz

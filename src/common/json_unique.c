@@ -41,12 +41,16 @@ static int by_value(const void *a, const void *b)
 	return sk_json_str_cmp(a, b);
 }
 
-/* The later of two equal names among v[0..count), or NULL; v is reordered. Sorted rather than
- * compared pairwise: an object of a million members must not cost a million squared. */
-static const sk_json_str *repeated(sk_json_str *v, size_t count)
+/* The later of two equal names among those from first on, or NULL; they are reordered. Sorted
+ * rather than compared pairwise: an object of a million members must not cost a million
+ * squared. The list is indexed only when it holds two names or more: an object with no names
+ * may have no list at all (a null n->v, to which not even 0 may be added). */
+static const sk_json_str *repeated(struct names *n, size_t first)
 {
+	size_t count = n->count - first;
 	if (count < 2)
 		return NULL;
+	sk_json_str *v = n->v + first;
 	qsort(v, count, sizeof *v, by_value);
 	for (size_t i = 1; i < count; i++)
 		if (sk_json_str_cmp(&v[i - 1], &v[i]) == 0)
@@ -106,8 +110,7 @@ enum sk_json_unique_result sk_json_unique(const char *text, size_t len, sk_json_
 					break;
 				}
 				if (r == 0) {
-					const sk_json_str *twice = repeated(names.v + l->first,
-									    names.count - l->first);
+					const sk_json_str *twice = repeated(&names, l->first);
 					if (twice != NULL) {
 						out->name = *twice;
 						out->at = (size_t)(twice->p - 1 - text);
