@@ -103,14 +103,18 @@ describe("sandkit-agent containment", function()
   it("gives commands a /proc that agrees with their own pids", function()
     local A = assert(start_agent())
     finally(function() A:stop() end)
-    -- `read` is the shell's own, so /proc/self is the shell: it must be the process $$ names.
+    -- `read` is the shell's own, so /proc/self is the process reading: the shell itself must be
+    -- the process $$ names, and a child must be the one $! names. The child says who it is
+    -- itself and the shell waits for it, so nothing is read before the child runs.
     local _, frames = A:exec({ command = { "sh", "-c",
-      "sleep 30 & cat /proc/$!/comm; kill $!; read -r me rest < /proc/self/stat; echo $me $$" },
+      "(read -r kid rest < /proc/self/stat; echo $kid) & wait $!; echo $!; "
+        .. "read -r me rest < /proc/self/stat; echo $me $$" },
       timeoutMs = 10000 })
     local last, out = agent_process.check_stream(frames)
     assert.are.equal(0, last.code)
-    local comm, me, shell = out:match("^(%S+)\n(%d+) (%d+)\n$")
-    assert.are.equal("sleep", comm, out)
+    local kid, bang, me, shell = out:match("^(%d+)\n(%d+)\n(%d+) (%d+)\n$")
+    assert.truthy(kid, out)
+    assert.are.equal(bang, kid)
     assert.are.equal(shell, me)
   end)
 
