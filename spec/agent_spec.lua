@@ -726,6 +726,41 @@ describe("sandkit-agent job registry", function()
     local _, b3 = start("build-42", argv)
     assert.are.equal("build-42", b3.jobId)
   end)
+
+  it("refuses a start naming a known job with another request, and starts nothing for it", function()
+    local first = { command = { "touch", "first" }, timeoutMs = 5000, jobId = "build-7" }
+    assert.are.equal(200, B:start_job(first).status)
+    B:poll_until_done("build-7")
+    local others = {
+      { command = { "touch", "second" } },
+      { cwd = "sub" },
+      { env = { X = "1" } },
+      { timeoutMs = 6000 },
+    }
+    assert(files.execute("mkdir " .. files.shell_quote(B.root .. "/sub")))
+    for i, change in ipairs(others) do
+      local body = {}
+      for k, v in pairs(first) do body[k] = v end
+      for k, v in pairs(change) do body[k] = v end
+      local res = B:req("POST", "/v1/jobs/start", body)
+      assert.are.equal(409, res.status, "change " .. i)
+      assert.matches("^JOB_ID_CONFLICT: ", res.body)
+    end
+    assert.is_false(exists(B.root .. "/second"))
+    -- the same request, however it spells what it means, still names the job
+    for _, same in ipairs({ {}, { cwd = "/" }, { cwd = "." }, { env = {} } }) do
+      local body = {}
+      for k, v in pairs(first) do body[k] = v end
+      for k, v in pairs(same) do body[k] = v end
+      local res, started = B:json("POST", "/v1/jobs/start", body)
+      assert.are.equal(200, res.status, res.body)
+      assert.are.equal("build-7", started.jobId)
+    end
+    local res, started = B:json("POST", "/v1/jobs/start",
+      '{"command":["touch","first"],"deadlineMs":5000,"workingDirectory":"/","jobId":"build-7"}')
+    assert.are.equal(200, res.status, res.body)
+    assert.are.equal("build-7", started.jobId)
+  end)
 end)
 
 describe("sandkit-agent output cap", function()
@@ -869,6 +904,69 @@ describe("sandkit-agent start-up and shutdown", function()
     assert.truthy(log:find("--body-timeout must be a whole number of at most " .. high, 1, true), log)
     assert(start_agent{ args = { "--body-timeout", low } }):stop()
     assert(start_agent{ env = { SANDKIT_AGENT_BODY_TIMEOUT = high } }):stop()
+  end)
+
+  it("takes a stall timeout within the documented range, as it takes the body's", function()
+    local doc = read_file("docs/agent.md")
+    local low, high = doc:match("| `%-%-stall%-timeout MS` |[^\n]-from (%d+) to (%d+)%.")
+    assert.truthy(low, "docs/agent.md names no range for --stall-timeout")
+    local a, log, status = start_agent{ args = { "--stall-timeout", tostring(low - 1) } }
+    if a then a:stop() end
+    assert.equal(2, status)
+    assert.truthy(log:find("--stall-timeout must be at least " .. low .. " ms", 1, true), log)
+    a, log, status = start_agent{ env = { SANDKIT_AGENT_STALL_TIMEOUT = tostring(high + 1) } }
+    if a then a:stop() end
+    assert.equal(2, status)
+    assert.truthy(log:find("--stall-timeout must be a whole number of at most " .. high, 1, true), log)
+    assert(start_agent{ env = { SANDKIT_AGENT_STALL_TIMEOUT = high } }):stop()
+  end)
+
+  it("reads a number an option takes in decimal digits only", function()
+    for _, text in ipairs({ "0x10", "1e3", "+16", " 16", "16 ", "16.0", "-1", "" }) do
+      for _, opts in ipairs({ { args = { "--output-cap", text } }, { env = { SANDKIT_AGENT_OUTPUT_CAP = text } },
+          { args = { "--max-connections", text } }, { args = { "--listen", "127.0.0.1:" .. text } } }) do
+        local a, log, status = start_agent(opts)
+        if a then a:stop() end
+        assert.is_nil(a, "the agent took '" .. text .. "'")
+        assert.equal(2, status)
+        assert.truthy(log:find("must be a whole number", 1, true), log)
+      end
+    end
+    assert(start_agent{ args = { "--output-cap", "0016" } }):stop()
+  end)
+
+  it("refuses a token file that is a FIFO, a directory or a device before it can block on it", function()
+    local dir = tmpdir()
+    assert(files.execute("mkfifo " .. shell_quote(dir .. "/fifo")))
+    for path, kind in pairs({ [dir .. "/fifo"] = "a FIFO", [dir] = "a directory",
+        ["/dev/zero"] = "a character device" }) do
+      -- an agent that blocks in the open is killed by the bound instead of hanging the spec
+      local a, log, status = start_agent{ no_token = true, prefix = "timeout -s KILL 10",
+        args = { "--token-file", path } }
+      if a then a:stop() end
+      assert.is_nil(a)
+      assert.equal(2, status, log)
+      assert.truthy(log:find("cannot open the token file " .. path .. ": it is " .. kind, 1, true), log)
+    end
+    os.execute("rm -rf " .. shell_quote(dir))
+  end)
+
+  it("prints in --help the defaults and bounds docs/agent.md gives", function()
+    local help = run(shell_quote(agent_process.AGENT) .. " --help")
+    local doc = read_file("docs/agent.md")
+    for _, flag in ipairs({ "output-cap", "max-connections", "header-timeout", "body-timeout", "stall-timeout" }) do
+      local row = doc:match("| `%-%-" .. flag:gsub("%-", "%%-") .. " [^\n]*")
+      assert.truthy(row, flag)
+      local default = row:match("Default (%d+)")
+      assert.truthy(default, flag)
+      local entry = (help:match("%-%-" .. flag:gsub("%-", "%%-") .. " .-\n  %-%-") or ""):gsub("%s+", " ")
+      assert.truthy(entry:find("default " .. default, 1, true), flag .. ": " .. entry)
+      local low, high = row:match("from (%d+) to (%d+)")
+      if low then
+        assert.truthy(entry:find("from " .. low, 1, true), flag .. ": " .. entry)
+        assert.truthy(entry:find(high, 1, true), flag .. ": " .. entry)
+      end
+    end
   end)
 
   it("kills every running command's group on SIGTERM and exits 0", function()

@@ -49,6 +49,7 @@ struct agent_config {
 	unsigned max_connections;   /* before the descriptor limit lowers it (http.h) */
 	unsigned header_timeout_ms;
 	unsigned body_timeout_ms;
+	unsigned stall_timeout_ms;
 	/* The descriptor limit the agent was started with; commands get it back, since the agent
 	 * raises its own soft limit to the hard one. */
 	unsigned long long nofile_soft;

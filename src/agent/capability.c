@@ -294,9 +294,9 @@ static int check_token(const struct capability *c, const char *token, size_t len
 	return 0;
 }
 
-int capability_authorize(const struct capability *c, const char *authorization,
-			 size_t authorization_len, int authorization_count, const char *token,
-			 size_t token_len, int token_count, char *why, size_t whylen)
+int capability_authorize(const struct capability *c, const char *bearer, size_t bearer_len,
+			 int authorization_count, const char *token, size_t token_len,
+			 int token_count, char *why, size_t whylen)
 {
 	why[0] = '\0';
 	if (token_count == 0 && authorization_count == 0)
@@ -306,10 +306,10 @@ int capability_authorize(const struct capability *c, const char *authorization,
 	if (token_count > 1 || (token_count == 0 && authorization_count > 1))
 		return refuse(why, whylen, "more than one credential header");
 	if (token_count == 0) {
-		if (authorization_len < 7 || strncmp(authorization, "Bearer ", 7) != 0)
+		if (bearer == NULL)
 			return refuse(why, whylen, "Authorization is not a Bearer capability");
-		token = authorization + 7;
-		token_len = authorization_len - 7;
+		token = bearer;
+		token_len = bearer_len;
 	}
 	return check_token(c, token, token_len, why, whylen);
 }

@@ -39,14 +39,16 @@ void capability_free(struct capability *c);
 size_t capability_key_count(const struct capability *c);
 
 /*
- * Decides a request from its credential headers: `authorization` is the Authorization value
- * (a span of authorization_len bytes; NULL when absent) and how many such headers came; `token`
- * the X-Sandkit-Capability value, its length and its count. X-Sandkit-Capability, when present, is the credential (an Authorization next
- * to it belongs to a proxy in front); else Authorization must be "Bearer <token>".
+ * Decides a request from its credential headers: `bearer` is the token of the Authorization
+ * value (a span of bearer_len bytes; NULL when absent or not of the Bearer scheme, as the
+ * server reads it with http_bearer) and authorization_count how many Authorization headers
+ * came; `token` the X-Sandkit-Capability value, its length and its count.
+ * X-Sandkit-Capability, when present, is the credential (an Authorization next to it belongs
+ * to a proxy in front); else Authorization must be "Bearer <token>".
  * Returns 0 (allowed), 401 (no credential at all) or 403 (anything else), with why filled.
  */
-int capability_authorize(const struct capability *c, const char *authorization,
-			 size_t authorization_len, int authorization_count, const char *token,
-			 size_t token_len, int token_count, char *why, size_t whylen);
+int capability_authorize(const struct capability *c, const char *bearer, size_t bearer_len,
+			 int authorization_count, const char *token, size_t token_len,
+			 int token_count, char *why, size_t whylen);
 
 #endif

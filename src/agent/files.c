@@ -407,61 +407,51 @@ fail:
 	recv_free(fr);
 }
 
+/* The members of a file route's body, as read_json_body hands them over. */
+struct file_body {
+	int want_contents;        /* PUT /v1/files; mkdir takes a path alone */
+	int has_path, has_contents;
+	sk_json_str path, contents;
+};
+
+static const char *file_body_member(void *ctx, sk_json *j, const sk_json_str *key)
+{
+	struct file_body *fb = ctx;
+	sk_json_str *into = NULL;
+	const char *wrong = NULL;
+	if (sk_json_str_is(key, "path") && !fb->has_path) {
+		fb->has_path = 1;
+		into = &fb->path;
+		wrong = "path must be a string";
+	} else if (fb->want_contents && sk_json_str_is(key, "contentsBase64") && !fb->has_contents) {
+		fb->has_contents = 1;
+		into = &fb->contents;
+		wrong = "contentsBase64 must be a string";
+	}
+	if (into && sk_json_peek(j) == SK_JSON_STRING) {
+		sk_json_string(j, into);
+		return NULL;
+	}
+	sk_json_skip(j);
+	return wrong;
+}
+
 /* Reads {"path": "...", "contentsBase64": "..."} (contents optional for mkdir). Returns 0, or
  * answers the request and returns -1. */
 static int read_body(struct http_request *req, int want_contents, char **path, size_t *plen,
-		     sk_json_str *contents, int *has_contents)
+		     sk_json_str *contents)
 {
-	size_t len;
-	const char *body = http_request_body(req, &len);
-	if (body == NULL) {
-		reply_out_of_memory(req, "read the request");
+	struct file_body fb = { want_contents, 0, 0, { NULL, 0, 0 }, { NULL, 0, 0 } };
+	if (read_json_body(req, "read the request", file_body_member, &fb) < 0)
 		return -1;
-	}
-	sk_json j;
-	sk_json_init(&j, body, len);
-	sk_json_str key, ps = { NULL, 0, 0 };
-	int more, has_path = 0;
-	const char *problem = NULL;
-	*has_contents = 0;
-	if (sk_json_object_begin(&j) < 0) {
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not a JSON object");
-		return -1;
-	}
-	while ((more = sk_json_object_key(&j, &key)) == 1) {
-		if (sk_json_str_is(&key, "path") && !has_path) {
-			has_path = 1;
-			if (sk_json_peek(&j) == SK_JSON_STRING)
-				sk_json_string(&j, &ps);
-			else {
-				problem = "path must be a string";
-				sk_json_skip(&j);
-			}
-		} else if (want_contents && sk_json_str_is(&key, "contentsBase64") && !*has_contents) {
-			*has_contents = 1;
-			if (sk_json_peek(&j) == SK_JSON_STRING)
-				sk_json_string(&j, contents);
-			else {
-				problem = "contentsBase64 must be a string";
-				sk_json_skip(&j);
-			}
-		} else {
-			sk_json_skip(&j);
-		}
-	}
-	if (more < 0 || sk_json_finish(&j) < 0) {
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not valid JSON: %s",
-			    j.err ? j.err : "malformed");
-		return -1;
-	}
-	if (problem == NULL && !has_path)
-		problem = "path is required";
-	if (problem == NULL && want_contents && !*has_contents)
-		problem = "contentsBase64 is required";
+	const char *problem = !fb.has_path ? "path is required"
+		: want_contents && !fb.has_contents ? "contentsBase64 is required" : NULL;
 	if (problem) {
 		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s", problem);
 		return -1;
 	}
+	*contents = fb.contents;
+	sk_json_str ps = fb.path;
 	*path = malloc(ps.len + 1);
 	if (*path == NULL) {
 		reply_out_of_memory(req, "read the request");
@@ -520,9 +510,9 @@ void files_put(struct http_request *req)
 	char *p = NULL;
 	size_t plen, n = 0;
 	sk_json_str contents;
-	int has_contents, dirfd = -1, fd = -1;
+	int dirfd = -1, fd = -1;
 	unsigned char *data = NULL;
-	if (read_body(req, 1, &p, &plen, &contents, &has_contents) < 0)
+	if (read_body(req, 1, &p, &plen, &contents) < 0)
 		return;
 	char rel[PATHS_MAX];
 	const char *last;
@@ -594,8 +584,8 @@ void files_mkdir(struct http_request *req)
 	char *p = NULL;
 	size_t plen;
 	sk_json_str unused;
-	int has_contents, dirfd = -1;
-	if (read_body(req, 0, &p, &plen, &unused, &has_contents) < 0)
+	int dirfd = -1;
+	if (read_body(req, 0, &p, &plen, &unused) < 0)
 		return;
 	char rel[PATHS_MAX];
 	const char *why = paths_normalize(p, plen, rel);

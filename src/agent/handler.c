@@ -1,6 +1,7 @@
 /* handler.c — see handler.h. */
 #include "handler.h"
 
+#include "common/json.h"
 #include "http.h"
 #include "log.h"
 #include "request.h"
@@ -84,6 +85,41 @@ int request_param(struct http_request *req, const char *name, char **value, size
 	}
 	*value = v;
 	*len = (size_t)n;
+	return 0;
+}
+
+int read_json_body(struct http_request *req, const char *operation,
+		   const char *(*member)(void *ctx, sk_json *j, const sk_json_str *key), void *ctx)
+{
+	size_t len;
+	const char *body = http_request_body(req, &len);
+	if (body == NULL) {
+		reply_out_of_memory(req, operation);
+		return -1;
+	}
+	sk_json j;
+	sk_json_init(&j, body, len);
+	if (sk_json_object_begin(&j) < 0) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not a JSON object");
+		return -1;
+	}
+	const char *problem = NULL;
+	sk_json_str key;
+	int more;
+	while ((more = sk_json_object_key(&j, &key)) == 1) {
+		const char *p = member(ctx, &j, &key);
+		if (problem == NULL)
+			problem = p;
+	}
+	if (more < 0 || sk_json_finish(&j) < 0) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not valid JSON: %s",
+			    j.err ? j.err : "malformed");
+		return -1;
+	}
+	if (problem) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s", problem);
+		return -1;
+	}
 	return 0;
 }
 

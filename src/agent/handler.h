@@ -11,6 +11,8 @@
 struct http_request;
 struct evbuffer;
 struct cmd_request;
+struct sk_json;
+struct sk_json_str;
 
 /* "CODE: message" as text/plain (code NULL: the bare message), cut short far below the
  * client's bound on error bodies. */
@@ -33,6 +35,17 @@ void reply_path_refused(struct http_request *req, const char *p, size_t len, con
  * after *len bytes; *len tells an embedded NUL apart). 0; -1 absent; -2 a bad escape; -3 no
  * memory. */
 int request_param(struct http_request *req, const char *name, char **value, size_t *len);
+
+/*
+ * Reads req's buffered body as one JSON object (the file and job routes' bodies). member runs
+ * for each member with its name, reads or skips its value, and returns NULL or what is wrong
+ * with it; the first problem found is the one answered, once the whole body was read. Returns
+ * 0, or -1 once it has answered: 500 without memory, 400 REQUEST_INVALID for a body that is
+ * not a JSON object, is not valid JSON, or has a problem.
+ */
+int read_json_body(struct http_request *req, const char *operation,
+		   const char *(*member)(void *ctx, struct sk_json *j, const struct sk_json_str *key),
+		   void *ctx);
 
 /* Reads req's body as an exec or job request (request.h). Returns what cmd_request_parse
  * returns, or -2 once it has answered 500 itself because memory ran out; except after -2, the

@@ -20,8 +20,14 @@
  * keep pooled connections about this long, and an idle one costs a socket and a few hundred
  * bytes; the connection cap bounds how many there can be. */
 #define IDLE_TIMEOUT_S 60
-/* A streamed body or a whole reply that makes no progress for this long is given up. */
-#define STALL_TIMEOUT_S 60
+/* TCP keep-alive (tcp(7)): a connection silent this long is probed, every interval, and given
+ * up after that many probes go unanswered. A caller whose machine or network vanished without
+ * a FIN or a reset otherwise holds its slot (and a silent command's stream, which no write
+ * deadline can end) for ever; this frees it within about a minute, at the cost of one small
+ * packet per silent connection every half minute. A live caller's kernel answers the probes. */
+#define KEEPALIVE_IDLE_S 30
+#define KEEPALIVE_INTERVAL_S 10
+#define KEEPALIVE_PROBES 3
 /* Input held while a request is being answered: one pipelined head. More than that while the
  * reply is still being produced is no client of this protocol (none pipelines), and reading
  * it into memory is what an attacker wants; the connection is taken as gone instead. */
@@ -87,6 +93,7 @@ struct http_request {
 	int replying;                /* a streamed reply started */
 	int finished;                /* the reply was handed over in full */
 	int reply_chunked;
+	int reply_to_close;          /* HTTP/1.0, length unknown: the body ends with the connection */
 	int cut;                     /* the streamed reply lost a piece: it must not end as whole */
 	int64_t reply_left;          /* Content-Length bytes of a streamed reply still owed */
 	void (*drain)(void *);
@@ -114,9 +121,15 @@ static void set_state(struct conn *c, enum conn_state s)
 	c->since_ms = now_ms();
 }
 
-static void arm(struct conn *c, unsigned ms)
+static struct timeval timeval_of(unsigned ms)
 {
 	struct timeval tv = { ms / 1000, (suseconds_t)(ms % 1000) * 1000 };
+	return tv;
+}
+
+static void arm(struct conn *c, unsigned ms)
+{
+	struct timeval tv = timeval_of(ms);
 	evtimer_add(c->timer, &tv);
 }
 
@@ -132,6 +145,7 @@ const char *http_reason(int status)
 	case 404: return "Not Found";
 	case 405: return "Method Not Allowed";
 	case 408: return "Request Timeout";
+	case 409: return "Conflict";
 	case 413: return "Content Too Large";
 	case 417: return "Expectation Failed";
 	case 429: return "Too Many Requests";
@@ -179,19 +193,31 @@ int http_add_header(struct http_request *req, const char *name, const char *valu
 
 static void settle_body(struct http_request *req);
 
-/* Status line and headers. length < 0: chunked; no Content-Length for 204. */
+/* Status line and headers. length < 0: chunked, or, to an HTTP/1.0 caller, which knows no
+ * chunked coding (RFC 9112 §6.1), the body runs to the connection's end; no Content-Length for
+ * 204. From here on, a reply the caller stops taking is given up after the stall timeout: the
+ * write deadline runs only while bytes wait for the caller, so a stream waiting on a silent
+ * command is not cut, while one waiting on its reader is. */
 static int write_head(struct http_request *req, int status, const char *content_type,
 		      int64_t length)
 {
 	struct conn *c = req->conn;
 	struct evbuffer *out = bufferevent_get_output(c->bev);
+	struct timeval stall = timeval_of(srv.cfg.stall_timeout_ms);
+	bufferevent_set_timeouts(c->bev, NULL, &stall);
 	settle_body(req);
 	if (!req->head.keep_alive)
 		c->close_after = 1;
+	if (length < 0 && req->head.minor == 0) {
+		req->reply_to_close = 1;
+		c->close_after = 1;
+	}
 	int r = evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status, http_reason(status));
 	if (r >= 0 && content_type)
 		r = evbuffer_add_printf(out, "Content-Type: %s\r\n", content_type);
-	if (r >= 0 && length < 0)
+	if (r >= 0 && req->reply_to_close)
+		; /* neither a length nor a coding: the close ends the body */
+	else if (r >= 0 && length < 0)
 		r = evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
 	else if (r >= 0 && status != 204)
 		r = evbuffer_add_printf(out, "Content-Length: %lld\r\n", (long long)length);
@@ -249,8 +275,6 @@ void http_reply(struct http_request *req, int status, const char *content_type,
 		c->close_after = 1; /* a reply cut short must not be taken for a whole one */
 	if (body)
 		evbuffer_free(body);
-	struct timeval tv = { STALL_TIMEOUT_S, 0 };
-	bufferevent_set_timeouts(c->bev, NULL, &tv);
 	finish(req);
 }
 
@@ -258,14 +282,12 @@ int http_reply_start(struct http_request *req, int status, const char *content_t
 		     int64_t content_length)
 {
 	req->replying = 1;
-	req->reply_chunked = content_length < 0;
 	req->reply_left = content_length;
-	/* A slow reader is backpressure here, not a fault: the producer waits for it. */
-	bufferevent_set_timeouts(req->conn->bev, NULL, NULL);
 	if (write_head(req, status, content_type, content_length) < 0) {
 		http_reply_cut(req);
 		return -1;
 	}
+	req->reply_chunked = content_length < 0 && !req->reply_to_close;
 	return 0;
 }
 
@@ -289,6 +311,11 @@ int http_reply_chunk(struct http_request *req, struct evbuffer *b)
 			goto cut;
 		return 0;
 	}
+	if (req->reply_to_close) {
+		if (evbuffer_add_buffer(out, b) < 0)
+			goto cut;
+		return 0;
+	}
 	if ((int64_t)n > req->reply_left || evbuffer_add_buffer(out, b) < 0)
 		goto cut;
 	req->reply_left -= (int64_t)n;
@@ -308,11 +335,9 @@ void http_reply_end(struct http_request *req)
 	if (req->reply_chunked && !req->cut) {
 		if (evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5) < 0)
 			c->close_after = 1;
-	} else if (!req->reply_chunked && req->reply_left != 0) {
+	} else if (!req->reply_chunked && !req->reply_to_close && req->reply_left != 0) {
 		c->close_after = 1;
 	}
-	struct timeval tv = { STALL_TIMEOUT_S, 0 };
-	bufferevent_set_timeouts(c->bev, NULL, &tv);
 	req->drain = NULL;
 	req->gone = NULL;
 	finish(req);
@@ -337,6 +362,12 @@ void http_body_stream(struct http_request *req, int (*data)(void *, const char *
 	req->on_data = data;
 	req->on_end = end;
 	req->body_ctx = ctx;
+	/* Invited only now that the handler wants the body: a request it refused on its head (a
+	 * path, a file in the way) was never told to send it (RFC 9110 §10.1.1). */
+	if (req->head.expect_continue && !req->continued) {
+		evbuffer_add(bufferevent_get_output(req->conn->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+		req->continued = 1;
+	}
 	kick(req->conn);
 }
 
@@ -400,7 +431,10 @@ static void kick(struct conn *c)
 
 static void start_closing(struct conn *c)
 {
-	set_state(c, C_CLOSING);
+	/* Not set_state: a closing connection keeps the since_ms of 0 end_request gave it, the
+	 * first to go when the cap is reached. */
+	c->state = C_CLOSING;
+	c->since_ms = 0;
 	shutdown(bufferevent_getfd(c->bev), SHUT_WR);
 	bufferevent_disable(c->bev, EV_WRITE);
 	c->lingered = 0;
@@ -488,7 +522,7 @@ static int read_body(struct conn *c)
 		evbuffer_drain(in, used);
 		if (c->dead || r < 0 || req->finished)
 			return 1; /* the handler refused mid-body and answered */
-		arm(c, STALL_TIMEOUT_S * 1000);
+		arm(c, srv.cfg.stall_timeout_ms);
 	}
 	if (done)
 		body_complete(c);
@@ -531,7 +565,10 @@ static void admit(struct conn *c, size_t head_len)
 	}
 	req->handler = h;
 	req->mode = mode;
-	if (req->body_done && mode == HTTP_BODY_BUFFERED) {
+	/* A route that takes no body answers without reading one: a body sent anyway costs the
+	 * agent nothing but its dropping (write_head settles it), and the connection waits in a
+	 * state the cap may evict, never in C_BODY. */
+	if (mode == HTTP_BODY_NONE || (req->body_done && mode == HTTP_BODY_BUFFERED)) {
 		h(req);
 		return;
 	}
@@ -554,13 +591,14 @@ static void admit(struct conn *c, size_t head_len)
 		req->reserved = want;
 		srv.body_bytes += want;
 		arm(c, srv.cfg.body_timeout_ms);
+		/* Only an admitted request is invited to send its body; a streamed one is invited
+		 * when its handler asks for the body (http_body_stream). */
+		if (req->head.expect_continue) {
+			evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+			req->continued = 1;
+		}
 	} else {
-		arm(c, STALL_TIMEOUT_S * 1000);
-	}
-	/* Only an admitted request is invited to send its body. */
-	if (req->head.expect_continue) {
-		evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
-		req->continued = 1;
+		arm(c, srv.cfg.stall_timeout_ms);
 	}
 	set_state(c, C_BODY);
 	if (mode == HTTP_BODY_STREAMED)
@@ -807,8 +845,13 @@ void conn_open(int fd)
 		free(c);
 		return;
 	}
-	int one = 1;
+	int one = 1, idle = KEEPALIVE_IDLE_S, interval = KEEPALIVE_INTERVAL_S, probes = KEEPALIVE_PROBES;
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	/* Best effort, like TCP_NODELAY: a socket without them is served all the same. */
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);

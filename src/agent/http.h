@@ -27,6 +27,9 @@ struct http_request;
 typedef void (*http_handler)(struct http_request *req);
 
 enum http_body_mode {
+	HTTP_BODY_NONE,      /* the route takes no body: the handler runs at once, and a body sent
+			      * anyway is never read into memory nor charged against the budget;
+			      * it is dropped like a refused request's (or the connection closes) */
 	HTTP_BODY_BUFFERED,  /* the whole body is read (bounded), then the handler runs */
 	HTTP_BODY_STREAMED,  /* the handler runs at once and takes the body with http_body_stream */
 };
@@ -42,6 +45,10 @@ enum http_body_mode {
  * long after its head; the largest one takes 120 s only below 0.4 MB/s. Only authorized
  * requests get this far. */
 #define HTTP_DEFAULT_BODY_TIMEOUT_MS 120000
+/* Default --stall-timeout: a reply, or a streamed upload, that makes no progress for this long
+ * is given up. A minute outlasts any pause of a live reader or sender; a reader that stopped
+ * holds its connection (and a command blocked on its output, a file, a job's pin) no longer. */
+#define HTTP_DEFAULT_STALL_TIMEOUT_MS 60000
 
 struct http_config {
 	struct event_base *base;     /* the loop the listener and every connection run on */
@@ -54,6 +61,7 @@ struct http_config {
 	unsigned fds_reserved;
 	unsigned header_timeout_ms;
 	unsigned body_timeout_ms;
+	unsigned stall_timeout_ms;
 	uint64_t body_max;   /* largest buffered body; streamed bodies have no limit */
 	/* The text/plain body of the 503 a connection over the cap gets before it is closed,
 	 * when no connection could be evicted for it. */
@@ -127,7 +135,8 @@ void http_reply_watch(struct http_request *req, void (*drain)(void *ctx), void (
  * HTTP_BODY_PIECE bytes; the next piece is read only after data returned. data returns 0 to
  * go on, -1 to stop (then the handler has answered). end runs once: complete = 1 after the
  * whole body (the handler then answers), 0 when the caller went away or stalled (no answer is
- * possible; the request is freed after end returns).
+ * possible; the request is freed after end returns). A caller that asked for 100-continue is
+ * invited here, so a handler that refuses the request before calling this never invites it.
  */
 #define HTTP_BODY_PIECE (64 * 1024)
 void http_body_stream(struct http_request *req, int (*data)(void *ctx, const char *p, size_t n),

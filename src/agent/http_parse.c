@@ -3,10 +3,10 @@
 
 #include <string.h>
 
-/* Chunk extensions and trailers are read and dropped; one line of either this long is plenty
- * and keeps a hostile body from holding the decoder in a line for ever. */
+/* Chunk extensions are read and dropped; a chunk line this long is plenty and keeps a hostile
+ * body from holding the decoder in a line for ever. */
 #define CHUNK_LINE_MAX 1024
-/* All trailers of one body together. */
+/* All trailers of one body together, read and dropped. */
 #define CHUNK_TRAILERS_MAX 4096
 /* Hex digits of a chunk size: 16 fill 64 bits; more would overflow. */
 #define CHUNK_SIZE_DIGITS 16
@@ -16,6 +16,11 @@ static int is_tchar(unsigned char c)
 	if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
 		return 1;
 	return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+static int is_digit(char c)
+{
+	return c >= '0' && c <= '9';
 }
 
 static int lower(int c)
@@ -138,8 +143,10 @@ int http_parse_head(const char *buf, size_t len, struct http_head *h, const char
 	h->method = method_of(m, h->method_len);
 	const char *t = ++p;
 	/* Only the origin form: the agent is no proxy, and a caller that sends an absolute URI or
-	 * '*' is not speaking this protocol. Any control byte or space ends the target. */
-	while (p < end && (unsigned char)*p > 0x20 && (unsigned char)*p != 0x7f)
+	 * '*' is not speaking this protocol. A target is visible ASCII (RFC 3986 leaves the rest to
+	 * percent-encoding): a byte of 0x80 or above is refused, as llhttp refuses it, rather than
+	 * passed to a route that some front-end may have read differently. */
+	while (p < end && (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f)
 		p++;
 	if (p == t || p >= end || *p != ' ' || *t != '/')
 		return fail(why, "the request target is malformed", 400);
@@ -156,15 +163,19 @@ int http_parse_head(const char *buf, size_t len, struct http_head *h, const char
 		h->query_len = h->target_len - h->path_len - 1;
 	}
 	p++;
-	if (end - p < 10 || memcmp(p, "HTTP/1.", 7) != 0 || p[7] < '0' || p[7] > '9')
-		return fail(why, "the request line does not name HTTP/1.x", 505);
-	h->minor = p[7] - '0';
-	if (p[8] != '\r' || p[9] != '\n')
+	/* HTTP-version = "HTTP/" DIGIT "." DIGIT (RFC 9112 §2.3). Only 1.0 and 1.1 are served:
+	 * another version's framing rules are not these, so it is refused (505) rather than read
+	 * as 1.1; text that is no version at all is a malformed line. */
+	if (end - p < 10 || memcmp(p, "HTTP/", 5) != 0 || !is_digit(p[5]) || p[6] != '.' ||
+	    !is_digit(p[7]) || p[8] != '\r' || p[9] != '\n')
 		return fail(why, "the request line is malformed", 400);
+	if (p[5] != '1' || (p[7] != '0' && p[7] != '1'))
+		return fail(why, "the agent speaks HTTP/1.0 and HTTP/1.1 only", 505);
+	h->minor = p[7] - '0';
 	p += 10;
 
 	/* field-line = field-name ":" OWS field-value OWS CRLF, until the empty line */
-	int connection_close = 0, connection_keep = 0, hosts = 0, te_fields = 0;
+	int connection_close = 0, connection_keep = 0, hosts = 0, te_fields = 0, expects = 0;
 	while (p < end) {
 		if (end - p >= 2 && p[0] == '\r' && p[1] == '\n') {
 			p += 2;
@@ -226,14 +237,19 @@ int http_parse_head(const char *buf, size_t len, struct http_head *h, const char
 		} else if (span_is(n, nlen, "Expect")) {
 			if (!span_is(v, (size_t)(ve - v), "100-continue"))
 				return fail(why, "the only expectation understood is 100-continue", 417);
-			h->expect_continue = 1;
+			expects++;
 		}
 	}
 	if (p != end)
 		return fail(why, "the request head is malformed", 400);
-	/* RFC 9112 §3.2: more than one Host is a 400. */
+	/* RFC 9112 §3.2: more than one Host is a 400, and so is none in HTTP/1.1. */
 	if (hosts > 1)
 		return fail(why, "the request has more than one Host", 400);
+	if (hosts == 0 && h->minor == 1)
+		return fail(why, "an HTTP/1.1 request without Host", 400);
+	/* RFC 9110 §10.1.1: a 100-continue expectation in HTTP/1.0 is ignored; a 1.0 client cannot
+	 * be sent an interim answer. */
+	h->expect_continue = expects > 0 && h->minor >= 1;
 
 	int has_length;
 	if (read_lengths(h, &h->content_length, &has_length) < 0)
@@ -272,8 +288,47 @@ const struct http_field *http_field(const struct http_head *h, const char *name,
 	return first;
 }
 
-enum { CK_SIZE, CK_EXT, CK_SIZE_LF, CK_DATA, CK_DATA_CR, CK_DATA_LF, CK_TRAILER, CK_TRAILER_LF,
-       CK_DONE };
+int http_bearer(const char *value, size_t len, const char **token, size_t *token_len)
+{
+	/* Spelt exactly so: every client of this protocol sends it so, and one spelling leaves
+	 * nothing for two readers to disagree on. */
+	static const char scheme[] = "Bearer ";
+	size_t n = sizeof scheme - 1;
+	if (len < n || memcmp(value, scheme, n) != 0)
+		return 0;
+	*token = value + n;
+	*token_len = len - n;
+	return 1;
+}
+
+/*
+ * The decoder's states. A chunk line is chunk-size [ chunk-ext ] CRLF, with
+ *   chunk-ext = *( BWS ";" BWS ext-name [ BWS "=" BWS ( token / quoted-string ) ] )
+ * and the trailer section is field lines (name ":" value), each CRLF, then an empty line (RFC
+ * 9112 §7.1). Each is held to that grammar, as llhttp holds it: bytes a lenient reader skips
+ * are where a front-end that reads them differently could find another body end.
+ */
+enum {
+	CK_SIZE,            /* hex digits of the size */
+	CK_SIZE_BWS,        /* whitespace after the size: a ';' must follow */
+	CK_EXT_NAME_START,  /* after ';', before the extension's name */
+	CK_EXT_NAME,
+	CK_EXT_AFTER_NAME,  /* whitespace after a name: '=', ';' or the line's end */
+	CK_EXT_VALUE_START, /* after '=' */
+	CK_EXT_TOKEN,
+	CK_EXT_QUOTED,
+	CK_EXT_QUOTED_PAIR, /* after a backslash inside quotes */
+	CK_EXT_AFTER_VALUE, /* whitespace after a value: ';' or the line's end */
+	CK_SIZE_LF,
+	CK_DATA, CK_DATA_CR, CK_DATA_LF,
+	CK_TRAILER_START,   /* the start of a trailer line, or the empty line that ends the body */
+	CK_TRAILER_NAME,
+	CK_TRAILER_VALUE,
+	CK_TRAILER_LF,
+	CK_END_LF,          /* the LF of the empty line */
+	CK_DONE,
+	CK_FAILED           /* for ever after an error */
+};
 
 static int hexval(char c)
 {
@@ -285,15 +340,82 @@ static int hexval(char c)
 	return -1;
 }
 
+static int is_ws(unsigned char c)
+{
+	return c == ' ' || c == '\t';
+}
+
+/* quoted-string's qdtext and quoted-pair's second byte (RFC 9110 §5.6.4), obs-text included. */
+static int is_qdtext(unsigned char c)
+{
+	return c == '\t' || c == ' ' || c == 0x21 || (c >= 0x23 && c <= 0x5b) ||
+	       (c >= 0x5d && c <= 0x7e) || c >= 0x80;
+}
+
+static int is_pair_byte(unsigned char c)
+{
+	return c == '\t' || (c >= 0x20 && c != 0x7f);
+}
+
+/* One byte of a chunk line after its size: the next state, or -1 when the line is malformed. */
+static int ext_step(int state, unsigned char ch)
+{
+	switch (state) {
+	case CK_SIZE_BWS:
+		return is_ws(ch) ? CK_SIZE_BWS : ch == ';' ? CK_EXT_NAME_START : -1;
+	case CK_EXT_NAME_START:
+		return is_ws(ch) ? CK_EXT_NAME_START : is_tchar(ch) ? CK_EXT_NAME : -1;
+	case CK_EXT_NAME:
+	case CK_EXT_AFTER_NAME:
+		if (state == CK_EXT_NAME && is_tchar(ch))
+			return CK_EXT_NAME;
+		return is_ws(ch) ? CK_EXT_AFTER_NAME : ch == '=' ? CK_EXT_VALUE_START
+			: ch == ';' ? CK_EXT_NAME_START : ch == '\r' ? CK_SIZE_LF : -1;
+	case CK_EXT_VALUE_START:
+		return is_ws(ch) ? CK_EXT_VALUE_START : ch == '"' ? CK_EXT_QUOTED
+			: is_tchar(ch) ? CK_EXT_TOKEN : -1;
+	case CK_EXT_TOKEN:
+	case CK_EXT_AFTER_VALUE:
+		if (state == CK_EXT_TOKEN && is_tchar(ch))
+			return CK_EXT_TOKEN;
+		return is_ws(ch) ? CK_EXT_AFTER_VALUE : ch == ';' ? CK_EXT_NAME_START
+			: ch == '\r' ? CK_SIZE_LF : -1;
+	case CK_EXT_QUOTED:
+		return ch == '"' ? CK_EXT_AFTER_VALUE : ch == '\\' ? CK_EXT_QUOTED_PAIR
+			: is_qdtext(ch) ? CK_EXT_QUOTED : -1;
+	case CK_EXT_QUOTED_PAIR:
+		return is_pair_byte(ch) ? CK_EXT_QUOTED : -1;
+	}
+	return -1;
+}
+
+/* One byte of the trailer section: the next state, or -1 when it is not a field line. */
+static int trailer_step(int state, unsigned char ch)
+{
+	switch (state) {
+	case CK_TRAILER_START:
+		/* a line that starts with whitespace is obsolete folding: refused as in a head */
+		return ch == '\r' ? CK_END_LF : is_tchar(ch) ? CK_TRAILER_NAME : -1;
+	case CK_TRAILER_NAME:
+		return is_tchar(ch) ? CK_TRAILER_NAME : ch == ':' ? CK_TRAILER_VALUE : -1;
+	case CK_TRAILER_VALUE:
+		return ch == '\r' ? CK_TRAILER_LF : (ch < 0x20 && ch != '\t') || ch == 0x7f ? -1
+			: CK_TRAILER_VALUE;
+	case CK_TRAILER_LF:
+		return ch == '\n' ? CK_TRAILER_START : -1;
+	}
+	return -1;
+}
+
 int http_chunked_step(struct http_chunked *c, const char *in, size_t len, size_t *used,
 		      size_t *data_off, size_t *data_len)
 {
 	size_t i = 0;
 	while (i < len) {
-		char ch = in[i];
+		unsigned char ch = (unsigned char)in[i];
 		switch (c->state) {
 		case CK_SIZE: {
-			int d = hexval(ch);
+			int d = hexval((char)ch);
 			if (d >= 0) {
 				if (++c->line > CHUNK_SIZE_DIGITS)
 					goto error;
@@ -303,33 +425,36 @@ int http_chunked_step(struct http_chunked *c, const char *in, size_t len, size_t
 			}
 			if (c->line == 0)
 				goto error;
-			if (ch == ';' || ch == ' ' || ch == '\t') {
-				c->state = CK_EXT;
-			} else if (ch == '\r') {
-				c->state = CK_SIZE_LF;
-				i++;
-			} else {
+			if (ch != '\r' && ch != ';' && !is_ws(ch))
 				goto error;
-			}
-			break;
-		}
-		case CK_EXT:
-			/* Extensions are ignored (RFC 9112 §7.1.1), but a line has a bound. */
-			if (ch == '\r') {
-				c->state = CK_SIZE_LF;
-			} else if ((unsigned char)ch < 0x20 && ch != '\t') {
-				goto error;
-			} else if (++c->line > CHUNK_LINE_MAX) {
-				goto error;
-			}
+			c->state = ch == '\r' ? CK_SIZE_LF : ch == ';' ? CK_EXT_NAME_START : CK_SIZE_BWS;
 			i++;
 			break;
+		}
+		case CK_SIZE_BWS:
+		case CK_EXT_NAME_START:
+		case CK_EXT_NAME:
+		case CK_EXT_AFTER_NAME:
+		case CK_EXT_VALUE_START:
+		case CK_EXT_TOKEN:
+		case CK_EXT_QUOTED:
+		case CK_EXT_QUOTED_PAIR:
+		case CK_EXT_AFTER_VALUE:
+		{
+			/* Extensions are read and ignored (RFC 9112 §7.1.1), but a line has a bound. */
+			int next = ext_step(c->state, ch);
+			if (++c->line > CHUNK_LINE_MAX || next < 0)
+				goto error;
+			c->state = next;
+			i++;
+			break;
+		}
 		case CK_SIZE_LF:
 			if (ch != '\n')
 				goto error;
 			i++;
 			c->line = 0;
-			c->state = c->left ? CK_DATA : CK_TRAILER;
+			c->state = c->left ? CK_DATA : CK_TRAILER_START;
 			break;
 		case CK_DATA: {
 			size_t n = len - i;
@@ -356,36 +481,38 @@ int http_chunked_step(struct http_chunked *c, const char *in, size_t len, size_t
 			c->line = 0;
 			i++;
 			break;
-		case CK_TRAILER:
-			if (ch == '\r') {
-				c->state = CK_TRAILER_LF;
-			} else if (((unsigned char)ch < 0x20 && ch != '\t') || ++c->trailers > CHUNK_TRAILERS_MAX) {
+		case CK_TRAILER_START:
+		case CK_TRAILER_NAME:
+		case CK_TRAILER_VALUE:
+		case CK_TRAILER_LF:
+		{
+			int next = trailer_step(c->state, ch);
+			if (++c->trailers > CHUNK_TRAILERS_MAX || next < 0)
 				goto error;
-			} else {
-				c->line++;
-			}
+			c->state = next;
 			i++;
 			break;
-		case CK_TRAILER_LF:
+		}
+		case CK_END_LF:
 			if (ch != '\n')
 				goto error;
 			i++;
-			if (c->line == 0) {
-				c->state = CK_DONE;
-				*used = i;
-				return HTTP_CHUNKED_DONE;
-			}
-			c->line = 0;
-			c->state = CK_TRAILER;
-			break;
-		default:
+			c->state = CK_DONE;
 			*used = i;
 			return HTTP_CHUNKED_DONE;
+		case CK_DONE:
+			*used = i;
+			return HTTP_CHUNKED_DONE;
+		default:
+			goto error;
 		}
 	}
 	*used = i;
+	if (c->state == CK_FAILED)
+		return HTTP_CHUNKED_ERROR;
 	return c->state == CK_DONE ? HTTP_CHUNKED_DONE : HTTP_CHUNKED_MORE;
 error:
+	c->state = CK_FAILED;
 	*used = i;
 	return HTTP_CHUNKED_ERROR;
 }

@@ -63,6 +63,10 @@ int http_parse_head(const char *buf, size_t len, struct http_head *h, const char
 /* The value of the first field named name (case-insensitive), its count in *count. */
 const struct http_field *http_field(const struct http_head *h, const char *name, int *count);
 
+/* The token of an Authorization value "Bearer <token>" (RFC 6750 §2.1): 1 with *token
+ * spanning it inside value, 0 for any other value. */
+int http_bearer(const char *value, size_t len, const char **token, size_t *token_len);
+
 /* The chunked transfer coding (RFC 9112 §7.1), fed in pieces. */
 struct http_chunked {
 	int state;

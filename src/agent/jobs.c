@@ -18,9 +18,14 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <openssl/evp.h>
 
 /* What one kept frame costs besides its bytes: its record, pointer and allocator overhead. */
 #define JOBS_FRAME_COST 64
+/* A job's request is kept as its SHA-256 (request_digest): a start naming a known id is the
+ * same request exactly when the digests are equal, and a job holds 32 bytes for it however
+ * large its command and environment. */
+#define JOBS_DIGEST_BYTES 32
 
 struct job_frame {
 	uint64_t seq;
@@ -31,6 +36,7 @@ struct job_frame {
 
 struct job {
 	char id[REQUEST_JOB_ID_MAX + 1];
+	unsigned char request[JOBS_DIGEST_BYTES]; /* the start's request_digest */
 	uint64_t order;           /* start order: "oldest" for eviction */
 	struct command *cmd;      /* while running */
 	int finished;
@@ -125,6 +131,53 @@ static int reserve_slot(void)
 	return victim;
 }
 
+/* One member of the digest: its name, its length and its bytes, so that no two requests'
+ * members run together into the same bytes. 0, or -1 when the digest failed. */
+static int digest_member(EVP_MD_CTX *md, const char *name, const void *p, size_t len)
+{
+	uint64_t n = len;
+	return EVP_DigestUpdate(md, name, strlen(name) + 1) == 1 &&
+	       EVP_DigestUpdate(md, &n, sizeof n) == 1 && EVP_DigestUpdate(md, p, len) == 1 ? 0 : -1;
+}
+
+/* A NULL-terminated list as one member: its length, then each string as a member. */
+static int digest_list(EVP_MD_CTX *md, const char *name, char *const *v)
+{
+	size_t n = 0;
+	while (v[n])
+		n++;
+	if (digest_member(md, name, &n, sizeof n) < 0)
+		return -1;
+	for (size_t i = 0; i < n; i++)
+		if (digest_member(md, name, v[i], strlen(v[i])) < 0)
+			return -1;
+	return 0;
+}
+
+/*
+ * The identity of a start (jobIdempotency, docs/protocol.md §6): the request as the agent would
+ * run it — argv, the working directory normalized ("." for the root, so "/", "." and none are
+ * one), the environment as the command gets it (the default PATH included, names sorted), the
+ * timeout. A member a start comes to carry joins with one more line here. 0, or -1 when the
+ * digest could not be made.
+ */
+static int request_digest(const struct cmd_request *r, unsigned char out[JOBS_DIGEST_BYTES])
+{
+	char cwd[PATHS_MAX] = ".";
+	if (r->cwd && paths_normalize(r->cwd, r->cwd_len, cwd) != NULL)
+		snprintf(cwd, sizeof cwd, "%.*s", (int)r->cwd_len, r->cwd);
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	unsigned int n = 0;
+	int ok = md != NULL && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
+		 digest_list(md, "command", r->argv) == 0 &&
+		 digest_member(md, "cwd", cwd, strlen(cwd)) == 0 &&
+		 digest_list(md, "env", r->envp) == 0 &&
+		 digest_member(md, "timeoutMs", &r->timeout_ms, sizeof r->timeout_ms) == 0 &&
+		 EVP_DigestFinal_ex(md, out, &n) == 1 && n == JOBS_DIGEST_BYTES;
+	EVP_MD_CTX_free(md);
+	return ok ? 0 : -1;
+}
+
 static void reply_job_id(struct http_request *req, const char *id)
 {
 	struct evbuffer *b = evbuffer_new();
@@ -158,11 +211,24 @@ void jobs_start(struct http_request *req)
 		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s", r.invalid);
 		goto out;
 	}
+	unsigned char digest[JOBS_DIGEST_BYTES];
+	if (request_digest(&r, digest) < 0) {
+		reply_out_of_memory(req, "start a job");
+		goto out;
+	}
 	if (r.job_id[0]) {
 		struct job *existing = find(r.job_id);
-		if (existing) {
-			/* jobIdempotency: a resent start runs nothing and names the same job. */
+		/* jobIdempotency: a resent start runs nothing and names the same job; an id names one
+		 * request, so another request under it is refused and starts nothing, rather than be
+		 * answered with a job that runs some other command. */
+		if (existing && memcmp(existing->request, digest, sizeof digest) == 0) {
 			reply_job_id(req, existing->id);
+			goto out;
+		}
+		if (existing) {
+			reply_error(req, 409, "JOB_ID_CONFLICT",
+				    "job '%s' was started with another command, cwd, env or timeout; "
+				    "a job id names one request", existing->id);
 			goto out;
 		}
 	}
@@ -171,6 +237,7 @@ void jobs_start(struct http_request *req)
 		reply_out_of_memory(req, "start a job");
 		goto out;
 	}
+	memcpy(j->request, digest, sizeof digest);
 	if (r.job_id[0]) {
 		memcpy(j->id, r.job_id, sizeof j->id);
 	} else {
@@ -214,67 +281,60 @@ out:
 	cmd_request_free(&r);
 }
 
+/* The members of a poll's or a cancel's body, as read_json_body hands them over. */
+struct job_body {
+	int with_since;           /* a poll's sinceSeq; a cancel names the job alone */
+	int seen_id, seen_since, has_since;
+	sk_json_str id;
+	uint64_t since;
+};
+
+static const char *job_body_member(void *ctx, sk_json *j, const sk_json_str *key)
+{
+	struct job_body *jb = ctx;
+	if (sk_json_str_is(key, "jobId") && !jb->seen_id) {
+		jb->seen_id = 1;
+		if (sk_json_peek(j) == SK_JSON_STRING) {
+			sk_json_string(j, &jb->id);
+			return NULL;
+		}
+		sk_json_skip(j);
+		return "jobId must be a string";
+	}
+	if (jb->with_since && sk_json_str_is(key, "sinceSeq") && !jb->seen_since) {
+		jb->seen_since = 1;
+		if (sk_json_peek(j) == SK_JSON_NULL) {
+			sk_json_null(j);
+			return NULL;
+		}
+		sk_json saved = *j; /* a fraction, a sign or an overflow fails the reader: rewind */
+		if (sk_json_peek(j) == SK_JSON_NUMBER && sk_json_u64(j, &jb->since) == 0) {
+			jb->has_since = 1;
+			return NULL;
+		}
+		*j = saved;
+		sk_json_skip(j);
+		return "sinceSeq must be a non-negative integer or null";
+	}
+	sk_json_skip(j);
+	return NULL;
+}
+
 /* Reads {"jobId": "...", "sinceSeq": N|null} (poll) or {"jobId": "..."} (cancel). Answers the
  * request itself and returns NULL when the body is refused or the job is unknown. */
 static struct job *job_of(struct http_request *req, int with_since, int *has_since,
 			  uint64_t *since)
 {
-	size_t len;
-	const char *body = http_request_body(req, &len);
-	if (body == NULL) {
-		reply_out_of_memory(req, "read the job request");
+	struct job_body jb = { with_since, 0, 0, 0, { NULL, 0, 0 }, 0 };
+	if (read_json_body(req, "read the job request", job_body_member, &jb) < 0)
+		return NULL;
+	if (!jb.seen_id) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: jobId is required");
 		return NULL;
 	}
-	sk_json j;
-	sk_json_init(&j, body, len);
-	sk_json_str key, id = { NULL, 0, 0 };
-	const char *problem = NULL;
-	int more, seen_id = 0;
-	*has_since = 0;
-	if (sk_json_object_begin(&j) < 0) {
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not a JSON object");
-		return NULL;
-	}
-	while ((more = sk_json_object_key(&j, &key)) == 1) {
-		if (sk_json_str_is(&key, "jobId") && !seen_id) {
-			seen_id = 1;
-			if (sk_json_peek(&j) != SK_JSON_STRING) {
-				problem = "jobId must be a string";
-				sk_json_skip(&j);
-			} else {
-				sk_json_string(&j, &id);
-			}
-		} else if (with_since && sk_json_str_is(&key, "sinceSeq") && !*has_since) {
-			if (sk_json_peek(&j) == SK_JSON_NULL) {
-				sk_json_null(&j);
-			} else if (sk_json_peek(&j) == SK_JSON_NUMBER) {
-				sk_json saved = j;
-				if (sk_json_u64(&j, since) == 0) {
-					*has_since = 1;
-				} else {
-					j = saved;
-					sk_json_skip(&j);
-					problem = "sinceSeq must be a non-negative integer or null";
-				}
-			} else {
-				problem = "sinceSeq must be a non-negative integer or null";
-				sk_json_skip(&j);
-			}
-		} else {
-			sk_json_skip(&j);
-		}
-	}
-	if (more < 0 || sk_json_finish(&j) < 0) {
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not valid JSON: %s",
-			    j.err ? j.err : "malformed");
-		return NULL;
-	}
-	if (problem == NULL && !seen_id)
-		problem = "jobId is required";
-	if (problem) {
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s", problem);
-		return NULL;
-	}
+	*has_since = jb.has_since;
+	*since = jb.since;
+	sk_json_str id = jb.id;
 	struct job *found = NULL;
 	/* Ids are plain ASCII by construction; an escaped or overlong one names no job. */
 	if (!id.escaped && id.len <= REQUEST_JOB_ID_MAX) {

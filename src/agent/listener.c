@@ -26,6 +26,25 @@
 /* The whole 503 for a connection over the cap, head and busy_text: kept ready so that refusing
  * allocates nothing, and small enough for one send() into a fresh socket's buffer. */
 #define BUSY_REPLY_MAX 512
+/* A socket closed with its caller's request unread makes the kernel send a reset, which can
+ * destroy the 503 before the caller reads it (and a caller still sending its body fails with
+ * EPIPE and never reads it). So a refused socket has its writing side shut after the 503 and
+ * what its caller sends is read and dropped until it closes: for at most this long and this
+ * many bytes, and at most this many sockets at once (they hold descriptors past the cap, which
+ * the cap's sizing reserves); past that, a refused socket is closed at once, best effort. */
+#define REFUSED_LINGER_MS 1000
+#define REFUSED_LINGER_MAX (64 * 1024)
+#define REFUSED_LINGERING 8
+/* One read of a refused socket's input, dropped. */
+#define REFUSED_READ 4096
+
+/* A refused socket draining its caller's request; fd -1 when the slot is free. */
+struct refused {
+	evutil_socket_t fd;
+	struct event *ev;        /* made at start: refusing allocates nothing */
+	struct timespec until;
+	size_t dropped;
+};
 
 static struct listener {
 	evutil_socket_t fd;
@@ -37,6 +56,8 @@ static struct listener {
 	unsigned nconns, max_conns;
 	char busy_reply[BUSY_REPLY_MAX];
 	size_t busy_len;
+	struct event_base *base;
+	struct refused refused[REFUSED_LINGERING];
 } lis = { .fd = -1 };
 
 void listener_add(struct listener_entry *e)
@@ -85,10 +106,73 @@ static int evict_one(void)
 	return 0;
 }
 
+static void refused_close(struct refused *r)
+{
+	event_del(r->ev);
+	close(r->fd);
+	r->fd = -1;
+}
+
+static int ms_left(const struct timespec *until)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	long long ms = (long long)(until->tv_sec - now.tv_sec) * 1000 +
+		       (until->tv_nsec - now.tv_nsec) / 1000000;
+	return ms > 0 ? (int)ms : 0;
+}
+
+/* Drops what the refused caller sent; closes on its end, an error, or a bound reached. */
+static void on_refused(evutil_socket_t fd, short what, void *arg)
+{
+	struct refused *r = arg;
+	static char scratch[REFUSED_READ]; /* single-threaded loop: one buffer serves all */
+	if (what & EV_READ) {
+		for (;;) {
+			ssize_t n = recv(fd, scratch, sizeof scratch, MSG_DONTWAIT);
+			if (n > 0 && (r->dropped += (size_t)n) <= REFUSED_LINGER_MAX)
+				continue;
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+				break;
+			refused_close(r); /* its end, an error, or past the byte bound */
+			return;
+		}
+	}
+	int left = ms_left(&r->until);
+	if (left == 0) {
+		refused_close(r);
+		return;
+	}
+	struct timeval tv = { left / 1000, (suseconds_t)(left % 1000) * 1000 };
+	event_add(r->ev, &tv);
+}
+
 static void refuse_socket(evutil_socket_t fd)
 {
 	ssize_t w = send(fd, lis.busy_reply, lis.busy_len, MSG_DONTWAIT | MSG_NOSIGNAL);
 	(void)w; /* best effort: the close says the same */
+	shutdown(fd, SHUT_WR);
+	for (int i = 0; i < REFUSED_LINGERING; i++) {
+		struct refused *r = &lis.refused[i];
+		if (r->fd >= 0)
+			continue;
+		struct timeval tv = { REFUSED_LINGER_MS / 1000, (REFUSED_LINGER_MS % 1000) * 1000 };
+		if (event_assign(r->ev, lis.base, fd, EV_READ, on_refused, r) < 0 ||
+		    event_add(r->ev, &tv) < 0)
+			break;
+		r->fd = fd;
+		r->dropped = 0;
+		clock_gettime(CLOCK_MONOTONIC, &r->until);
+		r->until.tv_sec += REFUSED_LINGER_MS / 1000;
+		r->until.tv_nsec += (long)(REFUSED_LINGER_MS % 1000) * 1000000;
+		if (r->until.tv_nsec >= 1000000000) {
+			r->until.tv_sec++;
+			r->until.tv_nsec -= 1000000000;
+		}
+		return;
+	}
 	close(fd);
 }
 
@@ -160,8 +244,8 @@ static unsigned connection_cap(const struct http_config *cfg)
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
 		return wanted;
 	uint64_t fds = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
-	uint64_t room = fds > cfg->fds_reserved ? (fds - cfg->fds_reserved) / cfg->fds_per_connection
-						: 0;
+	uint64_t reserved = (uint64_t)cfg->fds_reserved + REFUSED_LINGERING;
+	uint64_t room = fds > reserved ? (fds - reserved) / cfg->fds_per_connection : 0;
 	if (room < 1)
 		room = 1;
 	if (room < wanted) {
@@ -230,15 +314,34 @@ int listener_start(const struct http_config *cfg, unsigned *port)
 	*port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 					       : ((struct sockaddr_in *)&ss)->sin_port);
 	lis.fd = fd;
+	lis.base = cfg->base;
 	lis.accept_ev = event_new(cfg->base, fd, EV_READ | EV_PERSIST, on_accept, NULL);
 	lis.backoff_ev = evtimer_new(cfg->base, on_backoff, NULL);
-	if (lis.accept_ev == NULL || lis.backoff_ev == NULL || event_add(lis.accept_ev, NULL) < 0)
+	int ok = lis.accept_ev != NULL && lis.backoff_ev != NULL;
+	for (int i = 0; i < REFUSED_LINGERING; i++) {
+		lis.refused[i].fd = -1;
+		lis.refused[i].ev = event_new(cfg->base, -1, 0, on_refused, &lis.refused[i]);
+		ok = ok && lis.refused[i].ev != NULL;
+	}
+	if (!ok || event_add(lis.accept_ev, NULL) < 0) {
+		int e = ok ? errno : ENOMEM;
+		listener_stop();
+		errno = e;
 		return -1;
+	}
 	return 0;
 }
 
 void listener_stop(void)
 {
+	for (int i = 0; i < REFUSED_LINGERING; i++) {
+		struct refused *r = &lis.refused[i];
+		if (r->ev && r->fd >= 0)
+			refused_close(r);
+		if (r->ev)
+			event_free(r->ev);
+		r->ev = NULL;
+	}
 	if (lis.accept_ev)
 		event_free(lis.accept_ev);
 	if (lis.backoff_ev)

@@ -2,7 +2,8 @@
  * listener.h — the HTTP server's listening socket (http.h): binding, accept() in batches with
  * a back-off when the process runs out of descriptors or memory, and the connection cap, sized
  * to the descriptor limit and held at accept time by evicting the connection that has waited
- * longest with no request in progress, or else by answering the newcomer 503 and closing it.
+ * longest with no request in progress, or else by answering the newcomer 503 and closing it
+ * once it has had a moment (bounded) to read the answer.
  *
  * The connections themselves are http.c's: it opens one for each socket accepted here, enters
  * it in the listener's set and takes it out when it ends. Only http.c uses this header.

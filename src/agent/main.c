@@ -46,63 +46,79 @@
  * link of about 12 kB/s, and past it the deadline protects nothing. */
 #define BODY_TIMEOUT_MIN_MS 10
 #define BODY_TIMEOUT_MAX_MS 3600000
+/* --stall-timeout bounds: as the body's; a reader paused for an hour is no reader. */
+#define STALL_TIMEOUT_MIN_MS 10
+#define STALL_TIMEOUT_MAX_MS 3600000
 /* Freed heap the agent keeps for reuse rather than hand back to the kernel (see main). */
 #define HEAP_KEEP (32 * 1024 * 1024)
 
 struct agent agent;
 
-static const char usage_text[] =
-	"usage: sandkit-agent --root DIR (--token-file FILE | --no-auth |\n"
-	"                     --auth capability --session-id ID --public-keys KEYS) [options]\n"
-	"\n"
-	"Serves the sandbox agent protocol v1 (commands, jobs, files) for one sandbox root.\n"
-	"Every option can also be set by the environment variable shown; a flag wins.\n"
-	"\n"
-	"  --root DIR             SANDKIT_AGENT_ROOT      the sandbox root (must exist); every\n"
-	"                                                 caller path is resolved beneath it\n"
-	"  --listen HOST:PORT     SANDKIT_AGENT_LISTEN    address to bind (default 127.0.0.1:0,\n"
-	"                                                 port 0 = any free port; [v6]:PORT works)\n"
-	"  --token-file FILE      SANDKIT_AGENT_TOKEN_FILE  bearer token: 32 random bytes as 44\n"
-	"                                                 characters of standard base64; never\n"
-	"                                                 accepted on the command line\n"
-	"  --no-auth              SANDKIT_AGENT_NO_AUTH=1 provider mode: a proxy in front\n"
-	"                                                 authorizes; the agent checks nothing\n"
-	"  --auth MODE            SANDKIT_AGENT_AUTH      bearer (with --token-file), none (as\n"
-	"                                                 --no-auth) or capability: Ed25519-signed\n"
-	"                                                 tokens for one session (docs/protocol.md)\n"
-	"  --session-id ID        SANDKIT_AGENT_SESSION_ID  capability mode: the session tokens\n"
-	"                                                 must name (on Kubernetes the pod's UID)\n"
-	"  --public-keys KEYS     SANDKIT_AGENT_PUBLIC_KEYS  capability mode: the trusted keys,\n"
-	"                                                 kid:BASE64[,kid:BASE64...], each the raw\n"
-	"                                                 32-byte Ed25519 key in standard base64\n"
-	"  --output-cap BYTES     SANDKIT_AGENT_OUTPUT_CAP  output kept per stream per command\n"
-	"                                                 (default 4194304, from 1 to 1073741824)\n"
-	"  --max-connections N    SANDKIT_AGENT_MAX_CONNECTIONS  connections served at once\n"
-	"                                                 (default 256; lowered to what the\n"
-	"                                                 descriptor limit allows)\n"
-	"  --header-timeout MS    SANDKIT_AGENT_HEADER_TIMEOUT  time for a request's line and\n"
-	"                                                 headers, from its first byte (default\n"
-	"                                                 10000)\n"
-	"  --body-timeout MS      SANDKIT_AGENT_BODY_TIMEOUT  time for a buffered request body as\n"
-	"                                                 a whole, after its head (default 120000)\n"
-	"  --require-activation   SANDKIT_AGENT_REQUIRE_ACTIVATION=1  answer 503 until the first\n"
-	"                                                 authorized POST /v1/activate\n"
-	"  --ready-fd N           SANDKIT_AGENT_READY_FD  after binding, write one line\n"
-	"                                                 {\"port\":P,\"pid\":PID,\"bootId\":\"...\"}\n"
-	"                                                 to fd N, then close it\n"
-	"  --ready-file PATH      SANDKIT_AGENT_READY_FILE  the same line, written atomically\n"
-	"  --isolate bwrap        SANDKIT_AGENT_ISOLATE   run every command under bubblewrap\n"
-	"                                                 (read-only host, writable root, private\n"
-	"                                                 /tmp, no network, own pid namespace)\n"
-	"  --hide DIR             SANDKIT_AGENT_HIDE      with bwrap: DIR looks empty to commands\n"
-	"                                                 (a state folder); repeatable, the\n"
-	"                                                 variable takes DIR:DIR:...\n"
-	"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
-	"  --help                                         this text\n"
-	"\n"
-	"One way to authorize is required: --token-file, --no-auth or --auth capability. SIGTERM\n"
-	"and SIGINT kill every running command's process group and what commands left behind,\n"
-	"then the agent exits 0.\n";
+/* The option list; its numbers are the constants the agent enforces (filled in from them). */
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: sandkit-agent --root DIR (--token-file FILE | --no-auth |\n"
+		"                     --auth capability --session-id ID --public-keys KEYS) [options]\n"
+		"\n"
+		"Serves the sandbox agent protocol v1 (commands, jobs, files) for one sandbox root.\n"
+		"Every option can also be set by the environment variable shown; a flag wins.\n"
+		"\n"
+		"  --root DIR             SANDKIT_AGENT_ROOT      the sandbox root (must exist); every\n"
+		"                                                 caller path is resolved beneath it\n"
+		"  --listen HOST:PORT     SANDKIT_AGENT_LISTEN    address to bind (default 127.0.0.1:0,\n"
+		"                                                 port 0 = any free port; [v6]:PORT works)\n"
+		"  --token-file FILE      SANDKIT_AGENT_TOKEN_FILE  bearer token: %d random bytes as %d\n"
+		"                                                 characters of standard base64; never\n"
+		"                                                 accepted on the command line\n"
+		"  --no-auth              SANDKIT_AGENT_NO_AUTH=1 provider mode: a proxy in front\n"
+		"                                                 authorizes; the agent checks nothing\n"
+		"  --auth MODE            SANDKIT_AGENT_AUTH      bearer (with --token-file), none (as\n"
+		"                                                 --no-auth) or capability: Ed25519-signed\n"
+		"                                                 tokens for one session (docs/protocol.md)\n"
+		"  --session-id ID        SANDKIT_AGENT_SESSION_ID  capability mode: the session tokens\n"
+		"                                                 must name (on Kubernetes the pod's UID)\n"
+		"  --public-keys KEYS     SANDKIT_AGENT_PUBLIC_KEYS  capability mode: the trusted keys,\n"
+		"                                                 kid:BASE64[,kid:BASE64...], each the raw\n"
+		"                                                 32-byte Ed25519 key in standard base64\n"
+		"  --output-cap BYTES     SANDKIT_AGENT_OUTPUT_CAP  output kept per stream per command\n"
+		"                                                 (default %llu, from 1 to %llu)\n"
+		"  --max-connections N    SANDKIT_AGENT_MAX_CONNECTIONS  connections served at once\n"
+		"                                                 (default %d; lowered to what the\n"
+		"                                                 descriptor limit allows)\n"
+		"  --header-timeout MS    SANDKIT_AGENT_HEADER_TIMEOUT  time for a request's line and\n"
+		"                                                 headers, from its first byte (default\n"
+		"                                                 %d, from %d to %d)\n"
+		"  --body-timeout MS      SANDKIT_AGENT_BODY_TIMEOUT  time for a buffered request body as\n"
+		"                                                 a whole, after its head (default %d,\n"
+		"                                                 from %d to %d)\n"
+		"  --stall-timeout MS     SANDKIT_AGENT_STALL_TIMEOUT  time a reply or a raw upload may\n"
+		"                                                 make no progress (default %d, from %d\n"
+		"                                                 to %d)\n"
+		"  --require-activation   SANDKIT_AGENT_REQUIRE_ACTIVATION=1  answer 503 until the first\n"
+		"                                                 authorized POST /v1/activate\n"
+		"  --ready-fd N           SANDKIT_AGENT_READY_FD  after binding, write one line\n"
+		"                                                 {\"port\":P,\"pid\":PID,\"bootId\":\"...\"}\n"
+		"                                                 to fd N, then close it\n"
+		"  --ready-file PATH      SANDKIT_AGENT_READY_FILE  the same line, written atomically\n"
+		"  --isolate bwrap        SANDKIT_AGENT_ISOLATE   run every command under bubblewrap\n"
+		"                                                 (read-only host, writable root, private\n"
+		"                                                 /tmp, no network, own pid namespace)\n"
+		"  --hide DIR             SANDKIT_AGENT_HIDE      with bwrap: DIR looks empty to commands\n"
+		"                                                 (a state folder); repeatable, the\n"
+		"                                                 variable takes DIR:DIR:...\n"
+		"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
+		"  --help                                         this text\n"
+		"\n"
+		"One way to authorize is required: --token-file, --no-auth or --auth capability. SIGTERM\n"
+		"and SIGINT kill every running command's process group and what commands left behind,\n"
+		"then the agent exits 0.\n",
+		AGENT_TOKEN_BYTES, AGENT_TOKEN_CHARS, (unsigned long long)AGENT_DEFAULT_OUTPUT_CAP,
+		(unsigned long long)OUTPUT_CAP_MAX, HTTP_DEFAULT_MAX_CONNECTIONS,
+		HTTP_DEFAULT_HEADER_TIMEOUT_MS, HEADER_TIMEOUT_MIN_MS, HEADER_TIMEOUT_MAX_MS,
+		HTTP_DEFAULT_BODY_TIMEOUT_MS, BODY_TIMEOUT_MIN_MS, BODY_TIMEOUT_MAX_MS,
+		HTTP_DEFAULT_STALL_TIMEOUT_MS, STALL_TIMEOUT_MIN_MS, STALL_TIMEOUT_MAX_MS);
+}
 
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
@@ -119,7 +135,7 @@ static void die(const char *fmt, ...)
 struct raw_options {
 	const char *root, *listen, *token_file, *no_auth, *output_cap, *require_activation;
 	const char *ready_fd, *ready_file, *isolate, *log, *max_connections, *header_timeout;
-	const char *body_timeout;
+	const char *body_timeout, *stall_timeout;
 	const char *auth, *session_id, *public_keys;
 	const char *hide[ISOLATE_HIDE_MAX];
 	size_t nhide;
@@ -142,6 +158,9 @@ static int env_flag(const char *name, const char *v)
 	die("%s must be 1 or 0, not '%s'", name, v);
 }
 
+/* The one reader of a number an option takes: decimal digits only, nothing around them (no
+ * sign, space, hex prefix or exponent: "0x10" is no 16 here, as it is none to the sandkit
+ * command), at most max. */
 static uint64_t parse_u64(const char *what, const char *v, uint64_t max)
 {
 	char *end;
@@ -171,9 +190,10 @@ static void parse_listen(const char *v)
 
 static void read_token(const char *file)
 {
-	int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	char why[128];
+	int fd = util_open_regular(file, why, sizeof why);
 	if (fd < 0)
-		die("cannot open the token file %s: %s", file, strerror(errno));
+		die("cannot open the token file %s: %s", file, why);
 	char buf[TOKEN_FILE_MAX + 1];
 	size_t n = 0;
 	for (;;) {
@@ -247,7 +267,7 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_READY_FD"), getenv("SANDKIT_AGENT_READY_FILE"),
 		getenv("SANDKIT_AGENT_ISOLATE"), getenv("SANDKIT_AGENT_LOG"),
 		getenv("SANDKIT_AGENT_MAX_CONNECTIONS"), getenv("SANDKIT_AGENT_HEADER_TIMEOUT"),
-		getenv("SANDKIT_AGENT_BODY_TIMEOUT"),
+		getenv("SANDKIT_AGENT_BODY_TIMEOUT"), getenv("SANDKIT_AGENT_STALL_TIMEOUT"),
 		getenv("SANDKIT_AGENT_AUTH"), getenv("SANDKIT_AGENT_SESSION_ID"),
 		getenv("SANDKIT_AGENT_PUBLIC_KEYS"), { NULL }, 0,
 	};
@@ -272,6 +292,7 @@ static void configure(int argc, char **argv)
 		{ "max-connections", required_argument, NULL, 'm' },
 		{ "header-timeout", required_argument, NULL, 'H' },
 		{ "body-timeout", required_argument, NULL, 'B' },
+		{ "stall-timeout", required_argument, NULL, 'S' },
 		{ "auth", required_argument, NULL, 'A' },
 		{ "session-id", required_argument, NULL, 's' },
 		{ "public-keys", required_argument, NULL, 'k' },
@@ -295,12 +316,13 @@ static void configure(int argc, char **argv)
 		case 'm': o.max_connections = optarg; break;
 		case 'H': o.header_timeout = optarg; break;
 		case 'B': o.body_timeout = optarg; break;
+		case 'S': o.stall_timeout = optarg; break;
 		case 'A': o.auth = optarg; break;
 		case 's': o.session_id = optarg; break;
 		case 'k': o.public_keys = optarg; break;
 		case 'D': add_hide(&o, optarg); break;
-		case 'h': fputs(usage_text, stdout); exit(0);
-		default: fputs(usage_text, stderr); exit(2);
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); exit(2);
 		}
 	}
 	if (optind < argc)
@@ -349,6 +371,11 @@ static void configure(int argc, char **argv)
 		: HTTP_DEFAULT_BODY_TIMEOUT_MS;
 	if (c->body_timeout_ms < BODY_TIMEOUT_MIN_MS)
 		die("--body-timeout must be at least %d ms", BODY_TIMEOUT_MIN_MS);
+	c->stall_timeout_ms = o.stall_timeout
+		? (unsigned)parse_u64("--stall-timeout", o.stall_timeout, STALL_TIMEOUT_MAX_MS)
+		: HTTP_DEFAULT_STALL_TIMEOUT_MS;
+	if (c->stall_timeout_ms < STALL_TIMEOUT_MIN_MS)
+		die("--stall-timeout must be at least %d ms", STALL_TIMEOUT_MIN_MS);
 	c->require_activation = require_activation;
 	c->ready_fd = -1;
 	if (o.ready_fd) {

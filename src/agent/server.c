@@ -28,7 +28,7 @@
 struct route {
 	const char *path;
 	enum http_method method;
-	int public;              /* health only: no credential, no activation */
+	int public;              /* health only: no credential, no activation, so no body */
 	enum http_body_mode body;
 	void (*handle)(struct http_request *req);
 };
@@ -37,15 +37,15 @@ static void health(struct http_request *req);
 static void activate(struct http_request *req);
 
 static const struct route routes[] = {
-	{ "/v1/health", HTTP_GET, 1, HTTP_BODY_BUFFERED, health },
+	{ "/v1/health", HTTP_GET, 1, HTTP_BODY_NONE, health },
 	{ "/v1/activate", HTTP_POST, 0, HTTP_BODY_BUFFERED, activate },
 	{ "/v1/exec", HTTP_POST, 0, HTTP_BODY_BUFFERED, stream_exec },
 	{ "/v1/jobs/start", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_start },
 	{ "/v1/jobs/poll", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_poll },
 	{ "/v1/jobs/cancel", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_cancel },
-	{ "/v1/files", HTTP_GET, 0, HTTP_BODY_BUFFERED, files_get },
+	{ "/v1/files", HTTP_GET, 0, HTTP_BODY_NONE, files_get },
 	{ "/v1/files", HTTP_PUT, 0, HTTP_BODY_BUFFERED, files_put },
-	{ "/v1/files/raw", HTTP_GET, 0, HTTP_BODY_BUFFERED, files_raw_get },
+	{ "/v1/files/raw", HTTP_GET, 0, HTTP_BODY_NONE, files_raw_get },
 	{ "/v1/files/raw", HTTP_PUT, 0, HTTP_BODY_STREAMED, files_raw_put },
 	{ "/v1/mkdir", HTTP_POST, 0, HTTP_BODY_BUFFERED, files_mkdir },
 };
@@ -114,12 +114,16 @@ static int authorized(struct http_request *req)
 	int count, token_count;
 	const struct http_head *head = http_request_head(req);
 	const struct http_field *f = http_field(head, "Authorization", &count);
+	const char *bearer = NULL;
+	size_t bearer_len = 0;
+	if (f && !http_bearer(f->value, f->value_len, &bearer, &bearer_len))
+		bearer = NULL;
 	if (agent.cfg.capability) {
 		const struct http_field *t = http_field(head, CAPABILITY_HEADER, &token_count);
 		char why[CAPABILITY_WHY_MAX];
-		int status = capability_authorize(agent.cfg.capability, f ? f->value : NULL,
-						  f ? f->value_len : 0, count, t ? t->value : NULL,
-						  t ? t->value_len : 0, token_count, why, sizeof why);
+		int status = capability_authorize(agent.cfg.capability, bearer, bearer_len, count,
+						  t ? t->value : NULL, t ? t->value_len : 0,
+						  token_count, why, sizeof why);
 		if (status == 401)
 			reply_error(req, 401, NULL, "a capability is required");
 		else if (status != 0)
@@ -133,9 +137,8 @@ static int authorized(struct http_request *req)
 	}
 	/* Two headers are refused like a wrong one: which of them counts would be a guess. The
 	 * comparison runs over the whole token whatever the first difference. */
-	int ok = count == 1 && f->value_len == 7 + AGENT_TOKEN_CHARS &&
-		 memcmp(f->value, "Bearer ", 7) == 0 &&
-		 util_ct_equal(f->value + 7, agent.cfg.token, AGENT_TOKEN_CHARS);
+	int ok = count == 1 && bearer != NULL && bearer_len == AGENT_TOKEN_CHARS &&
+		 util_ct_equal(bearer, agent.cfg.token, AGENT_TOKEN_CHARS);
 	if (!ok) {
 		reply_error(req, 403, "SANDBOX_CAPABILITY_REFUSED",
 			    "Sandbox capability refused: the bearer token is not this agent's");
@@ -220,6 +223,7 @@ int server_start(unsigned *port)
 		.fds_reserved = FDS_RESERVED + AGENT_JOBS_MAX * FDS_PER_JOB,
 		.header_timeout_ms = agent.cfg.header_timeout_ms,
 		.body_timeout_ms = agent.cfg.body_timeout_ms,
+		.stall_timeout_ms = agent.cfg.stall_timeout_ms,
 		.body_max = AGENT_BODY_MAX,
 		.busy_text = "AGENT_BUSY: every connection the agent allows is in use",
 		.on_head = dispatch,
