@@ -9,8 +9,9 @@
  * The input's first byte picks the piece size for the chunked decoder. The input is taken as a
  * head followed by a body: the body is decoded as chunked when the head says so, else parsed as
  * an exec body. Checked on top of the sanitizers: every span the parser hands back lies inside
- * the input, the decoder never returns more data than it was fed, and a decoder that failed or
- * finished stays so.
+ * the input, the decoder never returns more data than it was fed, a decoder that failed or
+ * finished stays so, and a head taken is HTTP/1.0 or 1.1, with Host in 1.1, a target of visible
+ * ASCII, and no 100-continue to invite in 1.0.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -93,6 +94,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			inside(buf, hl, h.query, h.query_len);
 			if (h.nfields > HTTP_FIELDS_MAX || (h.chunked && h.content_length != 0))
 				abort();
+			if (h.minor > 1 || (h.minor == 1 && http_field(&h, "Host", NULL) == NULL) ||
+			    (h.minor == 0 && h.expect_continue))
+				abort();
+			for (size_t i = 0; i < h.target_len; i++)
+				if ((unsigned char)h.target[i] < 0x21 || (unsigned char)h.target[i] > 0x7e)
+					abort();
 			for (size_t i = 0; i < h.nfields; i++) {
 				inside(buf, hl, h.fields[i].name, h.fields[i].name_len);
 				inside(buf, hl, h.fields[i].value, h.fields[i].value_len);
