@@ -408,6 +408,19 @@ describe("a response body", function()
     end
   end)
 
+  it("never leaves the connection reusable after a 101, nor after a body framed two ways", function()
+    local got = read_body("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n", {})
+    assert.is_true(got.ended)
+    assert.is_false(got.reusable)
+    got = read_body(OK .. "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", { "3\r\nabc\r\n0\r\n\r\n" })
+    assert.equal("abc", got.body)
+    assert.is_true(got.ended)
+    assert.is_false(got.reusable)
+    -- either alone still is
+    assert.is_true(read_body(OK .. "Transfer-Encoding: chunked\r\n\r\n", { "3\r\nabc\r\n0\r\n\r\n" }).reusable)
+    assert.is_true(read_body(OK .. "Content-Length: 3\r\n\r\n", { "abc" }).reusable)
+  end)
+
   it("without framing runs to the close and never leaves the connection reusable", function()
     local got = read_body(OK .. "\r\n", { "until ", "the end" }, { closes = true })
     assert.equal("until the end", got.body)

@@ -178,10 +178,15 @@ local function parse_head(text)
       end
     end
   end
+  -- A 101 hands the connection to another protocol: nothing after it is HTTP/1.1.
+  if head.status == 101 then head.reuse = false end
   if codings then
     -- The last coding decides the framing; without chunked last, the body runs to the close.
+    -- With a Content-Length too, the sender framed the body two ways (RFC 9112 §6.1: a server
+    -- must not): the coding is read, and the connection, whose next bytes another reader could
+    -- place elsewhere, is never reused.
     head.chunked = codings:lower():match("([^,%s]+)%s*$") == "chunked"
-    head.reuse = head.reuse and head.chunked
+    head.reuse = head.reuse and head.chunked and #lengths == 0
   elseif #lengths > 0 then
     for i = 1, #lengths do
       -- Two different lengths are how a response smuggles a second one past a proxy.
