@@ -244,6 +244,22 @@ describe("the local provider", function()
     assert.equal("PATH_REFUSED", perr.reason)
   end)
 
+  it("starts a job id's command once, and refuses the id for another command", function()
+    local session = assert(sandbox:create{ id = "one-id" })
+    local job = assert(session:start_job({ "touch", "first" }, { timeout = 10, id = "build-7" }))
+    local again = assert(session:start_job({ "touch", "first" }, { timeout = 10, id = "build-7" }))
+    assert.equal(job.id, again.id)
+    local other, err = session:start_job({ "touch", "second" }, { timeout = 10, id = "build-7" })
+    assert.is_nil(other)
+    assert.equal("SANDBOX_COMMAND_FAILED", err.code)
+    assert.equal("JOB_ID_CONFLICT", err.reason)
+    assert.is_false(err.retryable)
+    for _ in session:job("build-7"):frames{ interval = 0.05 } do end
+    assert.truthy(session:read_file("/first"))
+    local _, missing = session:read_file("/second")
+    assert.equal("PATH_NOT_FOUND", missing.reason)
+  end)
+
   it("says a command's timeout in seconds, and hands back the output that arrived before it", function()
     local session = assert(sandbox:create{ id = "slow" })
     local result, err = session:exec({ "sh", "-c", "echo partial; echo warned >&2; exec sleep 30" },

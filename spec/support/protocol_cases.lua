@@ -747,6 +747,23 @@ case("whose cancel is refused hear the agent's answer, its code as err.reason", 
   end,
 })
 
+case("whose start names an id the agent holds for another request hear JOB_ID_CONFLICT, never retryable", {
+  route = [[function(req, conn)
+    respond.status(conn, "409 Conflict", "JOB_ID_CONFLICT: job 'build-7' was started with another command")
+  end]],
+  act = function(session)
+    local id, err = session:start_job({ "make", "other" }, { timeout = 10, id = "build-7" })
+    return { id = id, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.id)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("JOB_ID_CONFLICT", r.err.reason)
+    assert.is_false(r.err.retryable, "the same start gets the same refusal")
+    assert.equal(409, r.err.status)
+  end,
+})
+
 case("whose start names an id may be resent only when the agent promises idempotency", {
   route = [[function(req, conn) conn:close() end]],
   act = function(session)
