@@ -415,11 +415,13 @@ describe("the sandkit command", function()
     assert.matches("did you mean %-%-timeout%?", err)
   end)
 
-  it("refuses a number past what its flag can mean, naming the flag, with status 2 and nothing made", function()
+  it("refuses a number its flag cannot mean, or not in decimal digits, naming the flag, with status 2", function()
     sandkit_cmd("create jobs")
     for _, case in ipairs{ { "run --timeout 1e999 -- true", "timeout" }, { "run --timeout inf -- true", "timeout" },
         { "run --output-cap 1e300 -- true", "output%-cap" }, { "job poll jobs j1 --since 1e300", "since" },
-        { "create s2 --lifetime 1e999", "lifetime" }, { "run --lifetime inf -- true", "lifetime" } } do
+        { "create s2 --lifetime 1e999", "lifetime" }, { "run --lifetime inf -- true", "lifetime" },
+        { "run --output-cap 0x10 -- true", "output%-cap" }, { "run --timeout 1e3 -- true", "timeout" },
+        { "run --output-cap ' 16' -- true", "output%-cap" }, { "job poll jobs j1 --since +1", "since" } } do
       local out, err, status = sandkit_cmd(case[1])
       assert.equal(2, status, case[1] .. ": " .. err)
       assert.equal("", out, case[1])

@@ -113,9 +113,25 @@ describe("command-line values", function()
       end
     end
     assert.equal(0.5, options.flag.seconds("0.5"))
-    assert.equal(1e300, options.flag.seconds("1e300"), "a finite deadline, however far, is one")
+    assert.equal(1e300, options.flag.seconds("1" .. string.rep("0", 300)), "a finite deadline, however far, is one")
+    assert.is_nil(options.flag.seconds("1" .. string.rep("0", 400)), "past a double's range")
     assert.equal(1.5, options.flag.lifetime("1.5"))
     assert.is_nil(options.flag.lifetime("0.5"))
+  end)
+
+  it("are decimal digits and nothing else, not whatever tonumber reads", function()
+    for _, convert in ipairs{ options.flag.seconds, options.flag.whole_number, options.flag.whole_seconds,
+        options.flag.lifetime, options.flag.port } do
+      for _, text in ipairs{ "0x10", "0X10", "1e3", "1E3", "+16", " 16", "16 ", "\t16", "16\n", "-16", ".", "0x1p4" } do
+        local value, why = convert(text)
+        assert.is_nil(value, text)
+        assert.is_string(why, text)
+      end
+      assert.equal(16, convert("16"))
+      assert.equal(16, convert("0016"))
+    end
+    assert.equal(1.25, options.flag.seconds("1.25"))
+    assert.equal(0.5, options.flag.seconds(".5"))
   end)
 
   it("are whole numbers only up to what lua-cjson writes exactly", function()

@@ -140,13 +140,22 @@ function options.each(check, operation, given, names, defaults)
   return values
 end
 
+--- The number a flag's text writes in decimal digits, with a fraction or not, or nil: tonumber
+-- also reads `0x10` as 16, `1e3` as 1000, ` 16` and `+16` as 16, and `inf` as infinity, and a
+-- flag that meant something else by them would be taken to mean a number nobody wrote. The one
+-- reader of a flag's number, as sandkit-agent has one (src/agent/main.c).
+local function decimal(text)
+  if type(text) ~= "string" or not text:match("^%d*%.?%d*$") or not text:match("%d") then return nil end
+  return tonumber(text)
+end
+
 --- The `sandkit` command's converters of a flag's text (cli.lua's OPTIONS, a provider's
 -- CLI_OPTIONS), one per kind: each returns the value, or nil and what the text should be.
--- `inf` and `1e999` read as numbers to tonumber; the kinds refuse them.
+-- 400 digits read as infinity; the kinds refuse it.
 options.flag = {}
 for kind, rule in pairs(KINDS) do
   options.flag[kind] = function(text)
-    local n = tonumber(text)
+    local n = decimal(text)
     if n and rule.fits(n) then return json.integer(n) or n end
     return nil, rule.says
   end
