@@ -79,11 +79,12 @@ COMMON_H := $(wildcard src/common/*.h)
 CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c src/lua_sigv4.c \
             src/signals.c src/lua_ed25519.c \
             src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
-            src/common/transfer.c src/common/sigv4.c src/common/ed25519.c
+            src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
-AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c
+AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c \
+             src/common/regular_file.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 

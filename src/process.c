@@ -18,6 +18,10 @@
  *   core.write_private(path, s) -- creates path (must not exist) with mode 0600 and writes s;
  *                                  true | nil, err, errno_name
  *   core.listdir(path)          -- array of names | nil, err, errno_name
+ *   core.read_regular(path, max) -- the first max + 1 bytes of a configuration or secret file
+ *                                  (one past the bound tells a longer file from one at it),
+ *                                  refusing anything but a regular file before opening it could
+ *                                  block (src/common/regular_file.h) | nil, why
  *   core.remove_tree(path)      -- removes path and everything under it, following no
  *                                  symlink, at any depth; true | nil, err, errno_name (an
  *                                  absent path succeeds; the name says whether it may recur)
@@ -28,6 +32,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <spawn.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -35,6 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/regular_file.h"
 #include "sandkit_core.h"
 
 extern char **environ;
@@ -350,6 +356,43 @@ static int core_write_private(lua_State *L)
 	return 1;
 }
 
+static int core_read_regular(lua_State *L)
+{
+	const char *path = luaL_checkstring(L, 1);
+	lua_Integer max = luaL_checkinteger(L, 2);
+	luaL_argcheck(L, max >= 0 && (lua_Integer)(size_t)max == max && (size_t)max < SIZE_MAX, 2,
+		      "a bound of bytes");
+	char why[128];
+	int fd = sk_open_regular(path, why, sizeof why);
+	if (fd < 0) {
+		lua_pushnil(L);
+		lua_pushfstring(L, "%s: %s", path, why);
+		return 2;
+	}
+	size_t want = (size_t)max + 1, got = 0;
+	luaL_Buffer b;
+	luaL_buffinit(L, &b);
+	while (got < want) {
+		size_t room = want - got < LUAL_BUFFERSIZE ? want - got : LUAL_BUFFERSIZE;
+		char *p = luaL_prepbuffer(&b);
+		ssize_t n = read(fd, p, room);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int e = errno;
+			close(fd);
+			return push_errno(L, path, e);
+		}
+		if (n == 0)
+			break;
+		luaL_addsize(&b, (size_t)n);
+		got += (size_t)n;
+	}
+	close(fd);
+	luaL_pushresult(&b);
+	return 1;
+}
+
 static int core_listdir(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
@@ -535,6 +578,7 @@ void skl_open_process(lua_State *L)
 		{ "mkdir", core_mkdir },
 		{ "write_private", core_write_private },
 		{ "listdir", core_listdir },
+		{ "read_regular", core_read_regular },
 		{ "remove_tree", core_remove_tree },
 		{ NULL, NULL },
 	};

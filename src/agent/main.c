@@ -9,6 +9,7 @@
 
 #include "capability.h"
 #include "common/base64.h"
+#include "common/regular_file.h"
 #include "contain.h"
 #include "exec.h"
 #include "http.h"
@@ -191,7 +192,7 @@ static void parse_listen(const char *v)
 static void read_token(const char *file)
 {
 	char why[128];
-	int fd = util_open_regular(file, why, sizeof why);
+	int fd = sk_open_regular(file, why, sizeof why);
 	if (fd < 0)
 		die("cannot open the token file %s: %s", file, why);
 	char buf[TOKEN_FILE_MAX + 1];

@@ -2,12 +2,9 @@
 #include "util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <event2/buffer.h>
 
@@ -91,50 +88,4 @@ void util_printable(const char *s, size_t len, char *out, size_t outsz)
 		out[o++] = (c < 0x20 || c >= 0x7f) ? '?' : (char)c;
 	}
 	out[o] = '\0';
-}
-
-static const char *file_type(mode_t mode)
-{
-	if (S_ISDIR(mode))
-		return "a directory";
-	if (S_ISFIFO(mode))
-		return "a FIFO";
-	if (S_ISSOCK(mode))
-		return "a socket";
-	if (S_ISCHR(mode))
-		return "a character device";
-	if (S_ISBLK(mode))
-		return "a block device";
-	return "not a regular file";
-}
-
-int util_open_regular(const char *path, char *why, size_t whylen)
-{
-	struct stat before, after;
-	if (stat(path, &before) < 0) {
-		snprintf(why, whylen, "%s", strerror(errno));
-		return -1;
-	}
-	if (!S_ISREG(before.st_mode)) {
-		snprintf(why, whylen, "it is %s, not a regular file", file_type(before.st_mode));
-		return -1;
-	}
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-	if (fd < 0) {
-		snprintf(why, whylen, "%s", strerror(errno));
-		return -1;
-	}
-	if (fstat(fd, &after) < 0) {
-		snprintf(why, whylen, "%s", strerror(errno));
-		close(fd);
-		return -1;
-	}
-	if (!S_ISREG(after.st_mode) || after.st_ino != before.st_ino ||
-	    after.st_dev != before.st_dev) {
-		snprintf(why, whylen, "it was replaced by %s while it was opened",
-			 S_ISREG(after.st_mode) ? "another file" : file_type(after.st_mode));
-		close(fd);
-		return -1;
-	}
-	return fd;
 }

@@ -1,6 +1,6 @@
 /*
  * util.h — small helpers shared by the agent's modules: randomness, constant-time comparison,
- * writing JSON and error text safely, and opening a configuration file.
+ * and writing JSON and error text safely.
  */
 #ifndef SANDKIT_AGENT_UTIL_H
 #define SANDKIT_AGENT_UTIL_H
@@ -28,15 +28,5 @@ int util_json_string(struct evbuffer *out, const char *s, size_t len);
  * is cut with "...", so an error body stays far below the client's 4096-byte bound.
  */
 void util_printable(const char *s, size_t len, char *out, size_t outsz);
-
-/*
- * Opens a configuration or secret file a caller names (--token-file) for reading, refusing
- * anything but a regular file before an open could block or act: a FIFO would hang the start,
- * a device could be read for ever. It is looked at first (symbolic links followed, as mounted
- * secrets are links), then opened O_NONBLOCK and looked at again, so one swapped in between is
- * refused too. Returns the descriptor (close-on-exec), or -1 with why filled ("is a FIFO", or
- * the system's reason).
- */
-int util_open_regular(const char *path, char *why, size_t whylen);
 
 #endif
