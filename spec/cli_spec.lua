@@ -141,6 +141,10 @@ describe("the sandkit command", function()
     _, err, status = local_state.sh("printf 'from stdin' | " .. command("put work - /data/piped"))
     assert.equal(0, status, err)
     assert.equal("from stdin", (sandkit_cmd("get work /data/piped -")))
+    -- a pipe named as a path is a source too: `put <(tar c .) /x.tar`
+    _, err, status = local_state.sh("bash -c " .. q(command("put work <(printf 'from a pipe') /data/pipe")))
+    assert.equal(0, status, err)
+    assert.equal("from a pipe", (sandkit_cmd("get work /data/pipe -")))
     local dir = local_state.new()
     _, err, status = sandkit_cmd("get work /data/piped " .. q(dir))
     assert.equal(0, status, err)
@@ -442,6 +446,21 @@ describe("the sandkit command", function()
       assert.equal("", out)
       assert.matches("^sandkit: %-%-token%-file takes a file holding [^\n]+\n$", err)
     end
+  end)
+
+  it("refuses a secret file that is a FIFO or a directory, by its type, before it can block", function()
+    local fifo = root .. "/token.fifo"
+    assert(files.execute("mkfifo " .. q(fifo)))
+    for path, kind in pairs{ [fifo] = "a FIFO", [root] = "a directory" } do
+      -- killed at a bound if it blocks, so that it fails instead of hanging the suite
+      local out, err, status = local_state.sh(local_state.lua_env() .. " timeout -s KILL 10 " .. LUA
+        .. " bin/sandkit --provider agent --url http://127.0.0.1:9 --token-file " .. q(path) .. " run -- true")
+      assert.equal(2, status, err)
+      assert.equal("", out)
+      assert.matches("^sandkit: %-%-token%-file takes a readable regular file %(" .. path:gsub("%p", "%%%0")
+        .. ": it is " .. kind .. ", not a regular file%)", err)
+    end
+    os.remove(fifo)
   end)
 
   it("says a provider sandkit has but cannot load could not be loaded, with status 125", function()

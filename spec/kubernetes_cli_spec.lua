@@ -70,8 +70,8 @@ describe("the sandkit command with --provider kubernetes", function()
     assert.equal(2, status)
     assert.matches("%-%-lifetime takes a whole positive number of seconds", err)
     -- A lifetime no claim can be given is refused, and no claim is made: by the command line
-    -- when it is no number, by the provider when no shutdownTime can be written for it.
-    for _, case in ipairs{ { "inf", 2 }, { "1e300", 1 } } do
+    -- when it is no decimal number, by the provider when no shutdownTime can be written for it.
+    for _, case in ipairs{ { "inf", 2 }, { "1e300", 2 }, { "1" .. string.rep("0", 300), 1 } } do
       _, err, status = sandkit("create life-c --lifetime " .. case[1])
       assert.equal(case[2], status, case[1] .. ": " .. err)
       assert.matches("^sandkit: [^\n]*lifetime[^\n]*\n$", err, nil, "--lifetime " .. case[1])

@@ -9,6 +9,7 @@ local wait = require "sandkit.wait"
 local auth = require "sandkit.providers.kubernetes.auth"
 local kubeconfig = require "sandkit.providers.kubernetes.kubeconfig"
 local files = require "support.files"
+local local_state = require "support.local_state"
 local processes = require "support.processes"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
@@ -213,7 +214,9 @@ local function load_with_env(env, sa_dir)
     local out = { err = err and err.message }
     if cfg then
       out.server, out.namespace, out.source = cfg.server, cfg.namespace, cfg.source
-      out.token = cfg.auth:fields("op").headers.Authorization
+      local fields, refused = cfg.auth:fields("op")
+      out.token = fields and fields.headers.Authorization
+      out.token_err = refused and refused.message
     end
     local f = io.open(arg[2], "w")
     f:write(cjson.encode(out))
@@ -264,5 +267,49 @@ describe("the kubeconfig search", function()
 
     out = load_with_env({ HOME = dir .. "/nowhere" }, sa)
     assert.matches("no kubeconfig", out.err)
+  end)
+
+  it("refuses a kubeconfig, token, certificate or key file that is no regular file, by its type, at once", function()
+    -- A FIFO would block its reader for ever: each load runs in a process of its own that a
+    -- bound kills, so a reader that blocks fails here instead of hanging the suite.
+    local fifo = dir .. "/fifo"
+    assert(files.execute("mkfifo " .. files.shell_quote(fifo)))
+    local function config_at(name, o)
+      files.write(dir .. "/" .. name, config_text(o))
+      return dir .. "/" .. name
+    end
+    local cases = {
+      { { KUBECONFIG = fifo, HOME = dir }, "err", "it is a FIFO, not a regular file" },
+      { { KUBECONFIG = dir, HOME = dir }, "err", "it is a directory, not a regular file" },
+      { { KUBECONFIG = config_at("token-fifo", { user = { "tokenFile: fifo" } }), HOME = dir },
+        "token_err", "it is a FIFO, not a regular file" },
+      { { KUBECONFIG = config_at("key-fifo", { user = { "client-certificate-data: " .. core.b64encode(CA),
+        "client-key: fifo" } }), HOME = dir }, "err", "client%-key .-it is a FIFO, not a regular file" },
+      { { KUBECONFIG = config_at("cert-device", { user = { "client-certificate: /dev/zero",
+        "client-key-data: " .. core.b64encode(KEY) } }), HOME = dir }, "err", "it is a character device" },
+    }
+    for _, case in ipairs(cases) do
+      local out = load_with_env(case[1])
+      assert.matches(case[3], out[case[2]] or "", 1, false, cjson.encode(out))
+    end
+    -- ~/.kube/config that is a FIFO is there, refused, not passed over for the service account
+    assert(core.mkdir(dir .. "/.kube", 448))
+    assert(files.execute("mkfifo " .. files.shell_quote(dir .. "/.kube/config")))
+    assert.matches("it is a FIFO", load_with_env{ HOME = dir }.err)
+    -- and the service account's token that is one
+    local sa = dir .. "/sa"
+    assert(core.mkdir(sa, 448))
+    assert(files.execute("mkfifo " .. files.shell_quote(sa .. "/token")))
+    files.write(sa .. "/ca.crt", CA)
+    local out = load_with_env({ HOME = dir .. "/nowhere", KUBERNETES_SERVICE_HOST = "10.0.0.1",
+      KUBERNETES_SERVICE_PORT = "443" }, sa)
+    assert.matches("it is a FIFO", out.token_err or "", 1, false, cjson.encode(out))
+    -- and the provider's signing key
+    local said, err, status = local_state.sh(local_state.lua_env() .. " timeout -s KILL 10 " .. LUA .. " -e "
+      .. files.shell_quote(string.format([[local capability = require "sandkit.providers.kubernetes.capability"
+        local _, e = capability.load_key(%q, "op")
+        io.write(e.field, ": ", e.message)]], fifo)))
+    assert.equal(0, status, err)
+    assert.equal("signing_key: op: signing_key cannot be read: " .. fifo .. ": it is a FIFO, not a regular file", said)
   end)
 end)

@@ -6,6 +6,7 @@ local http = require "sandkit.http"
 local wait = require "sandkit.wait"
 local files = require "support.files"
 local kube_cluster = require "support.kube_cluster"
+local local_state = require "support.local_state"
 
 describe("a request's TLS material in memory", function()
   local cluster
@@ -68,6 +69,29 @@ describe("a request's TLS material in memory", function()
     -- Without it, the URL's host is the name: the certificate for 127.0.0.1.
     assert(exchange{ ca_pem = cluster.ca_pem, token = kube_cluster.TOKEN })
     assert.is_nil(last_seen().sni)
+  end)
+
+  it("reads a ca_file as a configuration file: trusted alone, or refused by its type before it can block", function()
+    local answer, failure = exchange{ ca_file = cluster.ca_file, token = kube_cluster.TOKEN }
+    assert(answer, failure and failure.detail)
+    assert.equal(404, answer.status)
+    -- A FIFO would block whoever opens it: the request runs in a process of its own that a bound
+    -- kills, so one that blocks fails here instead of hanging the suite.
+    local dir = files.temp_dir()
+    local fifo = dir .. "/ca.fifo"
+    assert(files.execute("mkfifo " .. files.shell_quote(fifo)))
+    for path, kind in pairs{ [fifo] = "a FIFO", [dir] = "a directory", ["/dev/zero"] = "a character device" } do
+      local out, err, status = local_state.sh(local_state.lua_env() .. " timeout -s KILL 10 "
+        .. (os.getenv("SANDKIT_TEST_LUA") or "lua5.4") .. " -e " .. files.shell_quote(string.format([[
+          local http = require "sandkit.http"
+          local _, failure = http.exchange{ method = "GET", url = %q, ca_file = %q,
+            deadline = require("sandkit.core").now() + 5 }
+          io.write(failure.kind, " ", tostring(failure.sent), " ", failure.detail)]], cluster.server .. PATH, path)))
+      assert.equal(0, status, err)
+      assert.equal("refused false the request's CA file cannot be read: " .. path .. ": it is " .. kind
+        .. ", not a regular file", out)
+    end
+    files.execute("rm -rf " .. files.shell_quote(dir))
   end)
 
   it("refuses misuse before anything is sent", function()

@@ -18,10 +18,14 @@
  *   core.write_private(path, s) -- creates path (must not exist) with mode 0600 and writes s;
  *                                  true | nil, err, errno_name
  *   core.listdir(path)          -- array of names | nil, err, errno_name
+ *   core.is_directory(path)     -- whether path names a directory (links followed), looked at
+ *                                  without opening it: a pipe named as a path (`<(tar c .)`)
+ *                                  keeps every byte for whoever reads it
  *   core.read_regular(path, max) -- the first max + 1 bytes of a configuration or secret file
  *                                  (one past the bound tells a longer file from one at it),
  *                                  refusing anything but a regular file before opening it could
- *                                  block (src/common/regular_file.h) | nil, why
+ *                                  block (src/common/regular_file.h) | nil, why, absent (true
+ *                                  when nothing is at path)
  *   core.remove_tree(path)      -- removes path and everything under it, following no
  *                                  symlink, at any depth; true | nil, err, errno_name (an
  *                                  absent path succeeds; the name says whether it may recur)
@@ -356,6 +360,13 @@ static int core_write_private(lua_State *L)
 	return 1;
 }
 
+static int core_is_directory(lua_State *L)
+{
+	struct stat st;
+	lua_pushboolean(L, stat(luaL_checkstring(L, 1), &st) == 0 && S_ISDIR(st.st_mode));
+	return 1;
+}
+
 static int core_read_regular(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
@@ -365,9 +376,11 @@ static int core_read_regular(lua_State *L)
 	char why[128];
 	int fd = sk_open_regular(path, why, sizeof why);
 	if (fd < 0) {
+		int absent = errno == ENOENT;
 		lua_pushnil(L);
 		lua_pushfstring(L, "%s: %s", path, why);
-		return 2;
+		lua_pushboolean(L, absent);
+		return 3;
 	}
 	size_t want = (size_t)max + 1, got = 0;
 	luaL_Buffer b;
@@ -579,6 +592,7 @@ void skl_open_process(lua_State *L)
 		{ "write_private", core_write_private },
 		{ "listdir", core_listdir },
 		{ "read_regular", core_read_regular },
+		{ "is_directory", core_is_directory },
 		{ "remove_tree", core_remove_tree },
 		{ NULL, NULL },
 	};

@@ -68,9 +68,9 @@ local MAX_SECRET_FILE = 4096
 --- A secret from the file a provider's `--…-file` flag names (`secret_file` in its CLI_OPTIONS):
 -- on a command line `ps` would show it to everyone.
 local function secret_from_file(path)
-  local secret, why = localfile.read_secret(path, MAX_SECRET_FILE)
+  local secret, why, detail = localfile.read_secret(path, MAX_SECRET_FILE)
   if secret then return secret end
-  if why == "unreadable" then return nil, "a readable file" end
+  if why == "unreadable" then return nil, "a readable regular file (" .. detail .. ")" end
   if why == "too_long" then return nil, "a file of at most " .. MAX_SECRET_FILE .. " bytes" end
   if why == "empty" then return nil, "a file holding the secret (this one is empty)" end
   return nil, "a file holding one secret (this one has spaces or control characters inside it)"

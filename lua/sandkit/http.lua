@@ -12,6 +12,7 @@
 
 local json_codec = require "sandkit.json"
 local core = require "sandkit.core"
+local localfile = require "sandkit.localfile"
 local wait = require "sandkit.wait"
 
 local http = {}
@@ -91,6 +92,17 @@ function http.send(spec)
     local t, status = require("sandkit.cosocket").send(spec)
     if not t then return nil, status end
     return setmetatable({ transfer = t, status = status }, response_mt)
+  end
+  if spec.ca_file ~= nil and spec.ca_pem == nil then
+    -- libcurl would open the file itself, where a FIFO hangs it past every deadline: it is
+    -- read as every configuration file is, and libcurl gets its text, the only CAs trusted, as
+    -- over cosockets.
+    local pem, why = localfile.read_ca_file(spec.ca_file)
+    if not pem then return nil, { kind = "refused", sent = false, detail = why } end
+    local request = {}
+    for k, v in pairs(spec) do request[k] = v end
+    request.ca_file, request.ca_pem = nil, pem
+    spec = request
   end
   local client = http.client()
   if reader then spec.body_reader, spec.body_stream = nil, true end

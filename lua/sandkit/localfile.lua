@@ -6,8 +6,9 @@
 --   local dst, err = localfile.sink(path_or_writer, operation)
 --     dst.write(bytes) -> true | nil, err;  dst.commit() -> true | nil, err;  dst.abort()
 --
--- A source is a path (a regular file), an object with :read(n) (io.stdin, any file handle), or
--- a function returning the next chunk. A sink is a path, an object with :write(bytes)
+-- A source is a path (a regular file, or a pipe: `sandkit put <(tar c .) /x.tar` reads one on
+-- purpose, bounded by the transfer's own deadlines), an object with :read(n) (io.stdin, any file
+-- handle), or a function returning the next chunk. A sink is a path, an object with :write(bytes)
 -- (io.stdout), or a function(bytes). A path sink is written beside its target and renamed into
 -- place only once every byte arrived, so a cut transfer never replaces a file.
 
@@ -23,25 +24,42 @@ local EISDIR = 21
 -- rarely leaves a remainder to copy.
 localfile.CHUNK = 64 * 1024
 
---- Whether path names a directory (which opens like a file on Linux and fails only when read).
-function localfile.is_directory(path)
-  local f = io.open(path, "rb")
-  if not f then return false end
-  local _, _, code = f:read(0)
-  f:close()
-  return code == EISDIR
+--- Whether path names a directory. Looked at, not opened: opening and reading a probe would
+-- take the first bytes of a pipe named as a path (`sandkit put <(tar c .) /x.tar`) from the
+-- transfer that reads it next.
+localfile.is_directory = core.is_directory
+
+--- The bytes of a configuration or secret file a user or a config names — a kubeconfig, a
+-- token file, a CA bundle, a client certificate or key, a signing key — at most `max` (the
+-- caller's bound on what a file of its kind can be, read no further), or nil and why not:
+-- "absent" or "unreadable", each with the sentence saying so, or "too_long". A FIFO, a socket, a
+-- device or a directory is unreadable, named by its type, and refused before opening it could
+-- block (core.read_regular): a FIFO named as a kubeconfig's token file would otherwise hang
+-- every call past every deadline. Every such file sandkit reads is read here.
+function localfile.read_config(path, max)
+  local text, why, absent = core.read_regular(path, max)
+  if not text then return nil, absent and "absent" or "unreadable", why end
+  if #text > max then return nil, "too_long" end
+  return text
+end
+
+--- The PEM text of a request's CA file (`ca_file`), at most the PEM text the transports take
+-- in a request (core.LIMITS.MAX_PEM), or nil and why not, worded once for both transports.
+function localfile.read_ca_file(path)
+  local max = core.LIMITS.MAX_PEM
+  local text, why, detail = localfile.read_config(path, max)
+  if text then return text end
+  if why == "too_long" then return nil, string.format("the request's CA file %s is over %d bytes", path, max) end
+  return nil, "the request's CA file cannot be read: " .. detail
 end
 
 --- The secret (a token) a small file holds, without the whitespace around it, or nil and why
--- not: "unreadable" (and the system's reason), "too_long" (over `max` bytes: the caller's bound
--- on what a secret of its kind can be, read no further), "empty", or "inside" (spaces or
--- control characters within it: a secret goes into a header, where those would end it).
+-- not: "unreadable" (and the sentence saying why: absent included), "too_long" (over `max`
+-- bytes), "empty", or "inside" (spaces or control characters within it: a secret goes into a
+-- header, where those would end it).
 function localfile.read_secret(path, max)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, "unreadable", tostring(err) end
-  local text = f:read(max + 1) or ""
-  f:close()
-  if #text > max then return nil, "too_long" end
+  local text, why, detail = localfile.read_config(path, max)
+  if not text then return nil, why == "absent" and "unreadable" or why, detail end
   text = text:match("^%s*(.-)%s*$")
   if text == "" then return nil, "empty" end
   if text:find("[%c ]") then return nil, "inside" end

@@ -20,12 +20,24 @@ static const char *file_type(mode_t mode)
 		return "a character device";
 	if (S_ISBLK(mode))
 		return "a block device";
+	if (S_ISREG(mode))
+		return "another regular file";
 	return "no regular file";
 }
 
-static int refuse(char *why, size_t whylen, const char *what)
+/* A refusal of the system's: its errno stays for the caller. */
+static int refuse(char *why, size_t whylen, int err)
 {
-	snprintf(why, whylen, "%s", what);
+	snprintf(why, whylen, "%s", strerror(err));
+	errno = err;
+	return -1;
+}
+
+/* A refusal of the file's type, which no errno names. */
+static int refuse_type(char *why, size_t whylen, const char *how, mode_t mode)
+{
+	snprintf(why, whylen, how, file_type(mode));
+	errno = 0;
 	return -1;
 }
 
@@ -33,31 +45,27 @@ int sk_open_regular(const char *path, char *why, size_t whylen)
 {
 	struct stat before, after;
 	if (stat(path, &before) < 0)
-		return refuse(why, whylen, strerror(errno));
-	if (!S_ISREG(before.st_mode)) {
-		snprintf(why, whylen, "it is %s, not a regular file", file_type(before.st_mode));
-		return -1;
-	}
+		return refuse(why, whylen, errno);
+	if (!S_ISREG(before.st_mode))
+		return refuse_type(why, whylen, "it is %s, not a regular file", before.st_mode);
 	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
 	if (fd < 0)
-		return refuse(why, whylen, strerror(errno));
-	if (fstat(fd, &after) < 0) {
-		int e = errno;
+		return refuse(why, whylen, errno);
+	int err = fstat(fd, &after) < 0 ? errno : 0;
+	if (err == 0 && (!S_ISREG(after.st_mode) || after.st_ino != before.st_ino ||
+			 after.st_dev != before.st_dev)) {
 		close(fd);
-		return refuse(why, whylen, strerror(e));
-	}
-	if (!S_ISREG(after.st_mode) || after.st_ino != before.st_ino || after.st_dev != before.st_dev) {
-		close(fd);
-		snprintf(why, whylen, "it was replaced by %s while it was opened",
-			 S_ISREG(after.st_mode) ? "another file" : file_type(after.st_mode));
-		return -1;
+		/* S_IFREG: another regular file took its place, which file_type cannot say. */
+		return refuse_type(why, whylen, "it was replaced while it was opened (now %s)",
+				   S_ISREG(after.st_mode) ? S_IFREG : after.st_mode);
 	}
 	/* A regular file's reads never wait anyway; cleared so that no reader meets EAGAIN. */
-	int flags = fcntl(fd, F_GETFL);
-	if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
-		int e = errno;
+	int flags = err ? -1 : fcntl(fd, F_GETFL);
+	if (err == 0 && (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0))
+		err = errno;
+	if (err) {
 		close(fd);
-		return refuse(why, whylen, strerror(e));
+		return refuse(why, whylen, err);
 	}
 	return fd;
 }

@@ -15,7 +15,8 @@
  * act on it: the path is looked at first (symbolic links followed, as mounted secrets are
  * links), then opened O_NONBLOCK and looked at again, so a file swapped in between is refused
  * too. Returns the descriptor (close-on-exec, blocking again), or -1 with why filled: "it is a
- * FIFO, not a regular file" and its like, or the system's reason.
+ * FIFO, not a regular file" and its like (errno 0), or the system's reason (its errno kept:
+ * ENOENT for a file that is not there).
  */
 int sk_open_regular(const char *path, char *why, size_t whylen);
 

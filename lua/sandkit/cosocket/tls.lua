@@ -8,13 +8,14 @@
 --   tls.MAX_PEM                    -- the most PEM text a request may hand in
 
 local core = require "sandkit.core"
+local localfile = require "sandkit.localfile"
 
 local tls = {}
 
-local format = string.format
 
 --- PEM text a request may hand in (ca_pem, client_cert_pem, client_key_pem, a ca_file's
--- contents): the libcurl transport's bound, so both transports refuse the same requests.
+-- contents, which localfile.read_ca_file holds to it): the libcurl transport's bound, so both
+-- transports refuse the same requests.
 local MAX_PEM = core.LIMITS.MAX_PEM
 tls.MAX_PEM = MAX_PEM
 
@@ -107,14 +108,8 @@ end
 local function request_anchors(spec)
   if spec.ca_pem ~= nil then return spec.ca_pem, "ca_pem" end
   if spec.ca_file == nil then return nil end
-  local f, err = io.open(spec.ca_file, "rb")
-  if not f then return nil, "the request's CA file cannot be read: " .. tostring(err) end
-  -- One byte past the bound tells a file over it from one exactly at it, without reading more.
-  local text = f:read(MAX_PEM + 1) or ""
-  f:close()
-  if #text > MAX_PEM then
-    return nil, format("the request's CA file %s is over %d bytes", spec.ca_file, MAX_PEM)
-  end
+  local text, why = localfile.read_ca_file(spec.ca_file)
+  if not text then return nil, why end
   return text, "ca_file " .. spec.ca_file
 end
 

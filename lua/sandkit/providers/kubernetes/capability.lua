@@ -14,6 +14,7 @@
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
+local localfile = require "sandkit.localfile"
 
 local capability = {}
 
@@ -49,16 +50,16 @@ function capability.load_key(path, operation)
       .. "signing_key, the path of an Ed25519 private key in PKCS#8 PEM "
       .. "(openssl genpkey -algorithm ed25519 -out key.pem)")
   end
-  local f, err = io.open(path, "rb")
-  if not f then
-    return nil, errors.invalid_input(operation, "signing_key", "signing_key cannot be read: "
-      .. tostring(err))
+  -- A PEM key is 119 bytes: a file of more than this is none.
+  local max = 64 * 1024
+  local pem, problem, detail = localfile.read_config(path, max)
+  if problem == "too_long" then
+    detail = "larger than " .. max .. " bytes"
+  elseif not pem then
+    return nil, errors.invalid_input(operation, "signing_key", "signing_key cannot be read: " .. detail)
   end
-  -- A PEM key is 119 bytes; reading a little past the C core's bound is enough to refuse a
-  -- file that is not one.
-  local pem = f:read(64 * 1024) or ""
-  f:close()
-  local key, why = core.ed25519_key(pem)
+  local key, why
+  if pem then key, why = core.ed25519_key(pem) else why = detail end
   if not key then
     return nil, errors.invalid_input(operation, "signing_key", "signing_key " .. path .. " is "
       .. "not an Ed25519 private key: " .. tostring(why))

@@ -13,6 +13,7 @@
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
+local localfile = require "sandkit.localfile"
 local auth = require "sandkit.providers.kubernetes.auth"
 local wait = require "sandkit.wait"
 
@@ -34,18 +35,17 @@ local function refused(what)
 end
 
 local function read_file(path, limit)
-  local f, err = io.open(path, "rb")
-  if not f then return nil, err end
-  local text = f:read(limit + 1) or ""
-  f:close()
-  if #text > limit then return nil, "larger than " .. limit .. " bytes" end
-  return text
+  local text, why, detail = localfile.read_config(path, limit)
+  if text then return text end
+  if why == "too_long" then return nil, "larger than " .. limit .. " bytes" end
+  return nil, detail
 end
 
+--- Whether something is at path: a FIFO or a directory where a kubeconfig is looked for is
+-- there, to be refused by its type when read, not passed over.
 local function exists(path)
-  local f = io.open(path, "rb")
-  if f then f:close() end
-  return f ~= nil
+  local _, why = localfile.read_config(path, 0)
+  return why ~= "absent"
 end
 
 local function dirname(path)
