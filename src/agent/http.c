@@ -356,6 +356,16 @@ void http_reply_watch(struct http_request *req, void (*drain)(void *), void (*go
 	req->watch_ctx = ctx;
 }
 
+/* Answers a caller that asked for 100-continue with it, once its body is wanted. */
+static void invite(struct http_request *req)
+{
+	if (!req->head.expect_continue || req->continued)
+		return;
+	/* Without memory for these 25 bytes the caller sends its body after its own wait. */
+	evbuffer_add(bufferevent_get_output(req->conn->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	req->continued = 1;
+}
+
 void http_body_stream(struct http_request *req, int (*data)(void *, const char *, size_t),
 		      void (*end)(void *, int), void *ctx)
 {
@@ -364,10 +374,7 @@ void http_body_stream(struct http_request *req, int (*data)(void *, const char *
 	req->body_ctx = ctx;
 	/* Invited only now that the handler wants the body: a request it refused on its head (a
 	 * path, a file in the way) was never told to send it (RFC 9110 §10.1.1). */
-	if (req->head.expect_continue && !req->continued) {
-		evbuffer_add(bufferevent_get_output(req->conn->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
-		req->continued = 1;
-	}
+	invite(req);
 	kick(req->conn);
 }
 
@@ -593,10 +600,7 @@ static void admit(struct conn *c, size_t head_len)
 		arm(c, srv.cfg.body_timeout_ms);
 		/* Only an admitted request is invited to send its body; a streamed one is invited
 		 * when its handler asks for the body (http_body_stream). */
-		if (req->head.expect_continue) {
-			evbuffer_add(bufferevent_get_output(c->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
-			req->continued = 1;
-		}
+		invite(req);
 	} else {
 		arm(c, srv.cfg.stall_timeout_ms);
 	}

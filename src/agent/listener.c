@@ -42,7 +42,7 @@
 struct refused {
 	evutil_socket_t fd;
 	struct event *ev;        /* made at start: refusing allocates nothing */
-	struct timespec until;
+	uint64_t until_ms;       /* CLOCK_MONOTONIC: the end of its linger */
 	size_t dropped;
 };
 
@@ -113,13 +113,22 @@ static void refused_close(struct refused *r)
 	r->fd = -1;
 }
 
-static int ms_left(const struct timespec *until)
+static uint64_t now_ms(void)
 {
-	struct timespec now;
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	long long ms = (long long)(until->tv_sec - now.tv_sec) * 1000 +
-		       (until->tv_nsec - now.tv_nsec) / 1000000;
-	return ms > 0 ? (int)ms : 0;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Waits for more of the refused caller's input until its linger ends; -1 once it has. */
+static int refused_wait(struct refused *r)
+{
+	uint64_t now = now_ms();
+	if (now >= r->until_ms)
+		return -1;
+	uint64_t left = r->until_ms - now;
+	struct timeval tv = { (time_t)(left / 1000), (suseconds_t)(left % 1000) * 1000 };
+	return event_add(r->ev, &tv);
 }
 
 /* Drops what the refused caller sent; closes on its end, an error, or a bound reached. */
@@ -140,13 +149,8 @@ static void on_refused(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 	}
-	int left = ms_left(&r->until);
-	if (left == 0) {
+	if (refused_wait(r) < 0)
 		refused_close(r);
-		return;
-	}
-	struct timeval tv = { left / 1000, (suseconds_t)(left % 1000) * 1000 };
-	event_add(r->ev, &tv);
 }
 
 static void refuse_socket(evutil_socket_t fd)
@@ -158,19 +162,11 @@ static void refuse_socket(evutil_socket_t fd)
 		struct refused *r = &lis.refused[i];
 		if (r->fd >= 0)
 			continue;
-		struct timeval tv = { REFUSED_LINGER_MS / 1000, (REFUSED_LINGER_MS % 1000) * 1000 };
-		if (event_assign(r->ev, lis.base, fd, EV_READ, on_refused, r) < 0 ||
-		    event_add(r->ev, &tv) < 0)
+		r->until_ms = now_ms() + REFUSED_LINGER_MS;
+		if (event_assign(r->ev, lis.base, fd, EV_READ, on_refused, r) < 0 || refused_wait(r) < 0)
 			break;
 		r->fd = fd;
 		r->dropped = 0;
-		clock_gettime(CLOCK_MONOTONIC, &r->until);
-		r->until.tv_sec += REFUSED_LINGER_MS / 1000;
-		r->until.tv_nsec += (long)(REFUSED_LINGER_MS % 1000) * 1000000;
-		if (r->until.tv_nsec >= 1000000000) {
-			r->until.tv_sec++;
-			r->until.tv_nsec -= 1000000000;
-		}
 		return;
 	}
 	close(fd);
