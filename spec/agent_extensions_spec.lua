@@ -1,7 +1,9 @@
 -- The agent extensions of docs/protocol.md §6 that sandkit-agent adds, against the real binary:
--- outputCap on /v1/exec bodies, and rawFiles (GET/PUT /v1/files/raw: the bytes themselves,
+-- outputCap and keepaliveMs on /v1/exec bodies, and rawFiles (GET/PUT /v1/files/raw: the bytes themselves,
 -- streamed, no size limit, bounded memory, atomic replacement on PUT).
 
+local cjson = require "cjson"
+local core = require "sandkit.core"
 local files = require "support.files"
 local raw = require "support.raw_http"
 local agent_process = require "support.agent_process"
@@ -30,9 +32,9 @@ describe("sandkit-agent extensions", function()
     assert.are.equal(0, A:stop())
   end)
 
-  it("advertises outputCap and rawFiles in health", function()
+  it("advertises keepalive, outputCap and rawFiles in health", function()
     local _, health = A:json("GET", "/v1/health", nil, false)
-    assert.are.same({ "jobIdempotency", "outputCap", "rawFiles" }, health.features)
+    assert.are.same({ "jobIdempotency", "keepalive", "outputCap", "rawFiles" }, health.features)
   end)
 
   describe("outputCap", function()
@@ -75,6 +77,70 @@ describe("sandkit-agent extensions", function()
       assert.is_true(page.truncated)
       local kept = #frames_data(frames, "stdout")
       assert.is_true(kept > 10 and kept <= 100000, "kept " .. kept)
+    end)
+  end)
+
+  describe("keepalive", function()
+    --- Every line of an exec stream with the seconds it arrived after the request was sent.
+    local function timed_lines(body)
+      local started = core.now()
+      local c = A:stream(body)
+      local lines = {}
+      while true do
+        local line = c:next_line()
+        if not line then break end
+        lines[#lines + 1] = { at = core.now() - started, frame = cjson.decode(line) }
+      end
+      c:close()
+      return lines
+    end
+
+    local function kinds(lines)
+      local out = {}
+      for _, l in ipairs(lines) do out[#out + 1] = l.frame.t end
+      return out
+    end
+
+    it("sends a keep-alive after each keepaliveMs of a stream's silence, and none unasked", function()
+      local lines = timed_lines{ command = { "sh", "-c", "sleep 1; echo done" }, timeoutMs = 10000,
+        keepaliveMs = 200 }
+      local alive = 0
+      for i, l in ipairs(lines) do
+        if l.frame.t == "keepalive" then
+          alive = alive + 1
+          assert.same({ t = "keepalive" }, l.frame)
+          -- Never much earlier than the silence asked for: what is measured here is when
+          -- lines arrived, and the line before may have reached this process late.
+          local since = i > 1 and lines[i - 1].at or 0
+          assert.is_true(l.at - since >= 0.15, "a keep-alive after " .. (l.at - since) .. "s of silence")
+        end
+      end
+      assert.is_true(alive >= 3, alive .. " keep-alives in a second of silence")
+      assert.same({ "stdout", "exit" }, { lines[#lines - 1].frame.t, lines[#lines].frame.t })
+      lines = timed_lines{ command = { "sh", "-c", "sleep 0.6; echo done" }, timeoutMs = 10000 }
+      assert.same({ "stdout", "exit" }, kinds(lines))
+    end)
+
+    it("counts the silence from the last frame sent: a chatty command gets none", function()
+      local lines = timed_lines{ command = { "sh", "-c", "for i in 1 2 3 4 5 6 7 8; do echo $i; sleep 0.1; done" },
+        timeoutMs = 10000, keepaliveMs = 1500 }
+      for _, t in ipairs(kinds(lines)) do assert.are_not.equal("keepalive", t) end
+    end)
+
+    it("takes keepaliveMs from 100 to 3600000 and refuses anything else with requestInvalid", function()
+      for _, ms in ipairs{ "100", "3600000" } do
+        local _, frames = A:exec('{"command":["true"],"timeoutMs":1000,"keepaliveMs":' .. ms .. "}")
+        assert.are.equal("exit", frames[#frames].t, ms)
+      end
+      for _, ms in ipairs{ "99", "3600001", "0", "-1", "1.5", '"200"', "true", "null" } do
+        local body = '{"command":["touch","kept"],"timeoutMs":1000,"keepaliveMs":' .. ms .. "}"
+        local res, frames = A:exec(body)
+        assert.are.equal(200, res.status, ms)
+        assert.are.equal(1, #frames, ms)
+        assert.are.equal("requestInvalid", frames[1].code, ms)
+        assert.matches("keepaliveMs must be an integer from 100 to 3600000", frames[1].message, 1, true)
+      end
+      assert.is_false(exists(A.root .. "/kept"))
     end)
   end)
 

@@ -3,9 +3,11 @@
 local core = require "sandkit.core"
 
 --- Feeds chunks and returns everything the decoder produced: frames, then a failure as
--- { failed = kind, message = … } if one came.
-local function decode(chunks, max_line)
+-- { failed = kind, message = … } if one came. `admit` lists the kinds beyond the default the
+-- stream takes.
+local function decode(chunks, max_line, admit)
   local d = core.decoder(max_line)
+  for _, kind in ipairs(admit or {}) do d:admit(kind) end
   local out = {}
   for _, chunk in ipairs(chunks) do
     d:feed(chunk)
@@ -188,6 +190,44 @@ describe("the frame decoder", function()
       assert.matches("did not decode", out[1].message, 1, true)
     end)
   end
+
+  describe("keep-alives", function()
+    local body = '{"t":"keepalive"}\n{"t":"stdout","seq":0,"data":"YQ=="}\n{"t":"keepalive"}\n'
+      .. '{"t":"keepalive","extra":[1]}\r\n{"t":"exit","code":0}\n'
+
+    it("consumes those the stream took, in whatever pieces they come, and never hands one over", function()
+      local expected = { { type = "stdout", seq = 0, data = "a" }, { type = "exit", code = 0, truncated = false } }
+      assert.same(expected, decode({ body }, nil, { "keepalive" }))
+      for i = 0, #body do
+        assert.same(expected, decode({ body:sub(1, i), body:sub(i + 1) }, nil, { "keepalive" }), "cut at " .. i)
+      end
+      local d = core.decoder()
+      d:admit("keepalive")
+      d:feed('{"t":"keepalive"}\n{"t":"keepalive"}\n')
+      assert.is_false(d:next(), "nothing but keep-alives is nothing to hand over yet")
+      assert.equal(0, d:pending())
+    end)
+
+    it("refuses one the stream did not ask for as a line that does not parse, naming it", function()
+      local out = decode{ body }
+      assert.same({ failed = "unparsable",
+        message = "an output frame did not parse: a keepalive frame, which this stream did not ask for" }, out[1])
+      assert.equal(1, #out)
+    end)
+
+    it("refuses one that carries anything a frame means something by", function()
+      for _, member in ipairs{ '"seq":0', '"data":"YQ=="', '"code":0', '"code":"x"', '"message":"m"',
+          '"truncated":false', '"signal":9' } do
+        local out = decode({ '{"t":"keepalive",' .. member .. '}\n' }, nil, { "keepalive" })
+        assert.same({ failed = "unparsable",
+          message = "an output frame did not parse: a keepalive frame carries nothing but `t`" }, out[1], member)
+      end
+    end)
+
+    it("takes no kind it does not know as one to admit", function()
+      assert.has_error(function() core.decoder():admit("stdin") end)
+    end)
+  end)
 
   it("delivers nothing after its first failure, not even a later exit", function()
     local d = core.decoder()

@@ -106,6 +106,17 @@ describe("a sandbox's timing options", function()
     end)
   end
 
+  it("take keepalive from 0.1 to 3600 seconds, or false, and refuse the rest naming it, for every provider", function()
+    for provider, options in pairs(bases) do
+      for _, value in ipairs{ 0.1, 3600, 30, false } do
+        assert(sandkit.sandbox(with(options, "keepalive", value)), provider .. " keepalive = " .. tostring(value))
+      end
+      for _, value in ipairs{ NAN, INF, 0, -1, 0.09, 3600.5, true, "30" } do
+        assert_refused("keepalive", value, sandkit.sandbox(with(options, "keepalive", value)))
+      end
+    end
+  end)
+
   it("of the Azure REST data plane are refused past every bound too", function()
     local rest = { provider = "azure", group = "group", image = "image", subscription = "sub",
       resource_group = "rg", region = "eastus2", token = "t" }

@@ -4,6 +4,9 @@
  *   local dec = core.decoder([max_line [, keep_base64]])
  *                              -- keep_base64: output frames carry `base64` (the wire's text,
  *                                 checked) instead of `data` (see sk_frames_keep_base64)
+ *   dec:admit(kind)            -- the stream also takes frames of this kind: "keepalive" (asked
+ *                                 of the agent, consumed here and never returned; without
+ *                                 it a keep-alive fails the stream as an unknown kind does)
  *   dec:feed(chunk)            -- hand over bytes; call after next() returned false
  *   dec:next()                 -- frame table | false (needs more) | nil, kind, message
  *   dec:pending()              -- bytes of an unterminated line held back
@@ -91,6 +94,10 @@ void skl_push_frame(lua_State *L, const sk_frame *f)
 		lua_pushlstring(L, f->message, f->message_len);
 		lua_setfield(L, -2, "message");
 		break;
+	case SK_FRAME_KEEPALIVE:
+		/* sk_frames_decode consumes keep-alives; the case only keeps the switch whole. */
+		lua_pushnil(L);
+		break;
 	}
 }
 
@@ -119,6 +126,18 @@ static int decoder_new(lua_State *L)
 	if (keep_base64)
 		sk_frames_keep_base64(u->d);
 	return 1;
+}
+
+static int decoder_admit(lua_State *L)
+{
+	struct decoder *u = check(L, 1);
+	/* The kinds beyond the default a stream may ask for; output, exit and error are always
+	 * taken. */
+	static const char *const names[] = { "keepalive", NULL };
+	static const enum sk_frame_type kinds[] = { SK_FRAME_KEEPALIVE };
+	int i = luaL_checkoption(L, 2, NULL, names);
+	sk_frames_admit(u->d, SK_FRAMES_KIND(kinds[i]));
+	return 0;
 }
 
 static int decoder_feed(lua_State *L)
@@ -251,6 +270,7 @@ static int json_unique(lua_State *L)
 void skl_open_frames(lua_State *L)
 {
 	static const luaL_Reg methods[] = {
+		{ "admit", decoder_admit },
 		{ "feed", decoder_feed },
 		{ "next", decoder_next },
 		{ "pending", decoder_pending },

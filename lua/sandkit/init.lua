@@ -47,9 +47,10 @@ sandkit.PROVIDERS = {}
 for name in pairs(PROVIDERS) do sandkit.PROVIDERS[#sandkit.PROVIDERS + 1] = name end
 table.sort(sandkit.PROVIDERS)
 
---- Options every provider takes: the provider's name, the protocol's timeouts and the default
--- command timeout. A provider module adds its own as `OPTIONS`, a set of names.
-local COMMON_OPTIONS = options_check.set{ "provider", "command_timeout" }
+--- Options every provider takes: the provider's name, the protocol's timeouts, the default
+-- command timeout and a stream's keep-alive. A provider module adds its own as `OPTIONS`, a set
+-- of names.
+local COMMON_OPTIONS = options_check.set{ "provider", "command_timeout", "keepalive" }
 for name in pairs(protocol.DEFAULTS) do COMMON_OPTIONS[name] = true end
 
 --- Makes a sandbox for a provider: `local` (the default), `agent`, `aws`, `azure`,

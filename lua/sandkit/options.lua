@@ -99,6 +99,10 @@ local KINDS = {
   lifetime = { fits = function(n) return finite(n) and n >= 1 end, says = "a number of seconds, 1 or more" },
   --- A count or a byte size, 0 included.
   whole_number = { fits = whole, says = "a whole number (at most " .. options.MAX_WHOLE .. ")" },
+  --- Seconds of a stream's silence after which the agent sends a keep-alive (docs/protocol.md
+  -- §6 keepalive), within the agent's bounds on keepaliveMs; false asks for none.
+  keepalive = { fits = function(n) return n == false or (finite(n) and n >= 0.1 and n <= 3600) end,
+    says = "a number of seconds from 0.1 to 3600, or false for none" },
   --- A TCP port.
   port = { fits = function(n) return whole(n) and n >= 1 and n <= 65535 end, says = "a port number" },
 }
@@ -116,7 +120,7 @@ local function checker(kind)
 end
 
 --- Whether `v` is a value of `kind` ("seconds", "whole_seconds", "lifetime", "whole_number",
--- "port").
+-- "keepalive", "port").
 function options.is(kind, v)
   return KINDS[kind].fits(v)
 end
@@ -125,6 +129,7 @@ options.seconds = checker("seconds")
 options.whole_seconds = checker("whole_seconds")
 options.lifetime = checker("lifetime")
 options.whole_number = checker("whole_number")
+options.keepalive = checker("keepalive")
 options.port = checker("port")
 
 --- The values of `names` (a list) held to `check` (options.seconds or a sibling) one by one,

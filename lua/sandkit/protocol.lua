@@ -12,7 +12,9 @@
 --     can prove the first attempt was not delivered. A second result replaces the error
 --     returned (say, why the route could not be refreshed).
 --   conn.header_timeout, conn.grace, conn.error_body_timeout, conn.body_timeout,
---   conn.connect_timeout (seconds), conn.features (set of health `features`)
+--   conn.connect_timeout (seconds), conn.features (set of health `features`),
+--   conn.keepalive (seconds of a stream's silence after which an agent offering `keepalive`
+--     sends a keep-alive; nil or false: none asked for)
 --
 -- Classification (§4): no headers, a 5xx, an unreadable non-2xx body or a failed 2xx body is
 -- *unanswered* — SANDBOX_OUTCOME_UNKNOWN for the two operations that may start a command,
@@ -275,7 +277,18 @@ local function command_body(operation, argv, opts, conn)
   if operation == RUN and conn and conn.features and conn.features.outputCap then
     body.outputCap = to_integer(cap or 0)
   end
+  if operation == RUN and protocol.wants_keepalive(conn) then
+    body.keepaliveMs = to_integer(math.floor(conn.keepalive * 1000))
+  end
   return encode(body)
+end
+
+--- Whether a stream over `conn` asks for keep-alives (§6 keepalive): the connection wants them
+-- and the agent said it sends them. One that did not say is never asked: it would refuse the
+-- member, or ignore it and leave the stream as silent as before.
+function protocol.wants_keepalive(conn)
+  return conn ~= nil and conn.keepalive and conn.features ~= nil and conn.features.keepalive == true
+    or false
 end
 
 -- Output streams ----------------------------------------------------------------------------
@@ -354,10 +367,14 @@ function protocol.exec(conn, argv, opts)
   local resp
   resp, err = send(conn, RUN, "POST", "/v1/exec", body)
   if not resp then return nil, err end
+  local decoder = core.decoder(nil, opts.keep_base64 == true)
+  -- Keep-alives are consumed by the decoder, never yielded; one that comes unasked fails the
+  -- stream as any frame it cannot read does.
+  if protocol.wants_keepalive(conn) then decoder:admit("keepalive") end
   return setmetatable({
     transfer = resp.transfer,
     client = resp.client,
-    decoder = core.decoder(nil, opts.keep_base64 == true),
+    decoder = decoder,
     -- The whole body is bounded by the command's timeout plus a grace: a sandbox frozen
     -- mid-command must not hold its caller for ever.
     deadline = started + opts.timeout + conn.grace,
@@ -689,20 +706,22 @@ function protocol.activate(conn)
   return true
 end
 
---- nil when every timing option of `given` (protocol.DEFAULTS' names) is a number of seconds,
--- else INVALID_INPUT for `operation` naming the first in sorted order.
+--- nil when every timing option of `given` (protocol.DEFAULTS' names) is a number of seconds
+-- and `keepalive` one the agent takes (or false), else INVALID_INPUT for `operation` naming the
+-- first in sorted order.
 function protocol.check_timings(operation, given)
   local names = {}
   for name in pairs(protocol.DEFAULTS) do names[#names + 1] = name end
   table.sort(names)
   return select(2, options.each(options.seconds, operation, given, names))
+    or select(2, options.keepalive(operation, given, "keepalive"))
 end
 
 --- Fills the timing fields of a connection from `given` (checked by protocol.check_timings
 -- when the sandbox was made), with the protocol's defaults.
 function protocol.connection(transport, given)
   given = given or {}
-  local conn = { transport = transport, features = {} }
+  local conn = { transport = transport, features = {}, keepalive = given.keepalive or nil }
   for name, default in pairs(protocol.DEFAULTS) do conn[name] = given[name] or default end
   -- An error body is part of the answer the header timeout bounds: a sandbox told to give up
   -- on headers after half a second must not wait ten for a stalled 403's body.

@@ -218,6 +218,22 @@ local function roundtrip(req)
   return { id = session.id, state = session.state, frames = frames, listed = listed }
 end
 
+--- POST { options, argv, timeout } -> { result } of one exec in a session of a sandbox made
+-- with the options, or { err = { code, message } }.
+function app.exec_once()
+  local req = body_json()
+  local function failed(err) return reply{ err = { code = err.code, message = tostring(err) } } end
+  local sandbox, err = sandkit.sandbox(req.options)
+  if not sandbox then return failed(err) end
+  local session
+  session, err = sandbox:create{}
+  if not session then return failed(err) end
+  local result
+  result, err = session:exec(req.argv, { timeout = req.timeout })
+  if not result then return failed(err) end
+  reply{ result = result }
+end
+
 --- POST { options, argv, id, list } -> the roundtrip above, run by this request.
 function app.provider_roundtrip()
   reply(roundtrip(body_json()))

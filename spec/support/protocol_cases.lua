@@ -3,9 +3,10 @@
 -- over libcurl, spec/nginx_protocol_spec.lua over cosockets inside a real nginx. Every
 -- failure case of the original protocol client's tests is here with the same meaning.
 --
--- A case is { group, name, route, options, between, act, check }:
+-- A case is { group, name, route, health, options, between, act, check }:
 --   route    the fake agent's answer to every request but health: a Lua function expression
 --            (req, conn) run in the fake server's process, with `respond` in scope
+--   health   optional: a Lua table expression of fields the health answer sets (its features)
 --   options  sandbox options on top of the short timeouts below
 --   between  optional function(server), run in the spec's process once the session is open
 --   act      function(session, h) run where the transport runs (the spec's process, or an
@@ -64,10 +65,11 @@ function protocol_cases.open(url, options)
   return assert(sandbox:create{ id = "s1" })
 end
 
---- Starts the fake agent of a case: health answers ready, the route answers the rest.
-function protocol_cases.fake_agent(route)
+--- Starts the fake agent of a case: health answers ready (with the case's health fields), the
+-- route answers the rest.
+function protocol_cases.fake_agent(route, health)
   return require("support.fake_http").start("local respond = require 'support.respond'\n"
-    .. "return respond.agent(" .. route .. ")\n")
+    .. "return respond.agent(" .. route .. ", " .. (health or "nil") .. ")\n")
 end
 
 --- Declares every case as a test, grouped as the table groups them. `busted` holds busted's
@@ -93,7 +95,7 @@ function protocol_cases.declare(busted, run)
       for _, i in ipairs(group.indexes) do
         local c = protocol_cases.cases[i]
         busted.it(c.name, function()
-          server = protocol_cases.fake_agent(c.route)
+          server = protocol_cases.fake_agent(c.route, c.health)
           c.check(protocol_cases.result(run(i, c, server)), server)
         end)
       end
@@ -401,6 +403,76 @@ case("ends once its iterator is closed, without raising", {
     assert.same({ type = "stdout", seq = 0, data = "hi" }, r.first)
     assert.is_true(r.ok, "a closed iterator ends, it does not raise")
     assert.is_nil(r.after)
+  end,
+})
+
+-- Keep-alives (docs/protocol.md §6 keepalive) ----------------------------------------------------
+
+group = "keep-alives"
+
+--- Frames with keep-alives between and inside chunks; the exec body the agent got is echoed
+-- in the stdout frame, so the check sees what was asked.
+local KEEPALIVE_ROUTE = [[function(req, conn)
+  respond.frames(conn, { '{"t":"keepalive"}\n{"t":"keep', 'alive"}\n',
+    '{"t":"stdout","seq":0,"data":"' .. require("sandkit.core").b64encode(req.body) .. '"}\n',
+    '{"t":"keepalive"}\n', '{"t":"exit","code":0}\n' }, 0.02)
+end]]
+
+--- The exec body the agent got, from the stdout frame KEEPALIVE_ROUTE writes, and the kinds of
+-- every item the loop yielded.
+local function asked(items)
+  local kinds = {}
+  for i, item in ipairs(items) do kinds[i] = item.type or item.code end
+  return { body = items[1].data and cjson.decode(items[1].data), kinds = kinds, items = items }
+end
+
+case("are asked of an agent that offers them, consumed, and never yielded", {
+  route = KEEPALIVE_ROUTE,
+  health = [[{ features = { "keepalive" } }]],
+  options = { keepalive = 0.25 },
+  act = function(session) return asked(collect(session)) end,
+  check = function(r)
+    assert.equal(250, r.body.keepaliveMs)
+    assert.same({ "stdout", "exit" }, r.kinds)
+  end,
+})
+
+case("are never asked of an agent that does not offer them", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"stdout","seq":0,"data":"' .. require("sandkit.core").b64encode(req.body)
+      .. '"}\n', '{"t":"exit","code":0}\n' })
+  end]],
+  options = { keepalive = 0.25 },
+  act = function(session) return asked(collect(session)) end,
+  check = function(r)
+    assert.is_nil(r.body.keepaliveMs)
+    assert.same({ "stdout", "exit" }, r.kinds)
+  end,
+})
+
+case("are not asked for without the keepalive option, and one sent unasked fails the stream", {
+  route = KEEPALIVE_ROUTE,
+  health = [[{ features = { "keepalive" } }]],
+  options = { keepalive = false },
+  act = function(session) return collect(session) end,
+  check = function(items)
+    assert.equal(1, #items)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
+    assert.matches("a keepalive frame, which this stream did not ask for", items[1].text, 1, true)
+  end,
+})
+
+case("fail the stream when one carries a seq", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"keepalive","seq":0}\n', '{"t":"exit","code":0}\n' })
+  end]],
+  health = [[{ features = { "keepalive" } }]],
+  options = { keepalive = 1 },
+  act = function(session) return collect(session) end,
+  check = function(items)
+    assert.equal(1, #items)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[1].code)
+    assert.matches("a keepalive frame carries nothing but `t`", items[1].text, 1, true)
   end,
 })
 

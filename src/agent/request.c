@@ -1,6 +1,8 @@
 /* request.c — see request.h. */
 #include "request.h"
 
+#include "keepalive.h"
+
 #include "common/json.h"
 
 #include <stdarg.h>
@@ -235,8 +237,24 @@ static int read_output_cap(sk_json *j, struct cmd_request *r)
 	return sk_json_skip(j);
 }
 
+static int read_keepalive(sk_json *j, struct cmd_request *r)
+{
+	if (sk_json_peek(j) == SK_JSON_NUMBER) {
+		sk_json saved = *j; /* a fraction, a sign or an overflow fails the reader: rewind */
+		uint64_t ms;
+		if (sk_json_u64(j, &ms) == 0 && ms >= KEEPALIVE_MIN_MS && ms <= KEEPALIVE_MAX_MS) {
+			r->keepalive_ms = ms;
+			return 0;
+		}
+		*j = saved;
+	}
+	set_invalid(r, "keepaliveMs must be an integer from %d to %d", KEEPALIVE_MIN_MS,
+		    KEEPALIVE_MAX_MS);
+	return sk_json_skip(j);
+}
+
 enum { F_COMMAND = 1, F_TIMEOUT = 2, F_DEADLINE = 4, F_CWD = 8, F_WORKDIR = 16, F_ENV = 32, F_JOB = 64,
-       F_CAP = 128 };
+       F_CAP = 128, F_KEEPALIVE = 256 };
 
 int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 {
@@ -266,7 +284,8 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			: sk_json_str_is(&key, "workingDirectory") ? F_WORKDIR
 			: sk_json_str_is(&key, "env") ? F_ENV
 			: sk_json_str_is(&key, "jobId") ? F_JOB
-			: sk_json_str_is(&key, "outputCap") ? F_CAP : 0;
+			: sk_json_str_is(&key, "outputCap") ? F_CAP
+			: sk_json_str_is(&key, "keepaliveMs") ? F_KEEPALIVE : 0;
 		int step;
 		if (bit == 0 || (seen & bit)) {
 			/* Unknown members are skipped like any JSON reader would; a repeated one is
@@ -284,6 +303,7 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			case F_WORKDIR: step = read_cwd(&j, r, &cwd_old, &cwd_old_len); break;
 			case F_ENV: step = read_env(&j, r, &env); break;
 			case F_CAP: step = read_output_cap(&j, r); break;
+			case F_KEEPALIVE: step = read_keepalive(&j, r); break;
 			default: step = read_job_id(&j, r); break;
 			}
 		}

@@ -1,7 +1,7 @@
 /*
  * request.h — the body shared by POST /v1/exec and POST /v1/jobs/start (docs/protocol.md §3.3, §6):
  * {"command": [...], "timeoutMs"|"deadlineMs": N, "cwd"|"workingDirectory": "...",
- *  "env": {...}, "jobId": "...", "outputCap": N}. The newer field names win when both spellings are present.
+ *  "env": {...}, "jobId": "...", "outputCap": N, "keepaliveMs": N}. The newer field names win when both spellings are present.
  */
 #ifndef SANDKIT_AGENT_REQUEST_H
 #define SANDKIT_AGENT_REQUEST_H
@@ -24,6 +24,9 @@ struct cmd_request {
 	char job_id[REQUEST_JOB_ID_MAX + 1]; /* "" when the caller chose none */
 	uint64_t output_cap;  /* outputCap (docs/protocol.md §6), when has_output_cap */
 	int has_output_cap;
+	/* keepaliveMs (docs/protocol.md §6 keepalive), within keepalive.h's bounds; 0 when not
+	 * asked. Streams of frames take it; a job start has no stream and ignores it. */
+	uint64_t keepalive_ms;
 	/* Set when the body is JSON but says something the protocol refuses: for exec this
 	 * becomes a requestInvalid frame after the 200, for jobs a 400. Static or in reason_buf. */
 	const char *invalid;

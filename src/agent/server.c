@@ -81,7 +81,7 @@ static void health(struct http_request *req)
 	if (b == NULL ||
 	    evbuffer_add_printf(b,
 				"{\"protocolVersion\":%d,\"bootId\":\"%s\",\"status\":\"%s\","
-				"\"features\":[\"jobIdempotency\",\"outputCap\",\"rawFiles\"%s]}",
+				"\"features\":[\"jobIdempotency\",\"keepalive\",\"outputCap\",\"rawFiles\"%s]}",
 				AGENT_PROTOCOL_VERSION, agent.boot_id,
 				agent.activated ? "ready" : "awaiting-network-verification",
 				agent.cfg.capability ? ",\"capability\"" : "") < 0) {

@@ -4,6 +4,7 @@
 #include "exec.h"
 #include "handler.h"
 #include "http.h"
+#include "keepalive.h"
 #include "paths.h"
 #include "request.h"
 #include "util.h"
@@ -23,12 +24,14 @@
 struct stream {
 	struct http_request *req;
 	struct command *cmd;      /* NULL once the command ended or was abandoned */
+	struct keepalive *keepalive; /* NULL when the caller asked for none */
 };
 
 /* Sends the terminal frame and ends the body. If even that cannot be allocated the body ends
  * without one, which every client reads as a transport failure — never as success. */
 static void finish(struct stream *s, const struct outcome *o)
 {
+	keepalive_stop(s->keepalive);
 	struct evbuffer *b = evbuffer_new();
 	if (b && frame_terminal(b, o) == 0 && evbuffer_add(b, "\n", 1) == 0)
 		http_reply_chunk(s->req, b);
@@ -62,6 +65,7 @@ static void on_frame(void *ctx, int stream, uint64_t seq, const unsigned char *d
 		return;
 	}
 	evbuffer_free(b);
+	keepalive_sent(s->keepalive);
 	if (http_reply_queued(s->req) >= HTTP_OUTPUT_HIGH)
 		command_pause(s->cmd);
 }
@@ -85,6 +89,7 @@ static void on_gone(void *arg)
 	struct stream *s = arg;
 	if (s->cmd)
 		command_abandon(s->cmd);
+	keepalive_stop(s->keepalive);
 	free(s);
 }
 
@@ -135,6 +140,10 @@ void stream_exec(struct http_request *req)
 		util_printable(r.cwd, r.cwd_len, shown, sizeof shown);
 		outcome_error(&early, "spawnFailed", "cannot enter the working directory '%s': %s",
 			      shown, why);
+		finish(s, &early);
+	} else if (r.keepalive_ms && (s->keepalive = keepalive_start(req, r.keepalive_ms)) == NULL) {
+		outcome_error(&early, "spawnFailed", "the agent ran out of memory for the stream's "
+			      "keep-alives");
 		finish(s, &early);
 	} else {
 		/* outputCap 0 asks for no cap at all. */

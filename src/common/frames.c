@@ -22,6 +22,7 @@ struct sk_frames {
 	enum sk_frames_failure failure;
 	char error[160];
 	int keep_base64;
+	unsigned admitted; /* SK_FRAMES_KIND bits of the kinds this stream takes */
 };
 
 sk_frames *sk_frames_new(size_t max_line)
@@ -30,12 +31,18 @@ sk_frames *sk_frames_new(size_t max_line)
 	if (d == NULL)
 		return NULL;
 	d->max_line = max_line ? max_line : SK_FRAMES_MAX_LINE;
+	d->admitted = SK_FRAMES_KINDS_DEFAULT;
 	return d;
 }
 
 void sk_frames_keep_base64(sk_frames *d)
 {
 	d->keep_base64 = 1;
+}
+
+void sk_frames_admit(sk_frames *d, unsigned kinds)
+{
+	d->admitted |= kinds;
 }
 
 void sk_frames_free(sk_frames *d)
@@ -108,6 +115,9 @@ static int reserve(void **buf, size_t *cap, size_t need, size_t hint)
 	*cap = n;
 	return 0;
 }
+
+/* Each kind's `t`, by enum sk_frame_type. */
+static const char *const kind_names[] = { "", "stdout", "stderr", "exit", "error", "keepalive" };
 
 /* The members a frame may carry; the JSON is scanned once and typed after `t` is known. */
 struct fields {
@@ -248,6 +258,14 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 			out->has_signal = 1;
 			out->signal = (int32_t)f.signal;
 		}
+	} else if (sk_json_str_is(&f.t, "keepalive")) {
+		out->type = SK_FRAME_KEEPALIVE;
+		/* It is counted nowhere and says nothing: a member that would make it mean
+		 * something (a seq above all) is a frame this client cannot read. */
+		if (f.has_seq || f.has_data || f.has_code_num || f.has_code_str || f.has_message ||
+		    f.has_truncated || f.has_signal)
+			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+			            "a keepalive frame carries nothing but `t`", -1);
 	} else if (sk_json_str_is(&f.t, "error")) {
 		out->type = SK_FRAME_ERROR;
 		if (!f.has_code_str || !f.has_message)
@@ -265,6 +283,9 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 		            "unknown frame type", -1);
 	}
+	if (!(d->admitted & SK_FRAMES_KIND(out->type)))
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: a %s frame, "
+		            "which this stream did not ask for", kind_names[out->type], -1);
 	return SK_FRAMES_FRAME;
 }
 
@@ -308,6 +329,9 @@ int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *ou
 		*in_len -= take;
 		int held = line == d->line;
 		int r = blank(line, len) ? SK_FRAMES_AGAIN : parse_line(d, line, len, out);
+		/* An admitted keep-alive did its work by arriving: the next line is read. */
+		if (r == SK_FRAMES_FRAME && out->type == SK_FRAME_KEEPALIVE)
+			r = SK_FRAMES_AGAIN;
 		if (held && r != SK_FRAMES_FAILED) {
 			/* Shrinking by an eighth lets one long line be forgotten after a dozen or so,
 			 * and a short one (a test runner's line between full frames) not forget the

@@ -22,7 +22,20 @@
  */
 #define SK_FRAMES_MAX_LINE ((size_t)1 << 20)
 
-enum sk_frame_type { SK_FRAME_STDOUT = 1, SK_FRAME_STDERR, SK_FRAME_EXIT, SK_FRAME_ERROR };
+/*
+ * The kinds of frame a stream may carry, told apart by `t`. A keep-alive ({"t":"keepalive"},
+ * docs/protocol.md §6) says only that the connection is alive: it is consumed by the decoder
+ * and never handed out, and a stream takes it only when it asked for it (sk_frames_admit).
+ */
+enum sk_frame_type { SK_FRAME_STDOUT = 1, SK_FRAME_STDERR, SK_FRAME_EXIT, SK_FRAME_ERROR,
+	             SK_FRAME_KEEPALIVE };
+
+/* A set of kinds, for sk_frames_admit: SK_FRAMES_KIND(SK_FRAME_KEEPALIVE). */
+#define SK_FRAMES_KIND(type) (1u << (type))
+/* What every stream takes: output, its exit and its error. */
+#define SK_FRAMES_KINDS_DEFAULT                                                              \
+	(SK_FRAMES_KIND(SK_FRAME_STDOUT) | SK_FRAMES_KIND(SK_FRAME_STDERR) |                  \
+	 SK_FRAMES_KIND(SK_FRAME_EXIT) | SK_FRAMES_KIND(SK_FRAME_ERROR))
 
 typedef struct sk_frame {
 	enum sk_frame_type type;
@@ -43,7 +56,7 @@ typedef struct sk_frame {
 /* What went wrong: a line that is not a frame, a payload that is not base64, or a limit. */
 enum sk_frames_failure {
 	SK_FRAMES_NO_FAILURE = 0,
-	SK_FRAMES_UNPARSABLE,  /* not JSON, unknown `t`, a missing or mistyped field */
+	SK_FRAMES_UNPARSABLE,  /* not JSON, unknown or unadmitted `t`, a missing or mistyped field */
 	SK_FRAMES_UNDECODABLE, /* `data` is not strict standard base64 */
 	SK_FRAMES_TOO_LONG,    /* a line over the decoder's limit */
 	SK_FRAMES_NO_MEMORY
@@ -64,11 +77,17 @@ sk_frames *sk_frames_new(size_t max_line);
  * writes the payload on as base64, which then never decodes and encodes it again.
  */
 void sk_frames_keep_base64(sk_frames *d);
+/*
+ * Adds kinds (SK_FRAMES_KIND bits) to what this stream takes; a frame of a kind it does not
+ * take fails it, as a frame of an unknown kind does. Only kinds beyond the default need adding
+ * (a keep-alive, for a stream that asked the agent for them).
+ */
+void sk_frames_admit(sk_frames *d, unsigned kinds);
 void sk_frames_free(sk_frames *d);
 
 /*
  * Consumes input from *in (advancing *in and *in_len) until one frame is complete or the input
- * is used up. Returns SK_FRAMES_FRAME with *out filled, SK_FRAMES_AGAIN when it needs more
+ * is used up; admitted keep-alives are consumed on the way. Returns SK_FRAMES_FRAME with *out filled, SK_FRAMES_AGAIN when it needs more
  * input (everything was consumed), or SK_FRAMES_FAILED — then and ever after.
  */
 int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out);

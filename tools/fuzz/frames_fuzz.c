@@ -37,7 +37,8 @@ static void mix(uint64_t *h, const void *p, size_t n)
 }
 
 /* Feeds body in pieces of chunk bytes, checking every frame as it comes. */
-static struct outcome run(const char *body, size_t left, size_t chunk, int keep, int release)
+static struct outcome run(const char *body, size_t left, size_t chunk, int keep, int release,
+                          int keepalive)
 {
 	struct outcome o = { 0xcbf29ce484222325ULL, 0, 0 };
 	sk_frames *d = sk_frames_new(FUZZ_MAX_LINE);
@@ -45,6 +46,8 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 		abort();
 	if (keep)
 		sk_frames_keep_base64(d);
+	if (keepalive)
+		sk_frames_admit(d, SK_FRAMES_KIND(SK_FRAME_KEEPALIVE));
 	while (left > 0) {
 		size_t n = left < chunk ? left : chunk;
 		const char *in = body;
@@ -57,6 +60,8 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 			if (r == SK_FRAMES_FRAME) {
 				if (o.failed)
 					abort(); /* nothing may follow a failure */
+				if (f.type == SK_FRAME_KEEPALIVE)
+					abort(); /* consumed, never handed out */
 				int output = f.type == SK_FRAME_STDOUT || f.type == SK_FRAME_STDERR;
 				if (output && f.data_len > (keep ? FUZZ_MAX_LINE : FUZZ_MAX_LINE / 4 * 3))
 					abort();
@@ -108,10 +113,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t chunk = (size_t)data[0] % 64 + 1;
 	int keep = data[0] & 0x80;
 	int release = data[0] & 0x40;
-	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release);
+	/* Shares its bit with the chunk size's parity: both still take every value. */
+	int keepalive = data[0] & 0x01;
+	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release, keepalive);
 	/* However the body was cut and whenever room was given back, it decodes as it does
 	 * in one piece. */
-	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0);
+	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0, keepalive);
 	if (split.digest != whole.digest || split.frames != whole.frames || split.failed != whole.failed)
 		abort();
 	return 0;

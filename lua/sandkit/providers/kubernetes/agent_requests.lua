@@ -14,6 +14,10 @@ local methods = agent_requests.methods
 
 --- The header a capability travels in where Authorization is the API server's or the router's.
 agent_requests.CAPABILITY_HEADER = "X-Sandkit-Capability"
+--- Seconds of a stream's silence after which the agent is asked for a keep-alive when a proxy
+-- stands between: agent-sandbox's router cuts a connection silent for PROXY_TIMEOUT_SECONDS
+-- (180 by default), and nginx in front of either proxy for proxy_read_timeout (60).
+agent_requests.PROXIED_KEEPALIVE = 30
 
 local function host(ip)
   return ip:find(":", 1, true) and ("[" .. ip .. "]") or ip
@@ -72,7 +76,18 @@ function methods:connection(record)
     minter = capability.minter{ key = self.key, key_id = self.key_id,
       lifetime = self.capability_lifetime } }, transport_mt)
   local conn = protocol.connection(transport, self.options)
-  conn.features = record.features or {}
+  if self.options.keepalive == nil and self.transport ~= "direct" then
+    conn.keepalive = agent_requests.PROXIED_KEEPALIVE
+  end
+  conn.features = record.features
+  if not conn.features and conn.keepalive then
+    -- A session found by get or list, not made here: whether its agent sends keep-alives is
+    -- asked once, since a stream through a proxy that cuts silent connections needs them.
+    -- A health that fails says nothing, and the request after it will tell its own failure.
+    local health = protocol.health(conn)
+    conn.features = health and health.features
+  end
+  conn.features = conn.features or {}
   return conn
 end
 
