@@ -433,8 +433,8 @@ describe("a kubernetes sandbox under faults", function()
     local session, err = sb:create{ id = "never-1" }
     assert.is_nil(session)
     assert.equal("SANDBOX_UNREACHABLE", err.code)
-    assert.matches("did not become ready within 1.5s; last seen: claim Ready=False %(SandboxNotReady: "
-      .. "Sandbox is not ready%)", err.message)
+    assert.matches("did not become ready within 1.5s; last seen: claim Ready=False %(DependenciesNotReady: "
+      .. "Pod is Running but not Ready%)", err.message)
     assert.is_nil(claim_of(cluster, "never-1"))
   end)
 

@@ -1,17 +1,19 @@
---- A fake Kubernetes API server with agent-sandbox's resources and a fake controller, run as
--- the scenario of spec/support/fake_http_server.lua (one process, cqueues), behind the TLS
--- front spec/support/kube_cluster.lua starts. It speaks what sandkit and python-kubernetes
--- read: real Status bodies, chunked watches with resource versions (410 once compacted),
--- label and field selectors, list pages with continue tokens, delete preconditions, the
--- pods/{name}:{port}/proxy route (which drops Authorization, as the API server does), and
--- agent-sandbox's router (X-Sandbox-* headers, Authorization dropped).
---
--- The controller binds each claim of a configured warm pool to a Sandbox and a Pod, and
--- starts a real sandkit-agent per pod in capability mode, the pod's UID as its session id, on
--- its own loopback address 127.a.b.c port 8971 (the pod IP).
+--- A fake Kubernetes API server with agent-sandbox's resources, run as the scenario of
+-- spec/support/fake_http_server.lua (one process, cqueues), behind the TLS front
+-- spec/support/kube_cluster.lua starts. It speaks what sandkit and python-kubernetes read: real
+-- Status bodies, chunked watches with resource versions (410 once compacted), label and field
+-- selectors, list pages with continue tokens (which expire, 410, once compacted), delete
+-- preconditions, merge patches of Sandboxes with a resourceVersion precondition, API group
+-- discovery, and the pods proxy and agent-sandbox's router (spec/support/kube_relay.lua).
+-- agent-sandbox's controllers are spec/support/kube_controller.lua, whose pods are real
+-- sandkit-agents.
 --
 -- Authentication: a bearer token from `tokens` (token -> user), or a client certificate that
 -- the TLS front verified (it passes X-Fake-Client-Verify/-Subject) with a CN in `client_cns`.
+-- config.api_versions: the versions of extensions.agents.x-k8s.io served (default v1beta1 and
+--   v1alpha1; { "v1alpha1" } is agent-sandbox before v0.5, {} none installed). Only v1beta1
+--   serves objects; a path of a version not served is the API server's bare 404.
+-- config.router_read_timeout: the router's per-read timeout, seconds (kube_relay.lua).
 -- config.faults (each a count of requests it applies to, unless said otherwise):
 --   drop_create = "committed" | "uncommitted"  close the create's connection without an
 --                                              answer, after or before storing the claim
@@ -27,29 +29,32 @@
 --   list_fail = { [page] = 503 | "html" }      a list page answers a Status 503 or a 502 page
 --   page_size = n                    list pages hold at most n items whatever the limit
 --                                    (Kubernetes may answer fewer than asked, continue set)
+--   expire_continue = n              the first n lists given a continue token answer 410
+--                                    Expired, as once etcd compacted past the token
+--   patch_conflict = n               the first n patches answer 409 Conflict, as when the
+--                                    controller wrote the object since it was read
 --   forbid = { ["create sandboxclaims"] = true }   403 Forbidden, as RBAC words it
 --   allow = { ["get pods"] = true, … }   403 for every verb and resource not listed (a Role)
 --   throttle = { ["list sandboxclaims"] = 1 }      429 with Retry-After
--- pools: { [name] = { bind_delay, ready_delay, never_ready, expire_before_ready,
---                     fail_reason = "TemplateNotFound" (Ready=False with it, never bound),
---                     foreign_owner (the Sandbox's controller is another claim),
---                     foreign_pod_owner (the pod's controller is another Sandbox),
---                     pod_name_annotation } }
+-- config.pools: kube_controller.lua's.
 -- Control routes (no authentication): POST /_fake/tokens {tokens}, POST /_fake/recreate
 -- {pod, same_ip}, POST /_fake/condition {claim, status, reason, message}, POST /_fake/disown
 -- {claim, link = "sandbox" | "pod"} (that object's controller becomes another object),
+-- POST /_fake/pod_phase {pod, phase = "Failed" | "Succeeded"}, POST /_fake/extra_pod {claim},
+-- POST /_fake/pool {name, pool} (a pool made or changed), POST /_fake/compact,
 -- GET /_fake/state, POST /_fake/shutdown.
 
 local cjson = require "cjson"
 local cqueues = require "cqueues"
 local condition = require "cqueues.condition"
-local socket = require "cqueues.socket"
 local core = require "sandkit.core"
-local files = require "support.files"
+local kube_controller = require "support.kube_controller"
+local kube_relay = require "support.kube_relay"
 
 local kube_api = {}
 
-kube_api.AGENT_PORT = 8971
+kube_api.AGENT_PORT = kube_controller.AGENT_PORT
+kube_api.GROUP = "extensions.agents.x-k8s.io"
 kube_api.CLAIMS = "/apis/extensions.agents.x-k8s.io/v1beta1"
 kube_api.SANDBOXES = "/apis/agents.x-k8s.io/v1beta1"
 
@@ -61,8 +66,16 @@ local KINDS = {
   pods = { prefix = "/api/v1", api_version = "v1", kind = "Pod", group = "" },
 }
 
+--- The words of a continue token older than etcd's compaction (k8s.io/apiserver's
+-- storage errors).
+local CONTINUE_EXPIRED = "The provided continue parameter is too old to display a consistent list result. "
+  .. "You can start a new list without the continue parameter, or use the continue token in this response "
+  .. "to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent "
+  .. "list - objects that were created, modified, or deleted between the time the first chunk was returned "
+  .. "and now may show up in the list."
+
 local PHRASES = { [200] = "OK", [201] = "Created", [202] = "Accepted", [400] = "Bad Request", [401] = "Unauthorized",
-  [403] = "Forbidden", [404] = "Not Found", [409] = "Conflict", [410] = "Gone",
+  [403] = "Forbidden", [404] = "Not Found", [409] = "Conflict", [410] = "Gone", [415] = "Unsupported Media Type",
   [422] = "Unprocessable Entity", [429] = "Too Many Requests", [500] = "Internal Server Error",
   [502] = "Bad Gateway", [503] = "Service Unavailable", [504] = "Gateway Timeout" }
 
@@ -103,24 +116,14 @@ end
 --- A boolean query parameter as Go's strconv.ParseBool reads it, as the API server does.
 local TRUE = { ["1"] = true, t = true, T = true, TRUE = true, ["true"] = true, True = true }
 
-local function own_pid()
-  local f = assert(io.open("/proc/self/stat"))
-  local pid = f:read("*n")
-  f:close()
-  return pid
-end
-
 function kube_api.scenario(config)
   local faults = config.faults or {}
   local S = {
     rv = 100, objects = { sandboxclaims = {}, sandboxes = {}, pods = {} }, log = {},
     compacted = 0, watchers = {}, counts = {}, tokens = config.tokens or {},
-    agents = {}, next_host = 2,
   }
-  local pid = own_pid()
-  -- Pod addresses: 127.a.b.c, with a and b from this process's id, so that concurrent runs
-  -- of the suite use different addresses; a taken one is skipped.
-  local net_a, net_b = 10 + pid % 240, math.floor(pid / 240) % 256
+  local served = {}
+  for _, v in ipairs(config.api_versions or { "v1beta1", "v1alpha1" }) do served[v] = true end
   local record_log
 
   local function count(key)
@@ -231,166 +234,30 @@ function kube_api.scenario(config)
     emit(resource, "DELETED", obj)
   end
 
-  -- Agents (the pods' sandkit-agents) ---------------------------------------------------------
+  -- The controller ----------------------------------------------------------------------------
 
-  local function read_line(reader, timeout)
-    local deadline = cqueues.monotime() + timeout
-    local got = ""
-    while true do
-      local chunk = reader:read()
-      if chunk then
-        got = got .. chunk
-        local line = got:match("^([^\n]*)\n")
-        if line then return line end
-      elseif chunk == nil then
-        return nil
-      else
-        local left = deadline - cqueues.monotime()
-        if left <= 0 then return nil end
-        cqueues.poll(reader, left)
-      end
-    end
-  end
+  local controller = kube_controller.new(config, {
+    get = function(resource, ns, name) return store(resource, ns)[name] end,
+    put = put, remove = remove,
+    names = function(resource, ns)
+      local names = {}
+      for name in pairs(store(resource, ns)) do names[#names + 1] = name end
+      table.sort(names)
+      return names
+    end,
+    uuid = uuid, now = now_text, copy = copy, encode = cjson.encode,
+  }, function(entry) record_log(entry) end)
 
-  --- Starts a pod's agent: { pid, ip, dir }. `ip` asks for that address (a pod recreated in
-  -- place); otherwise the next free one.
-  local function start_agent(pod_uid, ip)
-    for _ = 1, 40 do
-      local addr = ip
-      if not addr then
-        addr = string.format("127.%d.%d.%d", net_a, net_b, S.next_host)
-        S.next_host = S.next_host % 253 + 2
-      end
-      local dir = files.temp_dir()
-      assert(core.mkdir(dir .. "/root", 448))
-      local apid, reader = core.spawn({ config.agent, "--root", dir .. "/root", "--auth", "capability",
-        "--session-id", pod_uid, "--public-keys", config.public_keys,
-        "--listen", addr .. ":" .. kube_api.AGENT_PORT, "--ready-fd", "3", "--log", "quiet" },
-        { ready_fd = 3, setsid = true, stderr = dir .. "/agent.log" })
-      assert(apid, reader)
-      local line = read_line(reader, 10)
-      -- cqueues still watches the descriptor it polled: it must forget it before it closes.
-      cqueues.cancel(reader:pollfd())
-      reader:close()
-      if line then
-        local agent = { pid = apid, ip = addr, dir = dir }
-        S.agents[pod_uid] = agent
-        record_log{ agent_pid = apid, agent_dir = dir, pod_uid = pod_uid, ip = addr }
-        return agent
-      end
-      -- Most likely the address is taken (another run, or the agent before this one still
-      -- closing): the next one, or the same after a moment.
-      core.kill(apid, core.SIGKILL)
-      core.reap(apid, true)
-      core.remove_tree(dir)
-      if ip then cqueues.sleep(0.05) end
-    end
-    error("no sandkit-agent could be started for pod " .. pod_uid)
-  end
-
-  local function stop_agent(pod_uid)
-    local agent = S.agents[pod_uid]
-    if not agent then return end
-    S.agents[pod_uid] = nil
-    core.kill(agent.pid, core.SIGTERM)
-    local deadline = cqueues.monotime() + 5
-    while not core.reap(agent.pid) do
-      if cqueues.monotime() > deadline then
-        core.kill(agent.pid, core.SIGKILL)
-        core.reap(agent.pid, true)
-        break
-      end
-      cqueues.sleep(0.01)
-    end
-    core.remove_tree(agent.dir)
-  end
-
-  -- The controller -------------------------------------------------------------------------------
-
-  local function set_condition(claim, cstatus, reason, message)
+  --- Replaces a claim's Ready condition (a control route's, the controller aside).
+  local function set_ready(claim, cstatus, reason, message)
     claim.status = claim.status or {}
-    claim.status.conditions = { { type = "Ready", status = cstatus, reason = reason,
-      message = message, lastTransitionTime = now_text(),
-      observedGeneration = claim.metadata.generation } }
-  end
-
-  local function current(resource, ns, name, uid)
-    local obj = store(resource, ns)[name]
-    if obj and obj.metadata.uid == uid then return obj end
-  end
-
-  local function bind(claim_ref)
-    local ns, name, uid = claim_ref.ns, claim_ref.name, claim_ref.uid
-    local pool_name = claim_ref.pool
-    local pool = config.pools and config.pools[pool_name]
-    cqueues.sleep(pool and pool.bind_delay or 0.02)
-    local claim = current("sandboxclaims", ns, name, uid)
-    if not claim then return end
-    if not pool then
-      set_condition(claim, "False", "WarmPoolNotFound", string.format('SandboxWarmPool "%s" not found', pool_name))
-      return put("sandboxclaims", claim, "MODIFIED")
+    local kept = {}
+    for _, c in ipairs(claim.status.conditions or {}) do
+      if c.type ~= "Ready" then kept[#kept + 1] = c end
     end
-    if pool.expire_before_ready then
-      set_condition(claim, "False", "ClaimExpired", "Claim expired. Sandbox cleanup initiated.")
-      return put("sandboxclaims", claim, "MODIFIED")
-    end
-    if pool.fail_reason then
-      set_condition(claim, "False", pool.fail_reason, pool.fail_reason .. " for warm pool " .. pool_name)
-      return put("sandboxclaims", claim, "MODIFIED")
-    end
-    local sb_name = pool_name .. "-" .. uuid():sub(1, 5)
-    local pod_name = pool.pod_name_annotation and (sb_name .. "-pod") or sb_name
-    local sandbox = { apiVersion = KINDS.sandboxes.api_version, kind = "Sandbox",
-      metadata = { name = sb_name, namespace = ns, uid = uuid(), creationTimestamp = now_text(),
-        generation = 1, ownerReferences = { { apiVersion = KINDS.sandboxclaims.api_version,
-          kind = "SandboxClaim", name = name, uid = pool.foreign_owner and uuid() or uid,
-          controller = true, blockOwnerDeletion = true } },
-        annotations = pool.pod_name_annotation and { ["agents.x-k8s.io/pod-name"] = pod_name } or nil },
-      spec = { podTemplate = { spec = { containers = { { name = "agent", image = "sandkit-agent" } } } } } }
-    put("sandboxes", sandbox, "ADDED")
-    claim.status = claim.status or {}
-    claim.status.sandbox = { name = sb_name }
-    set_condition(claim, "False", "SandboxNotReady", "Sandbox is not ready")
-    put("sandboxclaims", claim, "MODIFIED")
-
-    local pod_uid = uuid()
-    local agent = start_agent(pod_uid)
-    local pod = { apiVersion = "v1", kind = "Pod",
-      metadata = { name = pod_name, namespace = ns, uid = pod_uid, creationTimestamp = now_text(),
-        labels = { ["agents.x-k8s.io/claim-uid"] = uid },
-        ownerReferences = { { apiVersion = KINDS.sandboxes.api_version, kind = "Sandbox",
-          name = sb_name, uid = pool.foreign_pod_owner and uuid() or sandbox.metadata.uid,
-          controller = true, blockOwnerDeletion = true } } },
-      spec = { containers = { { name = "agent", image = "sandkit-agent" } } },
-      status = { phase = "Running", podIP = agent.ip, podIPs = { { ip = agent.ip } },
-        conditions = { { type = "Ready", status = "True" } } } }
-    put("pods", pod, "ADDED")
-    if pool.never_ready then return end
-    cqueues.sleep(pool.ready_delay or 0.02)
-    claim = current("sandboxclaims", ns, name, uid)
-    if not claim then return end
-    claim.status.sandbox.podIPs = { agent.ip }
-    set_condition(claim, "True", "DependenciesReady", "Pod is Ready; Service Exists")
-    put("sandboxclaims", claim, "MODIFIED")
-  end
-
-  --- What Background propagation does once the claim is gone: its Sandbox, then the pod.
-  local function collect(claim_uid)
-    cqueues.sleep(0.01)
-    for _, sb in pairs(copy(S.objects.sandboxes)) do
-      for sname, sandbox in pairs(sb) do
-        local ref = sandbox.metadata.ownerReferences[1]
-        if ref.uid == claim_uid then
-          remove("sandboxes", store("sandboxes", sandbox.metadata.namespace)[sname])
-          for pname, pod in pairs(copy(store("pods", sandbox.metadata.namespace))) do
-            if pod.metadata.ownerReferences[1].uid == sandbox.metadata.uid then
-              stop_agent(pod.metadata.uid)
-              remove("pods", store("pods", sandbox.metadata.namespace)[pname])
-            end
-          end
-        end
-      end
-    end
+    kept[#kept + 1] = { type = "Ready", status = cstatus, reason = reason, message = message,
+      lastTransitionTime = now_text(), observedGeneration = claim.metadata.generation }
+    claim.status.conditions = kept
   end
 
   -- Authentication and authorization ---------------------------------------------------------
@@ -441,12 +308,17 @@ function kube_api.scenario(config)
       end
     end
     table.sort(names)
-    local after, page = "", 1
+    local after, page, since = "", 1, S.rv
     if q.continue and q.continue ~= "" then
       local decoded = core.b64decode(q.continue)
-      local p, last = (decoded or ""):match("^(%d+)\n(.*)$")
+      local p, rv, last = (decoded or ""):match("^(%d+)\n(%d+)\n(.*)$")
       if not p then return status(conn, 400, "BadRequest", "continue key is not valid") end
-      page, after = tonumber(p) + 1, last
+      page, since, after = tonumber(p) + 1, tonumber(rv), last
+      if tonumber(rv) < S.compacted or count("continued") <= (faults.expire_continue or 0) then
+        local st = status_body(410, "Expired", CONTINUE_EXPIRED)
+        st.metadata = { continue = q.continue }
+        return send(conn, 410, cjson.encode(st))
+      end
     end
     local fail = faults.list_fail and (faults.list_fail[page] or faults.list_fail[tostring(page)])
     if fail == "html" then
@@ -464,7 +336,7 @@ function kube_api.scenario(config)
         items[#items + 1] = store(resource, ns)[name]
       end
     end
-    local continue = more and core.b64encode(page .. "\n" .. items[#items].metadata.name) or nil
+    local continue = more and core.b64encode(page .. "\n" .. since .. "\n" .. items[#items].metadata.name) or nil
     send(conn, 200, encode_list(resource, items, continue))
   end
 
@@ -534,47 +406,6 @@ function kube_api.scenario(config)
     conn:write("0\r\n\r\n")
   end
 
-  -- Relays (the pods proxy and the router) ----------------------------------------------------
-
-  local HOP = { authorization = true, host = true, connection = true, ["content-length"] = true,
-    ["transfer-encoding"] = true, ["x-fake-client-verify"] = true, ["x-fake-client-subject"] = true,
-    ["x-fake-sni"] = true, ["x-fake-host"] = true, ["x-sandbox-id"] = true, ["x-sandbox-namespace"] = true,
-    ["x-sandbox-port"] = true, ["x-sandbox-pod-ip"] = true }
-
-  local function relay(req, conn, ip, port, target)
-    local s = socket.connect{ host = ip, port = port }
-    s:setmode("b", "b")
-    if not s:connect(3) then
-      return status(conn, 503, "ServiceUnavailable", "error trying to reach service: dial tcp "
-        .. ip .. ":" .. port .. ": connect: connection refused")
-    end
-    local lines = { req.method .. " " .. target .. " HTTP/1.1", "Host: " .. ip .. ":" .. port,
-      "Connection: close", "Content-Length: " .. #req.body }
-    for k, v in pairs(req.headers) do
-      if not HOP[k] then lines[#lines + 1] = k .. ": " .. v end
-    end
-    s:write(table.concat(lines, "\r\n") .. "\r\n\r\n" .. req.body)
-    s:flush()
-    while true do
-      local data = s:read("-65536")
-      if not data then break end
-      conn:write(data)
-    end
-    s:close()
-    conn:close()
-  end
-
-  local function router(req, conn)
-    if config.router_token and req.headers.authorization ~= "Bearer " .. config.router_token then
-      return send(conn, 401, '{"detail":"Missing or invalid Authorization header."}')
-    end
-    local ip = req.headers["x-sandbox-pod-ip"]
-    local port = tonumber(req.headers["x-sandbox-port"] or "")
-    if not ip or not port then return send(conn, 400, '{"detail":"Invalid routing headers."}') end
-    record_log{ routed = req.headers["x-sandbox-id"], namespace = req.headers["x-sandbox-namespace"] }
-    relay(req, conn, ip, port, req.target)
-  end
-
   -- Objects ------------------------------------------------------------------------------------
 
   local function create_claim(req, conn, ns)
@@ -607,9 +438,7 @@ function kube_api.scenario(config)
     md.namespace, md.uid, md.creationTimestamp, md.generation = ns, uuid(), now_text(), 1
     body.metadata = md
     put("sandboxclaims", body, "ADDED")
-    cqueues.running():wrap(function()
-      bind{ ns = ns, name = name, uid = md.uid, pool = spec.warmPoolRef.name }
-    end)
+    controller:claim_added(body)
     if faults.drop_create == "committed" and n == 1 then return conn:close() end
     if faults.create_status and n == 1 then
       return send(conn, faults.create_status, "<html><body>upstream timed out</body></html>", "text/html")
@@ -637,14 +466,78 @@ function kube_api.scenario(config)
       return send(conn, 202, cjson.encode(claim))
     end
     remove("sandboxclaims", claim)
-    local uid = claim.metadata.uid
-    cqueues.running():wrap(function() collect(uid) end)
+    controller:claim_deleted(claim.metadata.uid, ns)
     send(conn, 200, cjson.encode(claim))
   end
 
+  --- Applies a JSON merge patch (RFC 7386): null removes, objects merge, anything else replaces.
+  local function merge(target, patch)
+    for k, v in pairs(patch) do
+      if v == cjson.null then
+        target[k] = nil
+      elseif type(v) == "table" and next(v) ~= nil and #v == 0 and type(target[k]) == "table" then
+        merge(target[k], v)
+      else
+        target[k] = copy(v)
+      end
+    end
+  end
+
+  --- A merge patch of a Sandbox: its metadata.resourceVersion, when given, must be the
+  -- object's (409 otherwise, as the API server's optimistic concurrency answers), and
+  -- spec.operatingMode is Running or Suspended.
+  local function patch_sandbox(req, conn, ns, name)
+    local sandbox = store("sandboxes", ns)[name]
+    if not sandbox then return not_found(conn, "sandboxes", name) end
+    if not (req.headers["content-type"] or ""):find("application/merge-patch+json", 1, true) then
+      return status(conn, 415, "UnsupportedMediaType", "the body of the request was in an unknown format")
+    end
+    local ok, patch = pcall(cjson.decode, req.body)
+    if not ok or type(patch) ~= "table" then return status(conn, 400, "BadRequest", "the body is not JSON") end
+    local rv = type(patch.metadata) == "table" and patch.metadata.resourceVersion
+    if (rv and rv ~= sandbox.metadata.resourceVersion) or count("patch") <= (faults.patch_conflict or 0) then
+      return status(conn, 409, "Conflict", string.format('Operation cannot be fulfilled on '
+        .. 'sandboxes.agents.x-k8s.io "%s": the object has been modified; please apply your changes to '
+        .. "the latest version and try again", name), { name = name, group = KINDS.sandboxes.group,
+          kind = "sandboxes" })
+    end
+    local before = cjson.encode(sandbox.spec)
+    local updated = copy(sandbox)
+    merge(updated, patch)
+    local mode = updated.spec and updated.spec.operatingMode
+    if mode ~= "Running" and mode ~= "Suspended" then
+      return status(conn, 422, "Invalid", string.format('Sandbox.agents.x-k8s.io "%s" is invalid: '
+        .. 'spec.operatingMode: Unsupported value: "%s": supported values: "Running", "Suspended"', name,
+        tostring(mode)))
+    end
+    updated.metadata.uid, updated.metadata.name = sandbox.metadata.uid, sandbox.metadata.name
+    for k, v in pairs(updated) do sandbox[k] = v end
+    local changed = cjson.encode(sandbox.spec) ~= before
+    if changed then sandbox.metadata.generation = (sandbox.metadata.generation or 1) + 1 end
+    record_log{ patched = name, operating_mode = mode }
+    put("sandboxes", sandbox, "MODIFIED")
+    if changed then controller:sandbox_changed(sandbox) end
+    send(conn, 200, cjson.encode(sandbox))
+  end
+
+  --- GET /apis/<group>: the versions of agent-sandbox's extensions group this cluster serves.
+  local function discovery(conn)
+    local versions = {}
+    for _, v in ipairs{ "v1beta1", "v1alpha1" } do
+      if served[v] then versions[#versions + 1] = { groupVersion = kube_api.GROUP .. "/" .. v, version = v } end
+    end
+    if #versions == 0 then
+      return status(conn, 404, "NotFound", "the server could not find the requested resource")
+    end
+    send(conn, 200, cjson.encode{ kind = "APIGroup", apiVersion = "v1", name = kube_api.GROUP,
+      versions = versions, preferredVersion = versions[1] })
+  end
+
   --- Routes a request under /api or /apis: resource, namespace, name, subresource, or nil.
+  -- agent-sandbox's paths exist only while v1beta1 is served.
   local function route(path)
     for resource, k in pairs(KINDS) do
+      if resource ~= "pods" and not served.v1beta1 then break end
       local prefix = k.prefix .. "/namespaces/"
       if path:sub(1, #prefix) == prefix then
         local ns, rest = path:sub(#prefix + 1):match("^([^/]+)/(.*)$")
@@ -667,8 +560,17 @@ function kube_api.scenario(config)
     elseif req.path == "/_fake/condition" then
       local claim = store("sandboxclaims", body.namespace)[body.claim]
       if not claim then return send(conn, 404, "{}") end
-      set_condition(claim, body.status, body.reason, body.message)
+      set_ready(claim, body.status, body.reason, body.message)
       put("sandboxclaims", claim, "MODIFIED")
+      return send(conn, 200, "{}")
+    elseif req.path == "/_fake/pod_phase" then
+      if not controller:end_pod(body.namespace, body.pod, body.phase) then return send(conn, 404, "{}") end
+      return send(conn, 200, "{}")
+    elseif req.path == "/_fake/extra_pod" then
+      if not controller:extra_pod(body.namespace, body.claim) then return send(conn, 404, "{}") end
+      return send(conn, 200, "{}")
+    elseif req.path == "/_fake/pool" then
+      controller:set_pool(body.name, body.pool)
       return send(conn, 200, "{}")
     elseif req.path == "/_fake/disown" then
       local claim = store("sandboxclaims", body.namespace)[body.claim]
@@ -689,18 +591,11 @@ function kube_api.scenario(config)
       S.compacted = S.rv + 1
       return send(conn, 200, "{}")
     elseif req.path == "/_fake/recreate" then
-      local pod = store("pods", body.namespace)[body.pod]
-      if not pod then return send(conn, 404, "{}") end
-      local old = pod.metadata.uid
-      local ip = body.same_ip and pod.status.podIP or nil
-      stop_agent(old)
-      pod.metadata.uid = uuid()
-      local agent = start_agent(pod.metadata.uid, ip)
-      pod.status.podIP, pod.status.podIPs = agent.ip, { { ip = agent.ip } }
-      put("pods", pod, "MODIFIED")
-      return send(conn, 200, cjson.encode{ uid = pod.metadata.uid, ip = agent.ip, old_uid = old })
+      local made = controller:recreate(body.namespace, body.pod, body.same_ip)
+      if not made then return send(conn, 404, "{}") end
+      return send(conn, 200, cjson.encode(made))
     elseif req.path == "/_fake/shutdown" then
-      for uid in pairs(copy(S.agents)) do stop_agent(uid) end
+      controller:stop_all()
       return send(conn, 200, "{}")
     end
     send(conn, 404, "{}")
@@ -708,12 +603,15 @@ function kube_api.scenario(config)
 
   local function handle(req, conn)
     record_log = function(entry) conn:log(entry) end
+    -- The warm pools fill once the loop runs, which is when the first request comes.
+    controller:fill_all()
     if req.path:sub(1, 7) == "/_fake/" then return control(req, conn) end
-    if req.headers["x-sandbox-id"] then return router(req, conn) end
+    if req.headers["x-sandbox-id"] then return kube_relay.router(req, conn, config, send, record_log) end
     local user = authenticate(req)
     conn:log{ request = req.index, user = user or false, sni = req.headers["x-fake-sni"],
       host = req.headers["x-fake-host"] }
     if not user then return status(conn, 401, "Unauthorized", "Unauthorized") end
+    if req.method == "GET" and req.path == "/apis/" .. kube_api.GROUP then return discovery(conn) end
     local resource, ns, name, sub = route(req.path)
     if not resource then
       return status(conn, 404, "NotFound", "the server could not find the requested resource")
@@ -727,6 +625,8 @@ function kube_api.scenario(config)
       verb = "create"
     elseif req.method == "DELETE" then
       verb = "delete"
+    elseif req.method == "PATCH" and name then
+      verb = "patch"
     elseif req.method == "GET" then
       verb = name and "get" or (TRUE[q.watch or ""] and "watch" or "list")
     else
@@ -748,13 +648,16 @@ function kube_api.scenario(config)
       if resource ~= "pods" or not pod then return not_found(conn, "pods", tostring(pod_name or name)) end
       local target = "/" .. sub:gsub("^proxy/?", "")
       if req.query ~= "" then target = target .. "?" .. req.query end
-      return relay(req, conn, pod.status.podIP, tonumber(port), target)
+      return kube_relay.pods_proxy(req, conn, pod.status.podIP, tonumber(port), target, status)
     elseif verb == "create" then
       if resource ~= "sandboxclaims" then return status(conn, 405, "MethodNotAllowed", "not served") end
       return create_claim(req, conn, ns)
     elseif verb == "delete" then
       if resource ~= "sandboxclaims" then return status(conn, 405, "MethodNotAllowed", "not served") end
       return delete_claim(req, conn, ns, name)
+    elseif verb == "patch" then
+      if resource ~= "sandboxes" then return status(conn, 405, "MethodNotAllowed", "not served") end
+      return patch_sandbox(req, conn, ns, name)
     elseif verb == "get" then
       local obj = store(resource, ns)[name]
       if not obj then return not_found(conn, resource, name) end

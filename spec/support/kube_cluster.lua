@@ -4,7 +4,9 @@
 -- one is offered (mTLS) and passes the verdict on.
 --
 --   local cluster = kube_cluster.start{ pools = { ["py-pool"] = {} }, faults = {…},
---                                       tokens = nil, namespace = "sandkit-test" }
+--                                       tokens = nil, namespace = "sandkit-test",
+--                                       api_versions, router_read_timeout, terminating_seconds }
+--                                       (spec/support/kube_api.lua and kube_controller.lua)
 --   cluster.server            -- "https://127.0.0.1:<port>" (TLS, certificate for 127.0.0.1)
 --   cluster.router_url        -- the fake router: agent-sandbox's X-Sandbox-* headers
 --   cluster:kubeconfig{ user = "token" | "token_file" | "cert_data" | "cert_file" | "exec",
@@ -122,7 +124,8 @@ function kube_cluster.start(opts)
     local config = { agent = agent, public_keys = table.concat(keys, ","), pools = opts.pools or {},
       faults = opts.faults or {}, tokens = opts.tokens or { [kube_cluster.TOKEN] = "admin" },
       client_cns = { [kube_cluster.CLIENT_CN] = true }, router_token = opts.router_token,
-      claims = opts.claims }
+      claims = opts.claims, namespace = c.namespace, api_versions = opts.api_versions,
+      router_read_timeout = opts.router_read_timeout, terminating_seconds = opts.terminating_seconds }
     local encoded = cjson.encode(config)
     assert(not encoded:find("]==]", 1, true), "the config cannot be embedded")
     c.backend = fake_http.start("local cjson = require 'cjson'\n"
