@@ -132,6 +132,61 @@ describe("a kubeconfig", function()
     end)
   end
 
+  it("passes the cluster's client.authentication.k8s.io/exec extension as spec.cluster.config, "
+      .. "with provideClusterInfo only", function()
+    local exec = { "exec:", "  apiVersion: client.authentication.k8s.io/v1", "  command: /bin/sh",
+      "  args: [" .. PLUGIN .. "]", "  env:", "  - {name: FAKE_EXEC_DIR, value: " .. dir .. "}",
+      "  interactiveMode: Never" }
+    local cluster = { "extensions:", "- name: client.authentication.k8s.io/exec",
+      "  extension: {audience: sandkit, scopes: [a, b], nested: {depth: 2}}", "- name: someone-elses",
+      "  extension: {ignored: true}" }
+    local user = {}
+    for i, line in ipairs(exec) do user[i] = line end
+    user[#user + 1] = "  provideClusterInfo: true"
+    assert(assert(load{ cluster = cluster, user = user }).auth:fields("op"))
+    local info = cjson.decode(files.read(dir .. "/exec-info"))
+    assert.same({ audience = "sandkit", scopes = { "a", "b" }, nested = { depth = 2 } }, info.spec.cluster.config)
+    assert(assert(load{ cluster = cluster, user = exec }).auth:fields("op"))
+    info = cjson.decode(files.read(dir .. "/exec-info"))
+    assert.is_nil(info.spec.cluster, "without provideClusterInfo the plugin learns nothing of the cluster")
+  end)
+
+  it("runs an exec plugin whose command holds a '/' from the kubeconfig's directory, as client-go does", function()
+    assert(core.mkdir(dir .. "/bin", 448))
+    files.write(dir .. "/bin/auth-plugin", "#!/bin/sh\nexec /bin/sh " .. PLUGIN .. "\n")
+    assert(files.execute("chmod 755 " .. files.shell_quote(dir .. "/bin/auth-plugin")))
+    for _, command in ipairs{ "bin/auth-plugin", "./bin/auth-plugin", dir .. "/bin/auth-plugin" } do
+      local cfg = assert(load{ user = { "exec:", "  apiVersion: client.authentication.k8s.io/v1",
+        "  command: " .. command, "  env:", "  - {name: FAKE_EXEC_DIR, value: " .. dir .. "}",
+        "  interactiveMode: Never" } })
+      local fields, err = cfg.auth:fields("op")
+      assert(fields, command .. ": " .. tostring(err))
+      assert.matches("^Bearer exec%-token%-%d+$", fields.headers.Authorization)
+    end
+    -- One without a '/' is a name looked up in PATH, never in the kubeconfig's directory.
+    local _, err = assert(load{ user = { "exec:", "  apiVersion: client.authentication.k8s.io/v1",
+      "  command: auth-plugin", "  interactiveMode: Never" } }).auth:fields("op")
+    assert.matches("status 127", err.message)
+  end)
+
+  local function json_text(pem) return (pem:gsub("\n", "\\n")) end
+  for _, case in ipairs{
+      { "a certificate without its key", '{"clientCertificateData":"' .. json_text(CA) .. '"}',
+        "it has clientCertificateData without clientKeyData" },
+      { "a key without its certificate", '{"token":"t","clientKeyData":"' .. json_text(KEY) .. '"}',
+        "it has clientKeyData without clientCertificateData" } } do
+    it("refuses an exec plugin's answer with " .. case[1] .. ", naming it", function()
+      local cfg = assert(load{ user = { "exec:", "  apiVersion: client.authentication.k8s.io/v1",
+        "  command: /bin/sh", "  args: [" .. PLUGIN .. "]", "  interactiveMode: Never", "  env:",
+        "  - {name: FAKE_EXEC_DIR, value: " .. dir .. "}",
+        "  - {name: FAKE_EXEC_STATUS, value: '" .. case[2] .. "'}" } })
+      local fields, err = cfg.auth:fields("op")
+      assert.is_nil(fields)
+      assert.equal("INVALID_INPUT", err.code)
+      assert.matches(case[3], err.message, 1, true)
+    end)
+  end
+
   it("runs the plugin again once its credential's expirationTimestamp has passed", function()
     local cfg = assert(load{ user = { "exec:", "  apiVersion: client.authentication.k8s.io/v1",
       "  command: /bin/sh", "  args: [" .. PLUGIN .. "]", "  interactiveMode: IfAvailable", "  env:",
@@ -264,6 +319,10 @@ describe("the kubeconfig search", function()
     assert.equal("https://[fd00::1]:443", out.server)
     assert.equal("pods-ns", out.namespace)
     assert.equal("Bearer sa-token", out.token)
+
+    out = load_with_env({ HOME = dir .. "/nowhere", KUBERNETES_SERVICE_HOST = "10.0.0.1",
+      KUBERNETES_SERVICE_PORT = "443", POD_NAMESPACE = "from-the-downward-api" }, sa)
+    assert.equal("from-the-downward-api", out.namespace, "POD_NAMESPACE comes before the namespace file")
 
     out = load_with_env({ HOME = dir .. "/nowhere" }, sa)
     assert.matches("no kubeconfig", out.err)

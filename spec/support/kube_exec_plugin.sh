@@ -5,7 +5,8 @@
 # apiVersion it was asked for whose token is exec-token-<run> (expiring at $FAKE_EXEC_EXPIRES
 # when that is set). With $FAKE_EXEC_FAIL set it says so on stderr and exits 1; with
 # $FAKE_EXEC_FLOOD it writes that many bytes instead; with $FAKE_EXEC_SLEEP it sleeps first; with
-# $FAKE_EXEC_HOLD it answers only once that file exists (or $FAKE_EXEC_DIR is gone).
+# $FAKE_EXEC_HOLD it answers only once that file exists (or $FAKE_EXEC_DIR is gone); with
+# $FAKE_EXEC_STATUS its status is that JSON text.
 set -eu
 dir=$FAKE_EXEC_DIR
 n=$(( $(cat "$dir/exec-runs" 2>/dev/null || echo 0) + 1 ))
@@ -29,6 +30,10 @@ if [ -n "${FAKE_EXEC_FAIL:-}" ]; then
 	exit 1
 fi
 api=$(printf '%s' "$KUBERNETES_EXEC_INFO" | sed 's/.*"apiVersion" *: *"\([^"]*\)".*/\1/')
+if [ -n "${FAKE_EXEC_STATUS:-}" ]; then
+	printf '{"apiVersion":"%s","kind":"ExecCredential","status":%s}\n' "$api" "$FAKE_EXEC_STATUS"
+	exit 0
+fi
 expiry=""
 if [ -n "${FAKE_EXEC_EXPIRES:-}" ]; then
 	expiry=",\"expirationTimestamp\":\"$FAKE_EXEC_EXPIRES\""

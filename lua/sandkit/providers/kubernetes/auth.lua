@@ -201,9 +201,13 @@ local function exec_credential(exec, operation, beat)
     if status.token:find("[%c ]") then return bad("its token is not a header value") end
     cred.token = status.token
   end
-  if type(status.clientCertificateData) == "string" and type(status.clientKeyData) == "string" then
-    cred.cert, cred.key = status.clientCertificateData, status.clientKeyData
+  local has_cert = type(status.clientCertificateData) == "string" and status.clientCertificateData ~= ""
+  local has_key = type(status.clientKeyData) == "string" and status.clientKeyData ~= ""
+  if has_cert ~= has_key then
+    return bad(has_cert and "it has clientCertificateData without clientKeyData"
+      or "it has clientKeyData without clientCertificateData")
   end
+  if has_cert then cred.cert, cred.key = status.clientCertificateData, status.clientKeyData end
   if not cred.token and not cred.cert then return bad("it has neither a token nor a certificate") end
   if status.expirationTimestamp ~= nil then
     cred.expires = time.parse_rfc3339(status.expirationTimestamp)

@@ -7,8 +7,10 @@
 -- Which file: `kubeconfig`, else $KUBECONFIG (a colon list, merged: the first file that names
 -- a cluster, user or context defines it, and the first current-context wins), else
 -- ~/.kube/config; when none exists and KUBERNETES_SERVICE_HOST is set, the service account
--- (its token, ca.crt and namespace under service_account_dir). Paths in a file are relative to
--- that file. Refused, naming the field, rather than ignored: insecure-skip-tls-verify,
+-- (its token, ca.crt and namespace under service_account_dir; $POD_NAMESPACE before the
+-- namespace file, as client-go reads them). Paths in a file are relative to that file, and so
+-- is an exec plugin's command that holds a '/' (client-go's rule; one without is looked up in
+-- PATH). Refused, naming the field, rather than ignored: insecure-skip-tls-verify,
 -- auth-provider, username/password, impersonation, proxy-url.
 
 local core = require "sandkit.core"
@@ -150,7 +152,10 @@ local function check_server(server, where)
   return (server:gsub("/+$", ""))
 end
 
-local function exec_spec(exec, where)
+--- The extension of a cluster that client-go hands exec plugins as spec.cluster.config.
+local EXEC_EXTENSION = "client.authentication.k8s.io/exec"
+
+local function exec_spec(exec, where, dir)
   local api = exec.apiVersion
   if api ~= "client.authentication.k8s.io/v1" and api ~= "client.authentication.k8s.io/v1beta1" then
     return nil, refused(where .. ".exec.apiVersion " .. tostring(api) .. " is not "
@@ -159,6 +164,8 @@ local function exec_spec(exec, where)
   if type(exec.command) ~= "string" or exec.command == "" then
     return nil, refused(where .. ".exec.command is missing")
   end
+  local command = exec.command
+  if command:find("/", 1, true) then command = resolve(dir, command) end
   -- sandkit never has a terminal to give a plugin that insists on one.
   if exec.interactiveMode == "Always" then
     return nil, refused(where .. ".exec.interactiveMode is Always; sandkit runs plugins without a terminal")
@@ -174,7 +181,7 @@ local function exec_spec(exec, where)
     end
     env[#env + 1] = { e.name, e.value }
   end
-  return { api_version = api, command = exec.command, args = args, env = env,
+  return { api_version = api, command = command, args = args, env = env,
     provide_cluster_info = exec.provideClusterInfo == true }
 end
 
@@ -211,7 +218,7 @@ local function user_spec(entry, where)
   end
   if user.exec ~= nil then
     if type(user.exec) ~= "table" then return nil, refused(where .. ".exec is not a mapping") end
-    spec.exec, err = exec_spec(user.exec, where)
+    spec.exec, err = exec_spec(user.exec, where, entry.dir)
     if not spec.exec then return nil, err end
   end
   return spec
@@ -264,6 +271,10 @@ local function from_files(paths, context_name)
   if spec.exec and spec.exec.provide_cluster_info then
     spec.exec.cluster = { server = server, ["tls-server-name"] = cfg.tls_server_name,
       ["certificate-authority-data"] = cfg.ca_pem and core.b64encode(cfg.ca_pem) or nil }
+    -- The cluster's own words for its plugin, passed on as they are.
+    for _, ext in ipairs(type(c.extensions) == "table" and c.extensions or {}) do
+      if type(ext) == "table" and ext.name == EXEC_EXTENSION then spec.exec.cluster.config = ext.extension end
+    end
   end
   cfg.auth = auth.new(spec)
   if type(context.value.namespace) == "string" and context.value.namespace ~= "" then
@@ -285,8 +296,13 @@ local function in_cluster(dir)
   end
   local cfg = { server = "https://" .. host .. ":" .. port, ca_pem = ca, source = dir,
     auth = auth.new{ token_file = dir .. "/token" } }
-  local ns = read_file(dir .. "/namespace", 1024)
-  if ns and ns:match("^%s*[%w%-%.]+%s*$") then cfg.namespace = ns:match("^%s*(.-)%s*$") end
+  local pod_ns = os.getenv("POD_NAMESPACE")
+  if pod_ns and pod_ns ~= "" then
+    cfg.namespace = pod_ns
+  else
+    local ns = read_file(dir .. "/namespace", 1024)
+    if ns and ns:match("^%s*[%w%-%.]+%s*$") then cfg.namespace = ns:match("^%s*(.-)%s*$") end
+  end
   return cfg
 end
 
