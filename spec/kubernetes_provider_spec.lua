@@ -238,14 +238,14 @@ describe("a kubernetes sandbox", function()
     end
   end)
 
-  it("offers files, jobs, reconnect and list, and refuses preview, pause and snapshot without a call", function()
+  it("offers files, jobs, reconnect, list and pause/resume, and refuses preview and snapshot without a call", function()
     local sb = assert(cluster:sandbox{})
     assert.same({ files = true, jobs = true, reconnect = true, list = true, preview = false,
-      pause_resume = false, snapshot = false }, sb:capabilities())
+      pause_resume = true, snapshot = false }, sb:capabilities())
     local session = assert(sb:create{ id = "caps-1" })
     local before = #cluster:requests()
-    for _, call in ipairs{ function() return session:preview(8080) end, function() return session:pause() end,
-        function() return session:resume() end, function() return session:snapshot() end } do
+    for _, call in ipairs{ function() return session:preview(8080) end,
+        function() return session:snapshot() end } do
       local ok, err = call()
       assert.is_nil(ok)
       assert.equal("OPERATION_NOT_SUPPORTED", err.code)
@@ -415,19 +415,6 @@ describe("a kubernetes sandbox under faults", function()
     assert.equal("terminated", assert(sb:list())[1].state)
   end)
 
-  it("fails at once on WarmPoolNotFound, naming it, and deletes its claim", function()
-    local sb = start{ pools = {}, sandbox = { ready_timeout = 30 } }
-    local started = wait.now()
-    local session, err = sb:create{ id = "nopool-1" }
-    assert.is_nil(session)
-    assert.is_true(wait.now() - started < 10, "it did not wait for the timeout")
-    assert.equal("INVALID_INPUT", err.code)
-    assert.equal("warm_pool", err.field)
-    assert.equal("WarmPoolNotFound", err.reason)
-    assert.matches('SandboxWarmPool "py%-pool" not found', err.message)
-    assert.is_nil(claim_of(cluster, "nopool-1"))
-  end)
-
   it("gives up on a claim never Ready at ready_timeout, saying what it last saw, and deletes it", function()
     local sb = start{ pools = { ["py-pool"] = { never_ready = true } }, sandbox = { ready_timeout = 1.5 } }
     local session, err = sb:create{ id = "never-1" }
@@ -585,7 +572,6 @@ describe("a kubernetes sandbox whose claim cannot become ready", function()
   -- Every Ready=False reason agent-sandbox does not recover from, with the code and field it
   -- becomes.
   local REASONS = {
-    { "TemplateNotFound", "INVALID_INPUT", "warm_pool" },
     { "InvalidMetadata", "INVALID_INPUT" },
     { "EnvVarsInjectionRejected", "INVALID_INPUT" },
     { "VolumeClaimTemplatesError", "INVALID_INPUT" },

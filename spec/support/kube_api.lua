@@ -28,7 +28,8 @@
 --                                    202 Accepted
 --   list_fail = { [page] = 503 | "html" }      a list page answers a Status 503 or a 502 page
 --   page_size = n                    list pages hold at most n items whatever the limit
---                                    (Kubernetes may answer fewer than asked, continue set)
+--                                    (Kubernetes may answer fewer than asked, continue set);
+--                                    a list without a limit is whole
 --   expire_continue = n              the first n lists given a continue token answer 410
 --                                    Expired, as once etcd compacted past the token
 --   patch_conflict = n               the first n patches answer 409 Conflict, as when the
@@ -327,7 +328,8 @@ function kube_api.scenario(config)
       return status(conn, fail, "ServiceUnavailable", "the server is currently unable to handle the request")
     end
     local limit = tonumber(q.limit or "") or 0
-    if faults.page_size and (limit == 0 or limit > faults.page_size) then limit = faults.page_size end
+    -- A list without a limit is never paged.
+    if faults.page_size and limit > faults.page_size then limit = faults.page_size end
     local items = {}
     local more = false
     for _, name in ipairs(names) do
@@ -371,7 +373,7 @@ function kube_api.scenario(config)
       end
     else
       for _, event in ipairs(S.log) do
-        if event.rv > from and matches(w, resource, event.object) then w.queue[#w.queue + 1] = event end
+        if event.rv > from and matches(w, event.resource, event.object) then w.queue[#w.queue + 1] = event end
       end
     end
     S.watchers[w] = true

@@ -23,8 +23,12 @@
 -- id, listening on 127.a.b.c:8971 (the pod IP), a and b from the fake's process id so that
 -- runs of the suite side by side use different addresses.
 --
--- pools: { [name] = { replicas = 1, bind_delay, ready_delay, never_ready, expire_before_ready,
---   fail_reason, template_missing, foreign_owner, foreign_pod_owner, pod_name_annotation } }
+-- pools: { [name] = { replicas = 1 (warm Sandboxes kept), bind_delay, ready_delay,
+--   never_ready (pods Running, never Ready), end_phase = "Failed" | "Succeeded" (pods end so
+--   once Running, as a container that exits), expire_before_ready, fail_reason (a Ready=False
+--   reason the claim gets instead of a Sandbox), template_missing (TemplateNotFound),
+--   foreign_owner (the Sandbox's controller is another claim), foreign_pod_owner (the pod's is
+--   another Sandbox), pod_name_annotation (the pod named <sandbox>-pod, as the annotation says) } }
 
 local cqueues = require "cqueues"
 local core = require "sandkit.core"
@@ -317,6 +321,11 @@ function ctl_mt:start_pod(sandbox, name, pool)
   pod.status.conditions[#pod.status.conditions + 1] = { type = "Ready", status = "False" }
   self.objects.put("pods", pod, "MODIFIED")
   self:sync(sandbox)
+  if pool and pool.end_phase then
+    cqueues.sleep(STEP)
+    self:end_pod(ns, name, pool.end_phase)
+    return pod
+  end
   if pool and pool.never_ready then return pod end
   cqueues.sleep(pool and pool.ready_delay or STEP)
   if self.objects.get("pods", ns, name) ~= pod then return nil end

@@ -5,13 +5,18 @@
 --   local client = api.new(cfg, { timeout = 30 })    -- cfg from sandkit.providers.kubernetes.kubeconfig
 --   client:call{ operation =, verb = "get", resource = "sandboxclaims", namespace =, name =,
 --                method = "GET", path =, query = { {k, v}… }, body = <table>, once = bool,
---                absent_on_404 = bool }       -- decoded answer | nil (absent) | nil, err
+--                content_type = "application/json", absent_on_404 = bool, max_body = bytes }
+--                                             -- decoded answer | nil (absent) | nil, err
 --   client:watch{ … same, plus deadline }     -- response (stream) | nil, err
 --   client:target(path, headers, operation)   -- a protocol target for the API server's proxy
 --
 -- Authentication failures get one more try: a 401 makes the credential source read its token
 -- file or run its exec plugin again, and when that changed anything the request goes once
 -- more (a 401 is answered before the server does anything).
+--
+-- agent-sandbox's resources are served at v1beta1 from its v0.5.0 on. A 404 that names no
+-- object is the API server not serving the path at all: the error says which agent-sandbox
+-- the cluster has, from its API group's discovery document.
 
 local errors = require "sandkit.errors"
 local http = require "sandkit.http"
@@ -23,6 +28,9 @@ local api = {}
 api.CLAIMS = "/apis/extensions.agents.x-k8s.io/v1beta1"
 api.SANDBOXES = "/apis/agents.x-k8s.io/v1beta1"
 api.CORE = "/api/v1"
+--- The release of agent-sandbox whose API sandkit speaks, and where its version is told.
+api.AGENT_SANDBOX_FLOOR = "v0.5.0"
+api.EXTENSIONS_GROUP = "/apis/extensions.agents.x-k8s.io"
 --- Seconds a call may take when the sandbox gives no bound of its own.
 api.DEFAULT_TIMEOUT = 30
 --- Seconds a connection gets to be made: an API server that does not accept by then is down.
@@ -143,7 +151,7 @@ function client_mt:authenticated(call, send, extra)
   local body
   if call.body ~= nil then
     body = json.encode(call.body)
-    headers["Content-Type"] = "application/json"
+    headers["Content-Type"] = call.content_type or "application/json"
   end
   local path = with_query(call.path, call.query)
   local retried = false
@@ -161,8 +169,36 @@ function client_mt:authenticated(call, send, extra)
   end
 end
 
+--- Whether a 404 is the API server not serving the path (its bare "could not find the
+-- requested resource", or a page), rather than an object it serves being absent (a Status
+-- whose details name it).
+local function unserved(answer)
+  local st = answer.json
+  local details = st and st.kind == "Status" and type(st.details) == "table" and st.details
+  return answer.status == 404 and not (details and details.name ~= nil)
+end
+
+--- The error for a call to an agent-sandbox path the API server does not serve, saying what
+-- its discovery document shows: an agent-sandbox older than the floor, or none.
+function client_mt:unserved_error(call, answer)
+  local group = self:call{ operation = call.operation, verb = "get", resource = "apigroups",
+    name = "extensions.agents.x-k8s.io", method = "GET", path = api.EXTENSIONS_GROUP, absent_on_404 = true,
+    discovery = true }
+  local served = {}
+  for _, v in ipairs(type(group) == "table" and type(group.versions) == "table" and group.versions or {}) do
+    if type(v) == "table" and type(v.version) == "string" then served[#served + 1] = v.version end
+  end
+  local found = #served > 0 and ("serves extensions.agents.x-k8s.io " .. table.concat(served, ", ")
+    .. " but not v1beta1: agent-sandbox is older than " .. api.AGENT_SANDBOX_FLOOR)
+    or "serves no extensions.agents.x-k8s.io API group: agent-sandbox (its extensions) is not installed"
+  return errors.new("INVALID_INPUT", { operation = call.operation, status = 404,
+    message = string.format("%s: the API server %s; sandkit needs agent-sandbox %s or later, where "
+      .. "v1beta1 first appears (Kubernetes answered 404 to %s: %s)", call.operation, found,
+      api.AGENT_SANDBOX_FLOOR, what(call), said(answer)) })
+end
+
 --- One whole call: its decoded JSON answer ({} for an empty body), nil when absent_on_404 and
--- the answer was 404, or nil and an error.
+-- the answer was 404 naming the object, or nil and an error.
 function client_mt:call(call)
   local deadline = wait.now() + (call.timeout or self.timeout)
   local answer, failure, err = self:authenticated(call, http.exchange, { deadline = deadline,
@@ -170,6 +206,9 @@ function client_mt:call(call)
   if err then return nil, err end
   if not answer then
     return nil, unanswered(call, failure, call.timeout or self.timeout, call.max_body or http.MAX_EXCHANGE_BODY)
+  end
+  if unserved(answer) and not call.discovery and call.path:find("^/apis/") then
+    return nil, self:unserved_error(call, answer)
   end
   if answer.status == 404 and call.absent_on_404 then return nil end
   if answer.status < 200 or answer.status >= 300 then return nil, api.refusal(call, answer) end
@@ -193,8 +232,10 @@ function client_mt:watch(call)
   local headers = answer:headers()
   local body = answer:read_all(math.min(call.deadline, wait.now() + self.timeout)) or ""
   local decoded = json.decode(body)
-  return nil, api.refusal(call, { status = answer.status, headers = headers, body = body,
-    json = type(decoded) == "table" and decoded or nil })
+  local whole = { status = answer.status, headers = headers, body = body,
+    json = type(decoded) == "table" and decoded or nil }
+  if unserved(whole) then return nil, self:unserved_error(call, whole) end
+  return nil, api.refusal(call, whole)
 end
 
 --- A protocol target (protocol.lua) for a request through the API server, to `path` on the

@@ -21,13 +21,22 @@ local LIST_LIMIT = 100
 --- Pages a list follows at most (100,000 claims): a server that hands out continue tokens for
 -- ever cannot keep a list going for ever.
 local MAX_LIST_PAGES = 1000
+--- Bytes of the one whole list read when a continue token expired (client-go's pager does the
+-- same): a hundred thousand claims of a few hundred bytes each.
+local MAX_FULL_LIST = 64 * 1024 * 1024
 
---- Ready=False reasons agent-sandbox does not recover from: waiting for them is waiting for
--- nothing. The value says what the reason means for the caller.
+--- Ready=False reasons of a claim or its Sandbox (forwarded, agent-sandbox v0.5) that a wait
+-- for it to serve cannot outlast. The value says what the reason means for the caller:
+-- "config", the installation refuses the claim; "missing", its pool or template does not
+-- exist yet (agent-sandbox tries again every minute and when the pool appears, so it is
+-- waited for within pool_grace); "ended", the session is over (expired, or its pod ended and
+-- is not made again); "broken", the Sandbox cannot choose its pod; "paused", suspended by its
+-- operatingMode.
 claims.TERMINAL = {
-  WarmPoolNotFound = "config", TemplateNotFound = "config", InvalidMetadata = "config",
+  WarmPoolNotFound = "missing", TemplateNotFound = "missing", InvalidMetadata = "config",
   EnvVarsInjectionRejected = "config", VolumeClaimTemplatesError = "config",
-  ClaimExpired = "expired", SandboxExpired = "expired",
+  ClaimExpired = "ended", SandboxExpired = "ended", PodFailed = "ended", PodSucceeded = "ended",
+  MultiplePods = "broken", SandboxSuspended = "paused",
 }
 local TERMINAL = claims.TERMINAL
 
@@ -70,8 +79,10 @@ end
 
 --- Calls `each(object)` for every object of a collection that `query` selects, following
 -- continue until it is empty (a page may hold fewer items than `limit` and still not be the
--- last): true | nil, err.
-function methods:each_listed(operation, resource, query, each)
+-- last): true | nil, err. A continue token the server no longer honours (410, once etcd
+-- compacted past it) ends the paging: `reset()` forgets what the pages so far gave, and one
+-- whole list gives everything again, as client-go's pager does.
+function methods:each_listed(operation, resource, query, each, reset)
   local continue
   for _ = 1, MAX_LIST_PAGES do
     local q = {}
@@ -80,6 +91,12 @@ function methods:each_listed(operation, resource, query, each)
     if continue then q[#q + 1] = { "continue", continue } end
     local page, err = self.api:call{ operation = operation, verb = "list", resource = resource,
       namespace = self.namespace, method = "GET", path = self:path(resource), query = q }
+    if not page and err.status == 410 and continue then
+      reset()
+      page, err = self.api:call{ operation = operation, verb = "list", resource = resource,
+        namespace = self.namespace, method = "GET", path = self:path(resource), query = query,
+        max_body = MAX_FULL_LIST }
+    end
     if not page then return nil, err end
     if type(page.items) ~= "table" then
       return nil, errors.unexpected(operation, "items", "the " .. resource .. " list has no items")
@@ -106,12 +123,26 @@ function methods:owns(claim)
     and pool == self.warm_pool
 end
 
-local function ready_condition(claim)
+local function find_condition(claim, ctype)
   local status = type(claim.status) == "table" and claim.status or {}
   if type(status.conditions) ~= "table" then return nil end
   for _, c in ipairs(status.conditions) do
-    if type(c) == "table" and c.type == "Ready" then return c end
+    if type(c) == "table" and c.type == ctype then return c end
   end
+end
+
+local function ready_condition(claim)
+  return find_condition(claim, "Ready")
+end
+
+--- Why a claim cannot serve now, and what kind of reason that is (TERMINAL's), or nil: its
+-- Finished condition (its pod ended, mirrored from the Sandbox), else a Ready=False reason of
+-- TERMINAL's.
+local function stopped(claim)
+  local finished = find_condition(claim, "Finished")
+  if finished and finished.status == "True" then return tostring(finished.reason or "Finished"), "ended" end
+  local c = ready_condition(claim)
+  if c and c.status == "False" and TERMINAL[c.reason] then return c.reason, TERMINAL[c.reason] end
 end
 
 --- What a claim says about itself, for "last seen".
@@ -125,14 +156,22 @@ local function describe(claim)
     if type(c.message) == "string" and c.message ~= "" then text = text .. ": " .. c.message end
     text = text .. ")"
   end
+  local finished = find_condition(claim, "Finished")
+  if finished and finished.status == "True" and finished.reason ~= c.reason then
+    text = text .. ", Finished (" .. tostring(finished.reason) .. ")"
+  end
   return text
 end
 
---- The session state a claim stands for.
+--- The session state a claim stands for: terminated once it is being deleted, expired or its
+-- pod ended; paused while suspended; running when Ready; starting otherwise (a Sandbox that
+-- cannot choose its pod too: an operator may yet remove one).
 local function claim_state(claim)
   if meta(claim).deletionTimestamp then return "terminated" end
+  local _, kind = stopped(claim)
+  if kind == "ended" then return "terminated" end
+  if kind == "paused" then return "paused" end
   local c = ready_condition(claim)
-  if c and c.status == "False" and TERMINAL[c.reason] == "expired" then return "terminated" end
   if c and c.status == "True" then return "running" end
   return "starting"
 end
@@ -260,12 +299,12 @@ function methods:bulk_lookup(operation, wanted)
       local pod_name = pod_name_of(sandbox, name)
       if type(pod_name) == "string" then pods_wanted[pod_name] = true end
     end
-  end)
+  end, function() found.sandboxes, pods_wanted = {}, {} end)
   if not ok then return nil, err end
   if next(pods_wanted) then
     ok, err = self:each_listed(operation, "pods", {}, function(pod)
       if pods_wanted[meta(pod).name] then found.pods[meta(pod).name] = pod end
-    end)
+    end, function() found.pods = {} end)
     if not ok then return nil, err end
   end
   return function(resource, name) return found[resource][name] end
@@ -273,6 +312,7 @@ end
 
 claims.dns_label, claims.dns_subdomain = dns_label, dns_subdomain
 claims.meta, claims.ready_condition, claims.describe = meta, ready_condition, describe
+claims.stopped, claims.controlled_by = stopped, controlled_by
 claims.claim_state, claims.sandbox_name, claims.pod_name_of = claim_state, sandbox_name, pod_name_of
 
 return claims

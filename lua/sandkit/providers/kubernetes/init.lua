@@ -13,7 +13,12 @@
 --     lifetime = 3600,               -- seconds: the claim's shutdownTime, policy Delete (a
 --                                    -- create{ lifetime = S } sets one claim's own)
 --     ready_timeout = 180, ready_interval = 0.5, capability_lifetime = 300, api_timeout = 30,
+--     pool_grace = 30,               -- seconds a claim waits for its missing pool or template
+--     keepalive = 30 via "apiserver" and "router", else none (seconds; false: none),
 --     header_timeout, grace, error_body_timeout, body_timeout, connect_timeout, command_timeout }
+--
+-- Sessions can be paused and resumed: the Sandbox's spec.operatingMode (agent-sandbox v0.5)
+-- takes the pod away and keeps the Sandbox; a resumed session runs on a new pod.
 --
 -- Ownership: a claim is this sandbox's when it carries app.kubernetes.io/managed-by=sandkit
 -- and names this warm pool; its Sandbox (status.sandbox.name) must have the claim as its
@@ -42,7 +47,8 @@ local kubernetes = {}
 kubernetes.OPTIONS = { warm_pool = true, namespace = true, kubeconfig = true, context = true,
   service_account_dir = true, signing_key = true, key_id = true, transport = true,
   router_url = true, router_token = true, agent_port = true, lifetime = true,
-  ready_timeout = true, ready_interval = true, capability_lifetime = true, api_timeout = true }
+  ready_timeout = true, ready_interval = true, capability_lifetime = true, api_timeout = true,
+  pool_grace = true }
 
 --- Options `create{}` takes besides id and env: a claim's own lifetime, in seconds.
 kubernetes.CREATE_OPTIONS = { lifetime = true }
@@ -69,6 +75,8 @@ kubernetes.CLI_OPTIONS = {
     help = "seconds a claim lives (default 3600); after create or run, that claim's own" },
   { flag = "ready-timeout", arg = "S", option = "ready_timeout", convert = options_check.flag.seconds,
     help = "seconds a claim gets to serve (default 180)" },
+  { flag = "pool-grace", arg = "S", option = "pool_grace", convert = options_check.flag.seconds,
+    help = "seconds a claim waits for a missing warm pool or template (default 30)" },
   { flag = "capability-lifetime", arg = "S", option = "capability_lifetime",
     convert = options_check.flag.seconds,
     help = "seconds a capability lives (default 300, at most 900)" },
@@ -87,11 +95,14 @@ local DEFAULTS = {
   lifetime = 3600,       -- seconds a claim lives unless terminated first
   ready_timeout = 180,   -- seconds from claim to a ready agent: a cold start pulls an image
   ready_interval = 0.5,  -- seconds between agent health probes
+  -- Seconds a claim waits for a pool or template that does not exist: agent-sandbox takes
+  -- such a claim up again when the pool appears (and every minute), so one being applied
+  -- alongside is worth a wait, and a misspelt name is said within half a minute.
+  pool_grace = 30,
 }
 
 local REFUSALS = {
   preview = "agent-sandbox pods have no preview endpoint; expose a port with a Service of your own",
-  pause_resume = "a SandboxClaim cannot be paused; it lives until terminated or its lifetime ends",
   snapshot = "agent-sandbox takes no snapshots of a claimed pod",
 }
 
@@ -130,6 +141,12 @@ local function check_options(options)
   if transport ~= "direct" and transport ~= "apiserver" and transport ~= "router" then
     return bad("transport", "transport is \"direct\", \"apiserver\" or \"router\"")
   end
+  -- The router takes the Sandbox's name (<pool>-xxxxx for a warm one) as X-Sandbox-ID only when
+  -- it is a DNS label, and answers 400 otherwise: such a pool's sessions would be unreachable.
+  if transport == "router" and options.warm_pool:find(".", 1, true) then
+    return bad("warm_pool", "the router transport needs a warm pool whose name holds no '.': the "
+      .. "router takes a Sandbox's name (<pool>-xxxxx) only as a DNS label")
+  end
   local router_url
   if transport == "router" then
     if type(options.router_url) ~= "string" or not options.router_url:match("^https?://[^/?#@%s]+[^?#%s]*$") then
@@ -145,7 +162,7 @@ local function check_options(options)
   if not port then return nil, refused end
   local times
   times, refused = options_check.each(options_check.seconds, "sandkit.sandbox", options,
-    { "ready_timeout", "ready_interval", "api_timeout" }, DEFAULTS)
+    { "ready_timeout", "ready_interval", "api_timeout", "pool_grace" }, DEFAULTS)
   if not times then return nil, refused end
   times.lifetime, refused = options_check.whole_seconds("sandkit.sandbox", options, "lifetime", DEFAULTS.lifetime)
   if not times.lifetime then return nil, refused end
@@ -198,7 +215,7 @@ end
 
 function provider_mt:capabilities()
   return { files = true, jobs = true, reconnect = true, list = true, preview = false,
-    pause_resume = false, snapshot = false }
+    pause_resume = true, snapshot = false }
 end
 
 return kubernetes

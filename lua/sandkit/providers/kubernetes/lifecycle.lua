@@ -20,7 +20,6 @@ lifecycle.NONCE_ANNOTATION = "sandkit.dev/nonce"
 local LAST_SHUTDOWN_TIME = 253402300799
 
 local meta, ready_condition, describe = claims.meta, claims.ready_condition, claims.describe
-local TERMINAL = claims.TERMINAL
 
 local function hex(n)
   return (core.random(n):gsub(".", function(c) return string.format("%02x", c:byte()) end))
@@ -38,40 +37,73 @@ function methods:delete_claim(id, uid, operation)
   return true
 end
 
-local function terminal_error(operation, claim)
-  local c = ready_condition(claim)
-  local kind = TERMINAL[c.reason]
+--- What waits on a claim say of a reason it cannot serve for (claims.stopped's): the
+-- installation's refusal is INVALID_INPUT, anything else unreachable for good.
+local function terminal_error(operation, claim, reason, kind, grace)
   local message = operation .. ": claim " .. meta(claim).name .. " cannot become ready: "
     .. describe(claim)
-  if kind == "config" then
-    return errors.new("INVALID_INPUT", { operation = operation, reason = c.reason, message = message,
-      field = (c.reason == "WarmPoolNotFound" or c.reason == "TemplateNotFound") and "warm_pool" or nil })
+  if kind == "missing" then
+    return errors.new("INVALID_INPUT", { operation = operation, reason = reason, field = "warm_pool",
+      message = message .. string.format(" for %gs (pool_grace); agent-sandbox takes the claim up again "
+        .. "once the SandboxWarmPool and its SandboxTemplate exist", grace) })
+  elseif kind == "config" then
+    return errors.new("INVALID_INPUT", { operation = operation, reason = reason, message = message })
+  elseif kind == "paused" then
+    message = message .. "; resume the session first"
   end
-  return errors.new("SANDBOX_UNREACHABLE", { operation = operation, reason = c.reason,
+  return errors.new("SANDBOX_UNREACHABLE", { operation = operation, reason = reason,
     message = message, retryable = false })
 end
 
---- Waits for a claim to be Ready, its chain to hold and its agent to answer; returns the
--- session record, or nil and an error naming what was last seen. The claim is followed through
--- a watch (watch.follow), read again wherever the watch cannot say.
-function methods:await(claim, operation)
+--- Follows a claim through a watch (watch.follow), read again wherever the watch cannot say,
+-- until `judge` (watch.follow's) stops, `deadline` passes (an error saying it did not become
+-- `goal` within ready_timeout, and what was last seen) or the claim is deleted.
+function methods:follow(claim, operation, deadline, goal, judge)
   local id = meta(claim).name
-  local deadline = wait.now() + self.times.ready_timeout
-  local pod, ready_claim = watch.follow{
-    object = claim, deadline = deadline, seen = describe(claim),
+  return watch.follow{
+    object = claim, deadline = deadline, seen = describe(claim), judge = judge,
     read = function() return self:read_claim(id, operation) end,
     open = function(query)
       return self.api:watch{ operation = operation, verb = "watch", resource = "sandboxclaims",
         namespace = self.namespace, name = id, method = "GET", path = self:claims_path(),
         deadline = deadline, query = query }
     end,
-    judge = function(current)
+    ended = function(why, seen)
+      if why == "deleted" then
+        return errors.unreachable(operation, "claim " .. id .. " was deleted while it was awaited; "
+          .. "last seen: " .. tostring(seen))
+      end
+      return errors.unreachable(operation, string.format("claim %s did not become %s within %gs; "
+        .. "last seen: %s", id, goal, self.times.ready_timeout, tostring(seen)))
+    end,
+  }
+end
+
+--- Waits for a claim to be Ready, its chain to hold and its agent to answer; returns the
+-- session record, or nil and an error naming what was last seen. The claim is followed through
+-- a watch (watch.follow), read again wherever the watch cannot say. A missing pool or template
+-- is waited for within pool_grace; a suspended Sandbox only by a resume (`resuming`), which
+-- waits for the new pod instead.
+function methods:await(claim, operation, resuming)
+  local id = meta(claim).name
+  local deadline = wait.now() + self.times.ready_timeout
+  local missing_since
+  local pod, ready_claim = self:follow(claim, operation, deadline, "ready",
+    function(current)
       local c = ready_condition(current)
       if meta(current).deletionTimestamp then
         return "stop", nil, errors.unreachable(operation, "claim " .. id .. " is being deleted")
       end
-      if c and c.status == "False" and TERMINAL[c.reason] then
-        return "stop", nil, terminal_error(operation, current)
+      local reason, kind = claims.stopped(current)
+      if kind == "missing" then
+        missing_since = missing_since or wait.now()
+        local grace_ends = missing_since + self.times.pool_grace
+        if wait.now() < grace_ends then return nil, describe(current), grace_ends end
+        return "stop", nil, terminal_error(operation, current, reason, kind, self.times.pool_grace)
+      end
+      missing_since = nil
+      if kind and not (kind == "paused" and resuming) then
+        return "stop", nil, terminal_error(operation, current, reason, kind)
       end
       local seen = describe(current)
       if not (c and c.status == "True") then return nil, seen end
@@ -81,16 +113,7 @@ function methods:await(claim, operation)
       -- The claim is Ready but its pod is not in view yet: no claim event may come, so the
       -- chain is read again shortly.
       return "again", seen .. "; " .. why
-    end,
-    ended = function(why, seen)
-      if why == "deleted" then
-        return errors.unreachable(operation, "claim " .. id .. " was deleted while it was awaited; "
-          .. "last seen: " .. tostring(seen))
-      end
-      return errors.unreachable(operation, string.format("claim %s did not become ready within %gs; "
-        .. "last seen: %s", id, self.times.ready_timeout, tostring(seen)))
-    end,
-  }
+    end)
   if not pod then return nil, ready_claim end
   return self:await_agent(id, meta(ready_claim).uid, pod, operation, deadline)
 end
@@ -228,7 +251,7 @@ function methods:list()
         local sb_name = claims.sandbox_name(claim)
         if sb_name then wanted[sb_name] = true end
       end
-    end)
+    end, function() listed, wanted = {}, {} end)
   if not ok then return nil, err end
   local lookup
   if next(wanted) then
@@ -261,6 +284,89 @@ function methods:terminate(id)
   local ok
   ok, err = self:delete_claim(id, meta(claim).uid, op)
   if not ok then return nil, errors.wrap(op, "claim " .. id .. " could not be deleted", err) end
+  return true
+end
+
+-- Pause and resume ------------------------------------------------------------------------------
+
+--- A few conflicts in a row are the controller writing the Sandbox as it is read; more say
+-- something else writes it all the time.
+local MAX_CONFLICTS = 5
+
+--- The Sandbox of a session of this sandbox, read now, and its claim: sandbox, claim | nil, err.
+function methods:owned_sandbox(id, operation)
+  local claim, err = self:read_claim(id, operation)
+  if err then return nil, err end
+  if not claim or not self:owns(claim) then return nil, errors.not_ours(operation, id) end
+  local sb_name = claims.sandbox_name(claim)
+  local sandbox
+  if sb_name then
+    sandbox, err = self:read(operation, "sandboxes", sb_name)
+    if err then return nil, err end
+  end
+  if not sandbox then
+    return nil, errors.unreachable(operation, "session '" .. id .. "' has no Sandbox yet ("
+      .. describe(claim) .. ")")
+  end
+  if not claims.controlled_by(sandbox, "SandboxClaim", meta(claim).uid) then
+    return nil, errors.not_ours(operation, id)
+  end
+  return sandbox, claim
+end
+
+--- Sets the session's Sandbox's spec.operatingMode with a merge patch carrying the
+-- resourceVersion just read, so that only the Sandbox whose chain was checked changes; a 409
+-- (written since) reads it again. Setting a mode twice is setting it once: a patch whose answer
+-- was lost may go again. Returns the claim as read before the patch, or nil and an error.
+function methods:set_mode(id, mode, operation)
+  for _ = 1, MAX_CONFLICTS do
+    local sandbox, claim = self:owned_sandbox(id, operation)
+    if not sandbox then return nil, claim end
+    local _, err = self.api:call{ operation = operation, verb = "patch", resource = "sandboxes",
+      namespace = self.namespace, name = meta(sandbox).name, method = "PATCH",
+      path = self:path("sandboxes", meta(sandbox).name), content_type = "application/merge-patch+json",
+      body = { metadata = { resourceVersion = meta(sandbox).resourceVersion },
+        spec = { operatingMode = mode } } }
+    if not err then return claim end
+    if err.status ~= 409 then
+      return nil, errors.wrap(operation, "the Sandbox of session '" .. id .. "' could not be set to " .. mode, err)
+    end
+  end
+  return nil, errors.unreachable(operation, "the Sandbox of session '" .. id .. "' changed under each of "
+    .. MAX_CONFLICTS .. " patches setting it " .. mode)
+end
+
+--- Suspends the session: agent-sandbox deletes its pod (what ran there is gone; the Sandbox and
+-- its volumes stay). Returns once the claim says so, so that get reads it paused.
+function methods:pause(record)
+  local op = "sandbox.pause"
+  local claim, err = self:set_mode(record.id, "Suspended", op)
+  if not claim then return nil, err end
+  local done
+  done, err = self:follow(claim, op, wait.now() + self.times.ready_timeout, "paused", function(current)
+    local state = claims.claim_state(current)
+    if state == "paused" then return "stop", true end
+    if state == "terminated" then
+      return "stop", nil, errors.unreachable(op, "session '" .. record.id .. "' ended while it was being "
+        .. "paused: " .. describe(current), { retryable = false })
+    end
+    return nil, describe(current)
+  end)
+  if not done then return nil, err end
+  record.state, record.pod = "paused", nil
+  return true
+end
+
+--- Resumes the session on a new pod (a new UID and address: every request reads it again) and
+-- returns once its agent serves.
+function methods:resume(record)
+  local op = "sandbox.resume"
+  local claim, err = self:set_mode(record.id, "Running", op)
+  if not claim then return nil, err end
+  local fresh
+  fresh, err = self:await(claim, op, true)
+  if not fresh then return nil, err end
+  for k, v in pairs(fresh) do record[k] = v end
   return true
 end
 

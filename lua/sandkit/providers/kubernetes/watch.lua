@@ -110,9 +110,11 @@ end
 --   spec.read()             -> object | nil (gone) | nil, err: a fresh GET
 --   spec.open(query)        -> response | nil, err: a watch request with `query` (a list of
 --                              { name, value } pairs selecting the object from its version)
---   spec.judge(object)      -> nil, seen (wait on) | "again", seen (read again shortly: what
---                              changes next may not be the object) | "stop", ... (follow
---                              returns the rest); `seen` says what the object says of itself
+--   spec.judge(object)      -> nil, seen [, recheck] (wait on; by `recheck`, a wait.now() time,
+--                              judge the same object again even if nothing changed) |
+--                              "again", seen (read again shortly: what changes next may not
+--                              be the object) | "stop", ... (follow returns the rest); `seen`
+--                              says what the object says of itself
 --   spec.ended(why, seen)   -> the error for "timeout" (the deadline passed) or "deleted"
 --   spec.seen               what the object said of itself when it was read
 --   spec.deadline           absolute, wait.now()'s clock
@@ -120,7 +122,7 @@ end
 function watch.follow(spec)
   local object, deadline = spec.object, spec.deadline
   local name, rv = meta(object).name, meta(object).resourceVersion
-  local seen, stream, quick, changed = spec.seen, nil, 0, true
+  local seen, stream, quick, changed, recheck = spec.seen, nil, 0, true, nil
   local function close()
     if stream then stream:close() end
     stream = nil
@@ -156,8 +158,10 @@ function watch.follow(spec)
         close()
         return unpack(verdict, 2, verdict.n)
       end
-      seen = verdict[2]
+      seen, recheck = verdict[2], verdict[3]
       if verdict[1] == "again" then ok, err = reread(true) end
+    elseif recheck and wait.now() >= recheck then
+      recheck, changed = nil, true
     elseif not stream then
       local resp
       resp, err = spec.open(watch_query(name, rv, deadline))
@@ -169,10 +173,13 @@ function watch.follow(spec)
         ok, err = reread(err.status ~= 410)
       end
     else
-      local event, kind, detail = stream:next(deadline)
+      local event, kind, detail = stream:next(recheck and math.min(recheck, deadline) or deadline)
       local obj = event and type(event.object) == "table" and event.object or {}
       if not event then
-        if kind ~= "timeout" then
+        if kind == "timeout" then
+          -- The reader is closed: a recheck watches again after judging.
+          stream = nil
+        else
           if kind ~= "ended" then seen = tostring(seen) .. " (the watch " .. kind .. ": " .. tostring(detail) .. ")" end
           ok, err = reread(kind ~= "ended")
         end
