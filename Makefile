@@ -3,6 +3,8 @@
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
 #   make                     builds build/<lua>/sandkit/core.so (for Lua 5.4 and for LuaJIT) and
 #                            build/sandkit-agent
+#   make agent               builds build/sandkit-agent alone: a C compiler, libevent's and
+#                            libcrypto's headers, no Lua or libcurl (deploy/agent/Containerfile)
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
 #                            under Lua 5.4 and, where the interpreter matters, under LuaJIT
 #                            (test and test-luajit)
@@ -11,6 +13,7 @@
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                installs what the demo needs, builds, runs examples/quickstart.lua
 #                            against a local session
+#   make kube-example        runs examples/kubernetes.lua against the specs' fake cluster
 #   make bench               runs the benchmarks in bench/
 #   make fuzz                runs every libFuzzer target in tools/fuzz/
 #   make abuse               attacks a real agent (tools/abuse/) and reports what it cost
@@ -88,15 +91,17 @@ AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 
-LUA_FILES := $(shell find lua -name '*.lua' | sort)
+LUA_FILES := $(shell find lua -name '*.lua' 2>/dev/null | sort)
 
-.PHONY: all deps test test-luajit test-times check check-asan demo bench fuzz abuse soak install clean lint rock \
+.PHONY: all agent kube-example deps test test-luajit test-times check check-asan demo bench fuzz abuse soak install clean lint rock \
         jit-core
 
 all: $(CORE_SO) $(AGENT_BIN) $(JIT_CORE)
 
 jit-core:
 	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so
+
+agent: $(AGENT_BIN)
 
 $(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) $(COMMON_H) | $(MODDIR)/obj
 	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
@@ -187,6 +192,12 @@ demo:
 	$(MAKE) all
 	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) examples/quickstart.lua
+
+# examples/kubernetes.lua against the specs' fake cluster (tools/fake_cluster.lua), no real one.
+kube-example: all
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;./spec/?.lua;;' \
+	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) tools/fake_cluster.lua \
+	  $(LUA) examples/kubernetes.lua @pool@ @key@ @key_id@ @namespace@
 
 bench:
 	@sh tools/bootstrap.sh bench

@@ -1,6 +1,9 @@
--- deploy/kubernetes/ as it is shipped: the Role is enough for everything the provider does
--- over each transport (and holds nothing of pods/exec), and the template's agent command is a
--- real sandkit-agent invocation that answers its readiness probe and the tokens for its UID.
+-- deploy/ as it is shipped: the Role is enough for everything the provider does over each
+-- transport (and holds nothing of pods/exec); the template's agent command is a real
+-- sandkit-agent invocation that answers its readiness probe and the tokens for its UID; the
+-- NetworkPolicy's peers admit the router where agent-sandbox runs it and the client Deployment,
+-- and no one else; the key ring and signing key reach the pods as documented; and the agent
+-- image's Containerfile builds the agent alone and installs what it links against.
 
 local cjson = require "cjson"
 local core = require "sandkit.core"
@@ -11,6 +14,7 @@ local files = require "support.files"
 local kube_cluster = require "support.kube_cluster"
 local processes = require "support.processes"
 local raw = require "support.raw_http"
+local tls = require "support.tls"
 
 local function manifests(name)
   return lyaml.load(assert(files.read("deploy/kubernetes/" .. name)), { all = true })
@@ -31,6 +35,229 @@ local function allowed(roles)
   return set
 end
 
+--- Where agent-sandbox runs its router: the namespace its manifests install to, and the label
+-- its own default NetworkPolicy admits the router by (extensions/controllers/
+-- sandboxtemplate_controller.go, buildDefaultNetworkPolicySpec, v0.5).
+local ROUTER = { namespace = "agent-sandbox-system", labels = { app = "sandbox-router" } }
+local AGENT_PORT = 8971
+
+--- Whether a label selector ({ matchLabels, matchExpressions }) selects `labels`; an empty
+-- one selects everything, as Kubernetes reads it.
+local function selects(selector, labels)
+  for k, v in pairs(selector.matchLabels or {}) do
+    if labels[k] ~= v then return false end
+  end
+  for _, e in ipairs(selector.matchExpressions or {}) do
+    local have, listed = labels[e.key], {}
+    for _, v in ipairs(e.values or {}) do listed[v] = true end
+    if (e.operator == "In" and not listed[have]) or (e.operator == "NotIn" and listed[have])
+        or (e.operator == "Exists" and have == nil) or (e.operator == "DoesNotExist" and have ~= nil) then
+      return false
+    end
+  end
+  return true
+end
+
+local function ipv4(text)
+  local a, b, c, d = text:match("^(%d+)%.(%d+)%.(%d+)%.(%d+)$")
+  return a and ((tonumber(a) * 256 + tonumber(b)) * 256 + tonumber(c)) * 256 + tonumber(d)
+end
+
+local function in_cidr(ip, cidr)
+  local base, bits = cidr:match("^(.+)/(%d+)$")
+  local n, b = ipv4(ip), base and ipv4(base)
+  if not n or not b then return false end
+  local size = 2 ^ (32 - tonumber(bits))
+  return math.floor(n / size) == math.floor(b / size)
+end
+
+--- Whether one NetworkPolicy peer admits `source`: { ip } or { namespace, labels } (a pod;
+-- its namespace carries the kubernetes.io/metadata.name label Kubernetes sets on every one),
+-- for a policy of namespace `ns`. A pod selector alone means pods of the policy's namespace.
+local function peer_admits(peer, source, ns)
+  if peer.ipBlock then
+    if not source.ip or not in_cidr(source.ip, peer.ipBlock.cidr) then return false end
+    for _, except in ipairs(peer.ipBlock.except or {}) do
+      if in_cidr(source.ip, except) then return false end
+    end
+    return true
+  end
+  if not source.namespace then return false end
+  if peer.namespaceSelector then
+    if not selects(peer.namespaceSelector, { ["kubernetes.io/metadata.name"] = source.namespace }) then
+      return false
+    end
+  elseif source.namespace ~= ns then
+    return false
+  end
+  return peer.podSelector == nil or selects(peer.podSelector, source.labels or {})
+end
+
+--- Whether ingress rules of a policy of namespace `ns` admit `source` to `port` (TCP).
+local function admits(rules, source, port, ns)
+  for _, rule in ipairs(rules or {}) do
+    local port_ok = rule.ports == nil
+    for _, p in ipairs(rule.ports or {}) do
+      if (p.protocol or "TCP") == "TCP" and p.port == port then port_ok = true end
+    end
+    local from_ok = rule.from == nil
+    for _, peer in ipairs(rule.from or {}) do
+      if peer_admits(peer, source, ns) then from_ok = true end
+    end
+    if port_ok and from_ok then return true end
+  end
+  return false
+end
+
+describe("deploy/kubernetes's NetworkPolicies", function()
+  local template = manifests("sandbox-template.yaml")[1]
+  local ns = template.metadata.namespace
+  local rules = template.spec.networkPolicy.ingress
+  local client = manifests("client-deployment.yaml")[1]
+  local client_pod = { namespace = client.metadata.namespace, labels = client.spec.template.metadata.labels }
+
+  it("admit agent-sandbox's router where it runs and the client Deployment's pods, on the agent's port", function()
+    assert.is_true(admits(rules, ROUTER, AGENT_PORT, ns), "the router")
+    assert.is_true(admits(rules, client_pod, AGENT_PORT, ns), "the client Deployment")
+    assert.is_false(admits(rules, ROUTER, 22, ns))
+    assert.is_false(admits(rules, client_pod, 22, ns))
+  end)
+
+  it("admit no one else: a pod labelled as the router elsewhere, another pod of the namespace, the API server",
+      function()
+    assert.is_false(admits(rules, { namespace = ns, labels = ROUTER.labels }, AGENT_PORT, ns))
+    assert.is_false(admits(rules, { namespace = "tenant", labels = ROUTER.labels }, AGENT_PORT, ns))
+    assert.is_false(admits(rules, { namespace = ROUTER.namespace, labels = { app = "anything-else" } },
+      AGENT_PORT, ns))
+    assert.is_false(admits(rules, { namespace = ns, labels = { ["app.kubernetes.io/name"] = "sandkit-sandbox" } },
+      AGENT_PORT, ns), "a sandbox reaching its neighbours")
+    assert.is_false(admits(rules, { namespace = "elsewhere", labels = client_pod.labels }, AGENT_PORT, ns))
+    assert.is_false(admits(rules, { ip = "10.0.0.7" }, AGENT_PORT, ns))
+  end)
+
+  it("admit the API server's pods proxy with sandbox-apiserver-ingress.yaml, once its addresses are given", function()
+    local text = assert(files.read("deploy/kubernetes/sandbox-apiserver-ingress.yaml"))
+    assert.truthy(text:find("cidr: REPLACE-WITH-CONTROL-PLANE-CIDR", 1, true), "unfilled, it cannot apply")
+    local policy = lyaml.load((text:gsub("REPLACE%-WITH%-CONTROL%-PLANE%-CIDR", "10.0.0.0/24")))
+    assert.equal(ns, policy.metadata.namespace)
+    assert.is_true(selects(policy.spec.podSelector, template.spec.podTemplate.metadata.labels),
+      "it selects the template's pods")
+    assert.is_true(admits(policy.spec.ingress, { ip = "10.0.0.7" }, AGENT_PORT, ns))
+    assert.is_false(admits(policy.spec.ingress, { ip = "10.0.1.7" }, AGENT_PORT, ns))
+    assert.is_false(admits(policy.spec.ingress, { ip = "10.0.0.7" }, 22, ns))
+    assert.is_false(admits(policy.spec.ingress, client_pod, AGENT_PORT, ns))
+  end)
+
+  it("name the port the agent listens on and its probe asks", function()
+    local container = template.spec.podTemplate.spec.containers[1]
+    local listen
+    for i, a in ipairs(container.args) do if container.args[i - 1] == "--listen" then listen = a end end
+    assert.equal("0.0.0.0:" .. AGENT_PORT, listen)
+    assert.equal(AGENT_PORT, container.readinessProbe.httpGet.port)
+  end)
+end)
+
+describe("deploy/kubernetes's client and keys", function()
+  it("run the client Deployment as the ServiceAccount the Role is bound to, its signing key from a Secret",
+      function()
+    local client = manifests("client-deployment.yaml")[1]
+    local pod = client.spec.template.spec
+    local bound = {}
+    for _, doc in ipairs(manifests("rbac.yaml")) do
+      if doc.kind == "RoleBinding" and doc.roleRef.name == "sandkit-client" then
+        for _, subject in ipairs(doc.subjects) do bound[subject.name .. "/" .. subject.namespace] = true end
+      end
+    end
+    assert.is_true(bound[pod.serviceAccountName .. "/" .. client.metadata.namespace])
+    assert.same(client.spec.selector.matchLabels, client.spec.template.metadata.labels)
+    local volume = pod.volumes[1]
+    assert.equal("sandkit-signing-key", volume.secret.secretName)
+    local mount = pod.containers[1].volumeMounts[1]
+    assert.equal(volume.name, mount.name)
+    assert.is_true(mount.readOnly)
+  end)
+
+  it("give the sandbox pods the key ring from the ConfigMap the template names", function()
+    local keys = manifests("agent-keys.yaml")[1]
+    local template = manifests("sandbox-template.yaml")[1]
+    assert.equal("ConfigMap", keys.kind)
+    assert.is_true(keys.immutable, "a rotation is a new ConfigMap, which the warm pool rolls out")
+    assert.equal(template.metadata.namespace, keys.metadata.namespace)
+    local ring
+    for _, e in ipairs(template.spec.podTemplate.spec.containers[1].env) do
+      if e.name == "SANDKIT_AGENT_PUBLIC_KEYS" then ring = e.valueFrom.configMapKeyRef end
+    end
+    assert.equal(keys.metadata.name, ring.name)
+    assert.is_string(keys.data[ring.key])
+  end)
+
+  it("let a rotation keep both keys live: sessions signed with either key serve while the ring holds both", function()
+    local dir = files.temp_dir()
+    tls.run(dir, "openssl genpkey -algorithm ed25519 -out k2.pem")
+    local cluster = kube_cluster.start{ pools = { ["py-pool"] = {} }, extra_keys = { { "k2", dir .. "/k2.pem" } } }
+    local ok, err = pcall(function()
+      for _, key in ipairs{ { cluster.key_path, cluster.key_id }, { dir .. "/k2.pem", "k2" } } do
+        local sb = assert(cluster:sandbox{ signing_key = key[1], key_id = key[2] })
+        local session = assert(sb:create{})
+        assert.equal("signed\n", assert(session:exec({ "echo", "signed" }, { timeout = 10 })).stdout)
+        assert(session:terminate())
+      end
+    end)
+    cluster:stop()
+    core.remove_tree(dir)
+    assert(ok, err)
+  end)
+end)
+
+describe("deploy/agent/Containerfile", function()
+  local text = assert(files.read("deploy/agent/Containerfile"))
+
+  it("builds the agent alone from what it copies, with `make agent`", function()
+    local dir = files.temp_dir()
+    local ok, err = pcall(function()
+      for from, to in text:gmatch("COPY (%S+) (%S+)") do
+        if not from:find("^%-%-") then
+          assert(files.execute("cp -r " .. files.shell_quote(from) .. " " .. files.shell_quote(dir .. "/" .. to)))
+        end
+      end
+      local make = assert(text:match("\nRUN (make agent[^\n]*)\n"))
+      assert(files.execute("cd " .. files.shell_quote(dir) .. " && " .. make .. " >build.log 2>&1"),
+        files.read(dir .. "/build.log"))
+      assert.same({ "agent-obj", "sandkit-agent" }, (function()
+        local names = core.listdir(dir .. "/build")
+        table.sort(names)
+        return names
+      end)())
+    end)
+    core.remove_tree(dir)
+    assert(ok, err)
+  end)
+
+  it("installs a package for every library the agent links against", function()
+    local packages = {}
+    local runtime = text:match("FROM [^\n]*slim\n(.*)$")
+    for list in runtime:gmatch("apt%-get install %-y %-%-no%-install%-recommends ([^\n&]+)") do
+      for name in list:gmatch("%S+") do packages[name] = true end
+    end
+    local readelf = assert(io.popen("readelf -d " .. files.shell_quote(os.getenv("SANDKIT_AGENT"))))
+    local needed = {}
+    for lib in readelf:read("a"):gmatch("NEEDED%)%s+Shared library: %[([^%]]+)%]") do needed[#needed + 1] = lib end
+    readelf:close()
+    assert.is_true(#needed >= 3, "the agent links against libevent, libcrypto and libc")
+    for _, lib in ipairs(needed) do
+      local owner = io.popen("dpkg -S '*/" .. lib .. "' 2>/dev/null")
+      local found = false
+      for line in owner:read("a"):gmatch("[^\n]+") do
+        local package = line:match("^([^:]+):")
+        -- The C library is in every Debian image.
+        if packages[package] or package == "libc6" then found = true end
+      end
+      owner:close()
+      assert.is_true(found, lib .. " comes from no package the image installs")
+    end
+  end)
+end)
+
 describe("deploy/kubernetes", function()
   it("grants no pods/exec, secrets or wildcards", function()
     for _, doc in ipairs(manifests("rbac.yaml")) do
@@ -49,8 +276,10 @@ describe("deploy/kubernetes", function()
   for _, case in ipairs{
     { transport = "direct", roles = { ["sandkit-client"] = true } },
     { transport = "apiserver", roles = { ["sandkit-client"] = true, ["sandkit-client-pods-proxy"] = true } },
+    { transport = "direct", roles = { ["sandkit-client"] = true, ["sandkit-client-pause"] = true }, pause = true },
   } do
-    it("has a Role that allows all the provider does over transport " .. case.transport, function()
+    it("has a Role that allows all the provider does over transport " .. case.transport
+        .. (case.pause and ", pause and resume included" or ""), function()
       local cluster = kube_cluster.start{ pools = { ["py-pool"] = {} }, faults = { allow = allowed(case.roles) } }
       local ok, err = pcall(function()
         local sb = assert(cluster:sandbox{ transport = case.transport })
@@ -60,6 +289,11 @@ describe("deploy/kubernetes", function()
         assert.equal(0, assert(session:exec({ "true" }, { timeout = 10 })).code)
         assert.equal(1, #assert(sb:list()))
         assert.equal("running", assert(sb:get(session.id)).state)
+        if case.pause then
+          assert(session:pause())
+          assert(session:resume())
+          assert.equal(0, assert(session:exec({ "true" }, { timeout = 10 })).code)
+        end
         assert(sb:terminate(session.id))
       end)
       cluster:stop()
@@ -134,25 +368,34 @@ describe("deploy/kubernetes", function()
     assert(ok, err)
   end)
 
-  it("has an example that runs as documented, here against the fake cluster", function()
-    local cluster = kube_cluster.start{ pools = { ["py-pool"] = {} } }
-    local out = cluster.dir .. "/example.out"
+  it("has an example that runs as documented against the fake cluster, with the one command docs/kubernetes.md gives",
+      function()
+    local dir = files.temp_dir()
+    local out = dir .. "/example.out"
+    local lua = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
     local ok, err = pcall(function()
-      local pid = assert(core.spawn({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "examples/kubernetes.lua",
-        "py-pool", cluster.key_path, cluster.key_id, kube_cluster.NAMESPACE },
-        { stdout = out, stderr = out, env = files.child_env{ KUBECONFIG = cluster:kubeconfig(),
-          HOME = cluster.dir } }))
-      if not processes.within(30, function() return core.reap(pid) end) then
+      -- core.spawn takes a path, not a name to look up.
+      local which = assert(io.popen("command -v " .. files.shell_quote(lua)))
+      local lua_path = which:read("*l")
+      which:close()
+      local pid = assert(core.spawn({ lua_path, "tools/fake_cluster.lua",
+        lua, "examples/kubernetes.lua", "@pool@", "@key@", "@key_id@", "@namespace@" },
+        { stdout = out, stderr = out, env = files.child_env{ SANDKIT_AGENT = os.getenv("SANDKIT_AGENT") } }))
+      local status
+      if not processes.within(60, function()
+        local gone, code = core.reap(pid)
+        status = code
+        return gone
+      end) then
         processes.stop(pid, 5)
         error("the example did not finish")
       end
       local said = files.read(out) or ""
+      assert.equal(0, status, said)
       assert.matches("hello from sandkit\n[^\n]+\nexit\t3\n", said)
       assert.matches("state\trunning", said)
-      assert.is_nil(next(cluster:state().objects.sandboxclaims[kube_cluster.NAMESPACE] or {}),
-        "the example deleted its claim")
     end)
-    cluster:stop()
+    core.remove_tree(dir)
     assert(ok, err)
   end)
 end)
