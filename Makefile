@@ -195,7 +195,7 @@ demo:
 
 # examples/kubernetes.lua against the specs' fake cluster (tools/fake_cluster.lua), no real one.
 kube-example: all
-	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) LUA_PATH='./lua/?.lua;./lua/?/init.lua;./spec/?.lua;;' \
+	SANDKIT_AGENT=$(abspath $(AGENT_BIN)) SANDKIT_TEST_LUA=$(LUA) LUA_PATH='./lua/?.lua;./lua/?/init.lua;./spec/?.lua;;' \
 	  LUA_CPATH='./$(MODDIR)/?.so;;' $(LUA) tools/fake_cluster.lua \
 	  $(LUA) examples/kubernetes.lua @pool@ @key@ @key_id@ @namespace@
 

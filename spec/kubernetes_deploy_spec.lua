@@ -380,7 +380,8 @@ describe("deploy/kubernetes", function()
       which:close()
       local pid = assert(core.spawn({ lua_path, "tools/fake_cluster.lua",
         lua, "examples/kubernetes.lua", "@pool@", "@key@", "@key_id@", "@namespace@" },
-        { stdout = out, stderr = out, env = files.child_env{ SANDKIT_AGENT = os.getenv("SANDKIT_AGENT") } }))
+        { stdout = out, stderr = out, env = files.child_env{ SANDKIT_AGENT = os.getenv("SANDKIT_AGENT"),
+          SANDKIT_TEST_LUA = lua } }))
       local status
       if not processes.within(60, function()
         local gone, code = core.reap(pid)
