@@ -23,6 +23,8 @@ static void on_silence(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	struct keepalive *k = arg;
+	/* Armed again first: k is not touched after the reply was given a line. */
+	evtimer_add(k->timer, &k->interval);
 	/* Bytes still waiting for the caller will reach a proxy as soon as it reads again: a
 	 * keep-alive would only add to them. */
 	if (http_reply_queued(k->req) == 0) {
@@ -36,7 +38,6 @@ static void on_silence(evutil_socket_t fd, short what, void *arg)
 		if (b)
 			evbuffer_free(b);
 	}
-	evtimer_add(k->timer, &k->interval);
 }
 
 struct keepalive *keepalive_start(struct http_request *req, uint64_t interval_ms)
