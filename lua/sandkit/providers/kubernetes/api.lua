@@ -5,8 +5,10 @@
 --   local client = api.new(cfg, { timeout = 30 })    -- cfg from sandkit.providers.kubernetes.kubeconfig
 --   client:call{ operation =, verb = "get", resource = "sandboxclaims", namespace =, name =,
 --                method = "GET", path =, query = { {k, v}… }, body = <table>, once = bool,
---                content_type = "application/json", absent_on_404 = bool, max_body = bytes }
---                                             -- decoded answer | nil (absent) | nil, err
+--                content_type = "application/json", absent_on_404 = bool, max_body = bytes,
+--                discovery = bool }           -- decoded answer | nil (absent) | nil, err
+--                                             (discovery: a read of an API group's document, whose
+--                                             404 is the group's absence, nothing more)
 --   client:watch{ … same, plus deadline }     -- response (stream) | nil, err
 --   client:target(path, headers, operation)   -- a protocol target for the API server's proxy
 --
