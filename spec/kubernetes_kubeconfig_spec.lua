@@ -11,6 +11,7 @@ local kubeconfig = require "sandkit.providers.kubernetes.kubeconfig"
 local files = require "support.files"
 local local_state = require "support.local_state"
 local processes = require "support.processes"
+local tls = require "support.tls"
 
 local LUA = os.getenv("SANDKIT_TEST_LUA") or "lua5.4"
 local PLUGIN = os.getenv("PWD") .. "/spec/support/kube_exec_plugin.sh"
@@ -326,6 +327,29 @@ describe("the kubeconfig search", function()
 
     out = load_with_env({ HOME = dir .. "/nowhere" }, sa)
     assert.matches("no kubeconfig", out.err)
+  end)
+
+  it("fails a kubernetes sandbox's list at once, naming the type, when its tokenFile is a FIFO", function()
+    -- The list runs in a process of its own that a bound kills: a read that blocks on the FIFO
+    -- fails here (status 137) instead of hanging the suite.
+    assert(files.execute("mkfifo " .. files.shell_quote(dir .. "/token-fifo")))
+    files.write(dir .. "/config", config_text{ user = { "tokenFile: token-fifo" } })
+    tls.run(dir, "openssl genpkey -algorithm ed25519 -out key.pem")
+    local said, err, status = local_state.sh(local_state.lua_env() .. " timeout -s KILL 10 " .. LUA .. " -e "
+      .. files.shell_quote(string.format([[
+        local sandkit, wait = require "sandkit", require "sandkit.wait"
+        local sb = assert(sandkit.sandbox{ provider = "kubernetes", warm_pool = "pool", key_id = "k1",
+          signing_key = %q, kubeconfig = %q })
+        local started = wait.now()
+        local list, e = sb:list()
+        io.write(string.format("%%s|%%.1f|%%s: %%s", tostring(list), wait.now() - started, e.code, e.message))]],
+        dir .. "/key.pem", dir .. "/config")))
+    assert.equal(0, status, err)
+    local list, took, message = said:match("^(.-)|(.-)|(.*)$")
+    assert.equal("nil", list)
+    assert.is_true(tonumber(took) < 5, "the list took " .. took .. "s")
+    assert.matches("^INVALID_INPUT: sandbox.list: the token file cannot be read: .*it is a FIFO, not a regular file",
+      message)
   end)
 
   it("refuses a kubeconfig, token, certificate or key file that is no regular file, by its type, at once", function()
