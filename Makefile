@@ -1,8 +1,8 @@
 # sandkit — build, test and install.
 #
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
-#   make                     builds build/<lua>/sandkit/core.so (for Lua 5.4 and for LuaJIT) and
-#                            build/sandkit-agent
+#   make                     builds build/<lua>/sandkit/core.so (for Lua 5.4 and for LuaJIT),
+#                            build/sandkit-agent and build/sandkit-init
 #   make agent               builds build/sandkit-agent alone: a C compiler, libevent's and
 #                            libcrypto's headers, no Lua or libcurl (deploy/agent/Containerfile)
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
@@ -90,13 +90,19 @@ AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src
              src/common/regular_file.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
+# Process 1 of a confined session (src/init/init.c), beside the agent, which looks for it there.
+# Static: it runs inside the session's own root, whatever C library that root holds or lacks. Its
+# flags are its own, so a sanitizer build of the rest leaves it plain (the sanitizers cannot link
+# statically).
+INIT_BIN := $(BUILD)/sandkit-init
+INIT_CFLAGS ?= -O2
 
 LUA_FILES := $(shell find lua -name '*.lua' 2>/dev/null | sort)
 
 .PHONY: all agent kube-example deps test test-luajit test-times check check-asan demo bench fuzz abuse soak install clean lint rock \
         jit-core
 
-all: $(CORE_SO) $(AGENT_BIN) $(JIT_CORE)
+all: $(CORE_SO) $(AGENT_BIN) $(INIT_BIN) $(JIT_CORE)
 
 jit-core:
 	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so
@@ -118,6 +124,9 @@ $(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)
 # libcrypto verifies capability tokens (src/agent/capability.c, Ed25519).
 $(AGENT_BIN): $(AGENT_OBJ)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS)
+
+$(INIT_BIN): src/init/init.c | $(BUILD)/agent-obj/agent
+	$(CC) $(INIT_CFLAGS) -static -std=c99 -Wall -Wextra $(WERROR) -o $@ src/init/init.c
 
 $(MODDIR)/obj $(MODDIR)/obj/common $(MODDIR)/sandkit $(BUILD)/agent-obj/agent $(BUILD)/agent-obj/common:
 	mkdir -p $@
@@ -260,6 +269,7 @@ install: all
 	  d=$(DESTDIR)$(LUA_LMOD)/$$(dirname $${f#lua/}); install -d $$d && install -m 0644 $$f $$d/; \
 	done
 	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent
+	install -m 0755 $(INIT_BIN) $(DESTDIR)$(BINDIR)/sandkit-init
 	sed -e '1s|^#!.*|#!/usr/bin/env $(RUN_LUA)|' \
 	  -e 's|^$(INSTALLED_DIRS_LINE)$$|local INSTALLED_LUA_DIR, INSTALLED_C_DIR = [==[$(abspath $(LUA_LMOD))]==], [==[$(abspath $(LUA_CMOD))]==]|' \
 	  bin/sandkit >$(DESTDIR)$(BINDIR)/sandkit

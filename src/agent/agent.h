@@ -32,9 +32,16 @@ struct capability;
 /* A UUID in its hyphenated text form, without the terminator. */
 #define AGENT_UUID_CHARS 36
 
+/* Exit statuses of a start that failed (docs/agent.md): a caller tells what the machine cannot
+ * give from what was asked wrongly. */
+#define AGENT_EXIT_START 2           /* a bad option, an unusable root, a port taken, ... */
+#define AGENT_EXIT_NO_ISOLATION 3    /* --isolate bwrap: bubblewrap or user namespaces missing */
+#define AGENT_EXIT_NO_NETWORK 4      /* --network outbound: no stack to attach */
+
 struct agent_config {
-	char *root_path;            /* its canonical absolute path (bwrap binds it at this path) */
-	int root_fd;                /* O_PATH descriptor every caller path is resolved beneath */
+	char *root_path;            /* its canonical absolute path, for the log */
+	int root_fd;                /* O_PATH descriptor every caller path is resolved beneath:
+				     * under confinement the session's own / (confine.h) */
 	char *listen_host;
 	unsigned listen_port;
 	int no_auth;
@@ -44,7 +51,12 @@ struct agent_config {
 	int require_activation;
 	int ready_fd;               /* -1 when not asked */
 	const char *ready_file;     /* NULL when not asked */
-	int isolate_bwrap;
+	int isolate_bwrap;          /* commands run confined in the session (confine.h) */
+	int network_outbound;       /* confined sessions reach out through a stack (network.h) */
+	const char *bwrap_path;     /* bubblewrap */
+	const char *init_path;      /* the session's init; NULL: beside the agent */
+	const char *pasta_path, *slirp4netns_path;
+	long long host_uid;         /* --host-uid; -1 when not given */
 	enum agent_log_level log_level;
 	unsigned max_connections;   /* before the descriptor limit lowers it (http.h) */
 	unsigned header_timeout_ms;

@@ -114,9 +114,7 @@ static int write_proc(const char *path, const char *text)
 	return n == (ssize_t)strlen(text) ? 0 : -1;
 }
 
-/* A user namespace that maps only the agent's own user and group onto themselves: commands keep
- * their identity, and the agent gets the capability a PID namespace needs inside it only. */
-static int enter_user_namespace(void)
+int contain_enter_user_namespace(void)
 {
 	unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
 	char map[64];
@@ -159,7 +157,7 @@ static int probe(int userns)
 	if (pid < 0)
 		return errno;
 	if (pid == 0) {
-		if ((userns && enter_user_namespace() < 0) || unshare(CLONE_NEWPID) < 0)
+		if ((userns && contain_enter_user_namespace() < 0) || unshare(CLONE_NEWPID) < 0)
 			_exit(errno);
 		pid_t command = fork();
 		if (command < 0)
@@ -186,7 +184,7 @@ int contain_start(char *why, size_t whysz)
 			/* A user namespace once entered cannot be left: a failure after it is said. */
 			struct stat before, after;
 			int known = stat("/proc/self/ns/user", &before) == 0;
-			mapped = enter_user_namespace() == 0 && unshare(CLONE_NEWPID) == 0 ? 0 : errno;
+			mapped = contain_enter_user_namespace() == 0 && unshare(CLONE_NEWPID) == 0 ? 0 : errno;
 			entered = known && stat("/proc/self/ns/user", &after) == 0 &&
 				  after.st_ino != before.st_ino;
 		}

@@ -51,6 +51,11 @@ int contain_active(void);
  */
 int contain_enter_mounts(void);
 
+/* Enters a user namespace that maps only the agent's own user and group onto themselves, which
+ * gives an unprivileged agent the capabilities of namespaces (commands keep its identity). It
+ * cannot be left again. 0, or -1 with errno. */
+int contain_enter_user_namespace(void);
+
 /* What a freshly started child sees as its parent's pid: 0 inside the namespace (the agent is
  * outside it), else the agent's own. */
 pid_t contain_parent_pid(void);

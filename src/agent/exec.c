@@ -3,8 +3,8 @@
 
 #include "agent.h"
 #include "common/base64.h"
+#include "confine.h"
 #include "contain.h"
-#include "isolate.h"
 #include "log.h"
 #include "util.h"
 
@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pwd.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -330,7 +331,8 @@ static void child_fail(int report, int stage)
 /* What the child needs, in the agent's memory, which the child shares until it execs. */
 struct child_args {
 	const struct command_spec *spec;
-	char **bwrap_argv;
+	char *const *envp;  /* the whole environment (struct environment) */
+	int cwd_fd;
 	int out, err, report;
 	pid_t parent;       /* the agent's pid as the child sees it */
 };
@@ -378,7 +380,11 @@ static int child(void *arg)
 	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (null < 0 || dup2(null, 0) < 0 || dup2(a->out, 1) < 0 || dup2(a->err, 2) < 0)
 		child_fail(report, STAGE_SETUP);
-	if (fchdir(spec->cwd_fd >= 0 ? spec->cwd_fd : agent.cfg.root_fd) < 0)
+	/* Into the session before the working directory, which is a directory of the session's
+	 * mounts; the change of credentials clears the death signal, so it is asked for again. */
+	if (confine_active() && (confine_enter() < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0))
+		child_fail(report, STAGE_SETUP);
+	if (fchdir(a->cwd_fd) < 0)
 		child_fail(report, STAGE_CWD);
 	/* After the fchdir: a new mount namespace carries the working directory over into its own
 	 * copy of the mounts, where a descriptor from the agent's would be unreachable. */
@@ -387,13 +393,10 @@ static int child(void *arg)
 	/* Whatever the agent inherited or holds (sockets, the root, other commands' pipes) must
 	 * not reach the command; the report pipe still closes only at exec. */
 	close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
-	if (a->bwrap_argv) {
-		execve(ISOLATE_BWRAP, a->bwrap_argv, spec->envp);
-	} else {
-		/* execvp searches the PATH of environ: make it the command's own. */
-		environ = (char **)spec->envp;
-		execvp(spec->argv[0], spec->argv);
-	}
+	/* execvp searches the PATH of environ, in the session's own /usr once confined: make it
+	 * the command's own. */
+	environ = (char **)a->envp;
+	execvp(spec->argv[0], spec->argv);
 	child_fail(report, STAGE_EXEC);
 }
 
@@ -407,6 +410,97 @@ static void spawn_failure(struct outcome *o, const struct command_spec *spec, in
 		outcome_error(o, "spawnFailed", "cannot run '%s': %s", prog, strerror(err));
 	else
 		outcome_error(o, "spawnFailed", "cannot prepare '%s': %s", prog, strerror(err));
+}
+
+/* The variables a command starts from, before the request's own (which win), and their
+ * number: docs/agent.md "Execution". */
+#define BASE_VARS 6
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+/* A command's whole environment: the base variables the request does not set, then the
+ * request's. The vector and the base strings are the agent's to free; the rest is borrowed. */
+struct environment {
+	char **v;
+	char *owned[BASE_VARS];
+	size_t nowned;
+};
+
+static void environment_free(struct environment *e)
+{
+	while (e->nowned > 0)
+		free(e->owned[--e->nowned]);
+	free(e->v);
+	e->v = NULL;
+}
+
+static int sets(char *const *envp, const char *name)
+{
+	size_t n = strlen(name);
+	for (char *const *p = envp; *p; p++)
+		if (strncmp(*p, name, n) == 0 && (*p)[n] == '=')
+			return 1;
+	return 0;
+}
+
+/* The agent's own user name, for an unconfined command's $USER; NULL when it has none. Looked
+ * up once: the user of a running process does not change. */
+static const char *agent_user(void)
+{
+	static int looked;
+	static char name[64];
+	if (!looked) {
+		looked = 1;
+		struct passwd *pw = getpwuid(geteuid());
+		if (pw && strlen(pw->pw_name) < sizeof name)
+			strcpy(name, pw->pw_name);
+	}
+	return name[0] ? name : NULL;
+}
+
+/* 0, or -1 when memory ran out. */
+static int environment_build(struct environment *e, char *const *request, int cwd_fd)
+{
+	memset(e, 0, sizeof *e);
+	char pwd[PATH_MAX], link[64];
+	snprintf(link, sizeof link, "/proc/self/fd/%d", cwd_fd);
+	ssize_t n = readlink(link, pwd, sizeof pwd - 1);
+	pwd[n > 0 ? n : 0] = '\0';
+	int confined = confine_active();
+	const char *user = confined ? CONFINE_USER : agent_user();
+	const char *base[BASE_VARS][2] = {
+		{ "PATH", DEFAULT_PATH },
+		/* Unconfined, the session's files are the home: what tools keep there stays in it. */
+		{ "HOME", confined ? CONFINE_HOME : agent.cfg.root_path },
+		{ "USER", user }, { "LOGNAME", user },
+		{ "LANG", "C.UTF-8" },
+		{ "PWD", pwd[0] ? pwd : NULL },
+	};
+	static char *const none[] = { NULL };
+	if (request == NULL)
+		request = none;
+	size_t count = 0;
+	while (request[count])
+		count++;
+	e->v = malloc((count + BASE_VARS + 1) * sizeof *e->v);
+	if (e->v == NULL)
+		return -1;
+	size_t k = 0;
+	for (size_t i = 0; i < BASE_VARS; i++) {
+		if (base[i][1] == NULL || sets(request, base[i][0]))
+			continue;
+		size_t len = strlen(base[i][0]) + strlen(base[i][1]) + 2;
+		char *kv = malloc(len);
+		if (kv == NULL) {
+			environment_free(e);
+			return -1;
+		}
+		snprintf(kv, len, "%s=%s", base[i][0], base[i][1]);
+		e->owned[e->nowned++] = kv;
+		e->v[k++] = kv;
+	}
+	for (size_t i = 0; i <= count; i++)
+		e->v[k + i] = request[i];
+	return 0;
 }
 
 /* Reaps a child that will not become a command; it was killed, so the wait is short. */
@@ -444,8 +538,7 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 			      void *ctx, struct outcome *failure)
 {
 	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, report[2] = { -1, -1 };
-	char **bwrap_argv = NULL;
-	char cwd_path[PATH_MAX]; /* bwrap_argv points into it until the child execs */
+	struct environment env = { 0 };
 	struct command *c = calloc(1, sizeof *c);
 	if (c == NULL) {
 		outcome_error(failure, "spawnFailed", "the agent is out of memory");
@@ -453,24 +546,12 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 	}
 	c->pid = -1;
 	c->pidfd = c->in[0].fd = c->in[1].fd = -1;
-	if (agent.cfg.isolate_bwrap) {
-		int cwd = spec->cwd_fd >= 0 ? spec->cwd_fd : agent.cfg.root_fd;
-		char link[64];
-		snprintf(link, sizeof link, "/proc/self/fd/%d", cwd);
-		ssize_t n = readlink(link, cwd_path, sizeof cwd_path - 1);
-		int e = isolate_find_program(spec->argv[0], spec->envp, cwd);
-		if (n < 0 || e != 0) {
-			spawn_failure(failure, spec, n < 0 ? STAGE_CWD : STAGE_EXEC, n < 0 ? errno : e);
-			free(c);
-			return NULL;
-		}
-		cwd_path[n] = '\0';
-		bwrap_argv = isolate_argv(spec->argv, cwd_path);
-		if (bwrap_argv == NULL) {
-			outcome_error(failure, "spawnFailed", "the agent is out of memory");
-			free(c);
-			return NULL;
-		}
+	int cwd_fd = spec->cwd_fd >= 0 ? spec->cwd_fd
+		     : confine_active() ? confine_default_cwd() : agent.cfg.root_fd;
+	if (environment_build(&env, spec->envp, cwd_fd) < 0) {
+		outcome_error(failure, "spawnFailed", "the agent is out of memory");
+		free(c);
+		return NULL;
 	}
 	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(report, O_CLOEXEC) < 0) {
 		spawn_failure(failure, spec, STAGE_SETUP, errno);
@@ -486,8 +567,9 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		outcome_error(failure, "spawnFailed", "the agent is out of memory");
 		goto fail;
 	}
-	struct child_args args = { spec, bwrap_argv, out[1], err[1], report[1],
-				   contain_parent_pid() };
+	/* A confined child is in the session's PID namespace, where the agent has no pid. */
+	struct child_args args = { spec, env.v, cwd_fd, out[1], err[1], report[1],
+				   confine_active() ? 0 : contain_parent_pid() };
 	char **own_environ = environ;
 	sigset_t all, mask;
 	sigfillset(&all);
@@ -536,7 +618,7 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		goto fail;
 	}
 	close(report[0]);
-	free(bwrap_argv);
+	environment_free(&env);
 	c->sink = sink;
 	c->ctx = ctx;
 	c->next = live;
@@ -569,7 +651,7 @@ fail:
 		event_free(c->linger_ev);
 	if (c->pidfd >= 0)
 		close(c->pidfd);
-	free(bwrap_argv);
+	environment_free(&env);
 	free(c);
 	return NULL;
 }

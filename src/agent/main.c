@@ -10,12 +10,14 @@
 #include "capability.h"
 #include "common/base64.h"
 #include "common/regular_file.h"
+#include "confine.h"
 #include "contain.h"
 #include "exec.h"
 #include "http.h"
-#include "isolate.h"
 #include "jobs.h"
 #include "log.h"
+#include "network.h"
+#include "preview.h"
 #include "server.h"
 #include "util.h"
 
@@ -102,18 +104,29 @@ static void usage(FILE *out)
 		"                                                 {\"port\":P,\"pid\":PID,\"bootId\":\"...\"}\n"
 		"                                                 to fd N, then close it\n"
 		"  --ready-file PATH      SANDKIT_AGENT_READY_FILE  the same line, written atomically\n"
-		"  --isolate bwrap        SANDKIT_AGENT_ISOLATE   run every command under bubblewrap\n"
-		"                                                 (read-only host, writable root, private\n"
-		"                                                 /tmp, no network, own pid namespace)\n"
-		"  --hide DIR             SANDKIT_AGENT_HIDE      with bwrap: DIR looks empty to commands\n"
-		"                                                 (a state folder); repeatable, the\n"
-		"                                                 variable takes DIR:DIR:...\n"
+		"  --isolate bwrap|none   SANDKIT_AGENT_ISOLATE   bwrap: commands run confined in one\n"
+		"                                                 set of namespaces for the agent's life,\n"
+		"                                                 the root as their /, as an unprivileged\n"
+		"                                                 user (default none: on the host)\n"
+		"  --network none|outbound  SANDKIT_AGENT_NETWORK  with bwrap: a loopback of the\n"
+		"                                                 session's own only (default), or\n"
+		"                                                 connections out through pasta or\n"
+		"                                                 slirp4netns\n"
+		"  --host-uid UID         SANDKIT_AGENT_HOST_UID  with bwrap, as root: the unprivileged\n"
+		"                                                 host uid the sandbox user is (default\n"
+		"                                                 the root's owner)\n"
+		"  --bwrap PATH           SANDKIT_AGENT_BWRAP     bubblewrap (default /usr/bin/bwrap)\n"
+		"  --init PATH            SANDKIT_AGENT_INIT      the session's init (default\n"
+		"                                                 sandkit-init beside the agent)\n"
+		"  --pasta PATH           SANDKIT_AGENT_PASTA     (default /usr/bin/pasta)\n"
+		"  --slirp4netns PATH     SANDKIT_AGENT_SLIRP4NETNS  (default /usr/bin/slirp4netns)\n"
 		"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
 		"  --help                                         this text\n"
 		"\n"
 		"One way to authorize is required: --token-file, --no-auth or --auth capability. SIGTERM\n"
 		"and SIGINT kill every running command's process group and what commands left behind,\n"
-		"then the agent exits 0.\n",
+		"then the agent exits 0. A start that fails exits 2, or 3 when confinement cannot be\n"
+		"had on this machine, or 4 when the outbound network cannot.\n",
 		AGENT_TOKEN_BYTES, AGENT_TOKEN_CHARS, (unsigned long long)AGENT_DEFAULT_OUTPUT_CAP,
 		(unsigned long long)OUTPUT_CAP_MAX, HTTP_DEFAULT_MAX_CONNECTIONS,
 		HTTP_DEFAULT_HEADER_TIMEOUT_MS, HEADER_TIMEOUT_MIN_MS, HEADER_TIMEOUT_MAX_MS,
@@ -121,16 +134,30 @@ static void usage(FILE *out)
 		HTTP_DEFAULT_STALL_TIMEOUT_MS, STALL_TIMEOUT_MIN_MS, STALL_TIMEOUT_MAX_MS);
 }
 
+static void vdie(int status, const char *fmt, va_list ap) __attribute__((noreturn));
+static void vdie(int status, const char *fmt, va_list ap)
+{
+	fputs("sandkit-agent: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	exit(status);
+}
+
 static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 static void die(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fputs("sandkit-agent: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-	va_end(ap);
-	exit(2);
+	vdie(AGENT_EXIT_START, fmt, ap);
+}
+
+/* A start that failed for what the machine lacks, with its own exit status (agent.h). */
+static void die_with(int status, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+static void die_with(int status, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vdie(status, fmt, ap);
 }
 
 struct raw_options {
@@ -138,17 +165,8 @@ struct raw_options {
 	const char *ready_fd, *ready_file, *isolate, *log, *max_connections, *header_timeout;
 	const char *body_timeout, *stall_timeout;
 	const char *auth, *session_id, *public_keys;
-	const char *hide[ISOLATE_HIDE_MAX];
-	size_t nhide;
+	const char *network, *host_uid, *bwrap, *init, *pasta, *slirp4netns;
 };
-
-/* Adds one --hide; the directories are checked once the root is known. */
-static void add_hide(struct raw_options *o, const char *dir)
-{
-	if (o->nhide == ISOLATE_HIDE_MAX)
-		die("--hide is accepted at most %d times", ISOLATE_HIDE_MAX);
-	o->hide[o->nhide++] = dir;
-}
 
 static int env_flag(const char *name, const char *v)
 {
@@ -259,6 +277,30 @@ static void configure_auth(const struct raw_options *o, int no_auth)
 	}
 }
 
+/* --isolate and what goes with it. Settings that mean something only under confinement are
+ * refused without it rather than silently ignored. */
+static void configure_confinement(const struct raw_options *o)
+{
+	struct agent_config *c = &agent.cfg;
+	if (o->isolate && strcmp(o->isolate, "bwrap") == 0)
+		c->isolate_bwrap = 1;
+	else if (o->isolate && strcmp(o->isolate, "none") != 0 && o->isolate[0] != '\0')
+		die("--isolate must be bwrap or none, not '%s'", o->isolate);
+	if (o->network && strcmp(o->network, "outbound") == 0)
+		c->network_outbound = 1;
+	else if (o->network && strcmp(o->network, "none") != 0 && o->network[0] != '\0')
+		die("--network must be none or outbound, not '%s'", o->network);
+	/* Unconfined, commands use the host's network and uid as they are. */
+	if (!c->isolate_bwrap && (c->network_outbound || o->host_uid))
+		die("--network outbound and --host-uid need --isolate bwrap");
+	c->host_uid = o->host_uid ? (long long)parse_u64("--host-uid", o->host_uid, UINT32_MAX - 1)
+				  : -1;
+	c->bwrap_path = o->bwrap ? o->bwrap : CONFINE_BWRAP;
+	c->init_path = o->init;
+	c->pasta_path = o->pasta ? o->pasta : NETWORK_PASTA;
+	c->slirp4netns_path = o->slirp4netns ? o->slirp4netns : NETWORK_SLIRP4NETNS;
+}
+
 static void configure(int argc, char **argv)
 {
 	struct raw_options o = {
@@ -270,12 +312,11 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_MAX_CONNECTIONS"), getenv("SANDKIT_AGENT_HEADER_TIMEOUT"),
 		getenv("SANDKIT_AGENT_BODY_TIMEOUT"), getenv("SANDKIT_AGENT_STALL_TIMEOUT"),
 		getenv("SANDKIT_AGENT_AUTH"), getenv("SANDKIT_AGENT_SESSION_ID"),
-		getenv("SANDKIT_AGENT_PUBLIC_KEYS"), { NULL }, 0,
+		getenv("SANDKIT_AGENT_PUBLIC_KEYS"),
+		getenv("SANDKIT_AGENT_NETWORK"), getenv("SANDKIT_AGENT_HOST_UID"),
+		getenv("SANDKIT_AGENT_BWRAP"), getenv("SANDKIT_AGENT_INIT"),
+		getenv("SANDKIT_AGENT_PASTA"), getenv("SANDKIT_AGENT_SLIRP4NETNS"),
 	};
-	/* The variable's list is cut in place: environ's strings are ours to keep. */
-	char *hide_env = getenv("SANDKIT_AGENT_HIDE");
-	for (char *dir = hide_env ? strtok(hide_env, ":") : NULL; dir; dir = strtok(NULL, ":"))
-		add_hide(&o, dir);
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
 		? env_flag("SANDKIT_AGENT_REQUIRE_ACTIVATION", o.require_activation) : 0;
@@ -297,7 +338,12 @@ static void configure(int argc, char **argv)
 		{ "auth", required_argument, NULL, 'A' },
 		{ "session-id", required_argument, NULL, 's' },
 		{ "public-keys", required_argument, NULL, 'k' },
-		{ "hide", required_argument, NULL, 'D' },
+		{ "network", required_argument, NULL, 'N' },
+		{ "host-uid", required_argument, NULL, 'U' },
+		{ "bwrap", required_argument, NULL, 'W' },
+		{ "init", required_argument, NULL, 'I' },
+		{ "pasta", required_argument, NULL, 'P' },
+		{ "slirp4netns", required_argument, NULL, 'Z' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -321,7 +367,12 @@ static void configure(int argc, char **argv)
 		case 'A': o.auth = optarg; break;
 		case 's': o.session_id = optarg; break;
 		case 'k': o.public_keys = optarg; break;
-		case 'D': add_hide(&o, optarg); break;
+		case 'N': o.network = optarg; break;
+		case 'U': o.host_uid = optarg; break;
+		case 'W': o.bwrap = optarg; break;
+		case 'I': o.init = optarg; break;
+		case 'P': o.pasta = optarg; break;
+		case 'Z': o.slirp4netns = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -387,20 +438,7 @@ static void configure(int argc, char **argv)
 		fcntl(c->ready_fd, F_SETFD, FD_CLOEXEC);
 	}
 	c->ready_file = o.ready_file;
-	if (o.isolate) {
-		if (strcmp(o.isolate, "bwrap") != 0)
-			die("--isolate knows only bwrap, not '%s'", o.isolate);
-		c->isolate_bwrap = 1;
-	}
-	/* Without bubblewrap nothing can hide a directory from a command: accepting --hide then
-	 * would promise what is not done. */
-	if (o.nhide > 0 && !c->isolate_bwrap)
-		die("--hide needs --isolate bwrap");
-	for (size_t i = 0; i < o.nhide; i++) {
-		char why[PATH_MAX + 128];
-		if (isolate_hide(o.hide[i], why, sizeof why) < 0)
-			die("%s", why);
-	}
+	configure_confinement(&o);
 }
 
 /* Writes all of buf; 0 or -1. */
@@ -465,17 +503,21 @@ int main(int argc, char **argv)
 	agent.activated = !agent.cfg.require_activation;
 	if (util_uuid(agent.boot_id) < 0)
 		die("cannot make a boot id: %s", strerror(errno));
-	/* Before anything else is started: the first child of the namespace must be its keeper. */
-	char uncontained[512];
-	if (contain_start(uncontained, sizeof uncontained) < 0)
-		log_info("%s: commands NOT contained, what they leave behind may outlive an agent "
-			 "killed with SIGKILL", uncontained);
-	else
-		log_info("%s", contain_description());
+	/* Before anything else is started: the session, or the namespace whose first child must
+	 * be its keeper. */
 	if (agent.cfg.isolate_bwrap) {
-		char why[512];
-		if (isolate_probe(why, sizeof why) < 0)
-			die("%s", why);
+		char why[768];
+		int status;
+		if (confine_start(why, sizeof why, &status) < 0)
+			die_with(status, "%s", why);
+		log_info("%s", confine_description());
+	} else {
+		char uncontained[512];
+		if (contain_start(uncontained, sizeof uncontained) < 0)
+			log_info("%s: commands NOT contained, what they leave behind may outlive an "
+				 "agent killed with SIGKILL", uncontained);
+		else
+			log_info("%s", contain_description());
 	}
 	/* Every connection and every command's pipes take descriptors; the soft limit is often a
 	 * fraction of the hard one, which the agent may take without asking. Commands get the
@@ -515,8 +557,8 @@ int main(int argc, char **argv)
 	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
 	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
 		die("cannot watch SIGTERM and SIGINT");
-	if (contain_watch() < 0)
-		die("cannot watch the keeper of the commands' PID namespace");
+	if (contain_watch() < 0 || confine_watch() < 0)
+		die("cannot watch the process whose end ends the commands");
 	/* Logged before the ready line, so whoever reads that line finds this one. */
 	log_info("serving %s on port %u, at most %u connections (%s%s%s)", agent.cfg.root_path,
 		 port, http_max_connections(),
@@ -524,12 +566,15 @@ int main(int argc, char **argv)
 		 agent.cfg.require_activation ? ", activation required" : "",
 		 agent.cfg.isolate_bwrap ? ", bwrap" : "");
 	announce(port);
+	confine_settle();
 
 	event_base_dispatch(agent.base);
 
 	command_shutdown();
 	/* Then what the commands left behind, in their own sessions included. */
 	contain_stop();
+	preview_close_all();
+	confine_stop();
 	server_stop();
 	jobs_free_all();
 	command_free_all();
@@ -537,10 +582,9 @@ int main(int argc, char **argv)
 	event_free(intr);
 	event_base_free(agent.base);
 	close(agent.cfg.root_fd);
-	isolate_free();
 	free(agent.cfg.root_path);
 	free(agent.cfg.listen_host);
 	explicit_bzero(agent.cfg.token, sizeof agent.cfg.token);
 	capability_free(agent.cfg.capability);
-	return contain_lost() ? 1 : 0;
+	return contain_lost() || confine_lost() ? 1 : 0;
 }

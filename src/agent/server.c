@@ -3,11 +3,13 @@
 
 #include "agent.h"
 #include "capability.h"
+#include "confine.h"
 #include "files.h"
 #include "handler.h"
 #include "http.h"
 #include "jobs.h"
 #include "log.h"
+#include "preview.h"
 #include "stream.h"
 #include "util.h"
 
@@ -48,6 +50,7 @@ static const struct route routes[] = {
 	{ "/v1/files/raw", HTTP_GET, 0, HTTP_BODY_NONE, files_raw_get },
 	{ "/v1/files/raw", HTTP_PUT, 0, HTTP_BODY_STREAMED, files_raw_put },
 	{ "/v1/mkdir", HTTP_POST, 0, HTTP_BODY_BUFFERED, files_mkdir },
+	{ "/v1/preview", HTTP_POST, 0, HTTP_BODY_BUFFERED, preview_open },
 };
 #define NROUTES (sizeof routes / sizeof routes[0])
 
@@ -81,10 +84,11 @@ static void health(struct http_request *req)
 	if (b == NULL ||
 	    evbuffer_add_printf(b,
 				"{\"protocolVersion\":%d,\"bootId\":\"%s\",\"status\":\"%s\","
-				"\"features\":[\"jobIdempotency\",\"keepalive\",\"outputCap\",\"rawFiles\"%s]}",
+				"\"features\":[\"jobIdempotency\",\"keepalive\",\"outputCap\",\"rawFiles\"%s%s]}",
 				AGENT_PROTOCOL_VERSION, agent.boot_id,
 				agent.activated ? "ready" : "awaiting-network-verification",
-				agent.cfg.capability ? ",\"capability\"" : "") < 0) {
+				agent.cfg.capability ? ",\"capability\"" : "",
+				confine_active() ? ",\"preview\"" : "") < 0) {
 		if (b)
 			evbuffer_free(b);
 		reply_out_of_memory(req, "answer health");

@@ -1,0 +1,721 @@
+/* confine.c — see confine.h. */
+#include "confine.h"
+
+#include "agent.h"
+#include "contain.h"
+#include "log.h"
+#include "network.h"
+#include "paths.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/fsuid.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+/* How long bubblewrap may take to build the session before the start fails: it takes a few
+ * milliseconds; seconds mean a machine too loaded to serve anyway. */
+#define CONFINE_START_MS 10000
+/* bubblewrap's --info-fd document is a few lines of JSON; anything longer is not it. */
+#define INFO_MAX 1024
+/* The first line of bubblewrap's complaint is what a failure quotes; the rest of the sentence
+ * around it must fit why. */
+#define COMPLAINT_MAX 256
+
+/* The descriptors bubblewrap and the init get (src/init/init.c reads 3 and 4). */
+enum { FD_READY = 3, FD_LIFELINE, FD_INFO, FD_PASSWD, FD_GROUP, FD_HOSTS, FD_INIT, FD_FIRST_FREE };
+
+/* The one session of this agent; the agent is single-threaded, as everywhere else in it. */
+static struct {
+	int active;
+	int as_root;            /* the agent runs as host root: the sandbox user is --host-uid */
+	uid_t uid;              /* the host uid (and gid) the sandbox user is */
+	pid_t bwrap;            /* bubblewrap, the agent's child; -1 when none */
+	pid_t init;             /* the session's process 1, as the host sees it */
+	int init_pidfd;         /* what commands join through; -1 when none */
+	int lifeline;           /* the pipe end whose closing ends the init; -1 when none */
+	int home_fd;            /* the sandbox user's home; -1: / */
+	int join;               /* the namespaces a command joins */
+	struct event *watch;
+	int lost;
+} session = { 0, 0, 0, -1, -1, -1, -1, -1, 0, NULL, 0 };
+
+/* The host's top-level directories that merged-/usr systems keep as links into /usr: each is
+ * made the same link in the session's tree, or bound read-only when the host has a directory. */
+static const char *const usr_links[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32" };
+/* What of the host's /etc programs need, read-only; the rest of /etc is the session's own. */
+static const char *const etc_files[] = {
+	"/etc/ld.so.cache", "/etc/nsswitch.conf", "/etc/resolv.conf", "/etc/ssl/certs",
+	"/etc/alternatives", "/etc/localtime",
+};
+#define N_USR_LINKS (sizeof usr_links / sizeof usr_links[0])
+#define N_ETC_FILES (sizeof etc_files / sizeof etc_files[0])
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0)
+		close(*fd);
+	*fd = -1;
+}
+
+/* The agent's own directory + CONFINE_INIT_NAME, in out (PATH_MAX bytes); -1 when unknown. */
+static int init_beside_agent(char *out)
+{
+	ssize_t n = readlink("/proc/self/exe", out, PATH_MAX - 1);
+	if (n <= 0)
+		return -1;
+	out[n] = '\0';
+	char *slash = strrchr(out, '/');
+	if (slash == NULL || (size_t)(slash - out) + 1 + sizeof CONFINE_INIT_NAME > PATH_MAX)
+		return -1;
+	strcpy(slash + 1, CONFINE_INIT_NAME);
+	return 0;
+}
+
+/* A pipe whose read end holds text: what bubblewrap copies into a file of the session. The
+ * texts are far below a pipe's 64 KiB, so the write cannot block. The read end, or -1. */
+static int data_pipe(const char *text)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		return -1;
+	size_t len = strlen(text);
+	ssize_t w = write(p[1], text, len);
+	int e = errno;
+	close(p[1]);
+	if (w != (ssize_t)len) {
+		close(p[0]);
+		errno = w < 0 ? e : EIO;
+		return -1;
+	}
+	return p[0];
+}
+
+/* The login shell of the sandbox user: bash where the host has it, else sh. */
+static const char *user_shell(void)
+{
+	return access("/usr/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
+}
+
+/* The files of /etc the session gets from the agent rather than from the host: only the users
+ * and groups that exist inside, and a hosts file naming the session's own name. */
+static int make_etc(int fds[3])
+{
+	char passwd[512], group[256];
+	snprintf(passwd, sizeof passwd,
+		 "root:x:0:0:root:/root:/bin/sh\n"
+		 "%s:x:%d:%d:%s:%s:%s\n"
+		 "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		 CONFINE_USER, CONFINE_UID, CONFINE_UID, CONFINE_USER, CONFINE_HOME, user_shell());
+	snprintf(group, sizeof group, "root:x:0:\n%s:x:%d:\nnogroup:x:65534:\n", CONFINE_USER,
+		 CONFINE_UID);
+	const char *hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+			    "127.0.1.1\t" CONFINE_HOSTNAME "\n";
+	fds[0] = data_pipe(passwd);
+	fds[1] = data_pipe(group);
+	fds[2] = data_pipe(hosts);
+	if (fds[0] >= 0 && fds[1] >= 0 && fds[2] >= 0)
+		return 0;
+	int e = errno;
+	for (int i = 0; i < 3; i++)
+		close_fd(&fds[i]);
+	errno = e;
+	return -1;
+}
+
+/*
+ * bubblewrap's arguments: the namespaces, the session's tree as / (bound at /tmp of the prep's
+ * mount namespace, see prep_main), what comes from the host read-only, and the init to run
+ * through its descriptor. host_dirs says which of usr_links the host has as directories.
+ * The vector has room for every word (see the size in confine_start).
+ */
+static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_USR_LINKS])
+{
+	static const char *const head[] = {
+		"--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid", "--unshare-ipc",
+		"--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--hostname", CONFINE_HOSTNAME,
+		"--die-with-parent", "--as-pid-1", "--info-fd", "5",
+		"--bind", "/tmp", "/", "--ro-bind", "/usr", "/usr",
+	};
+	static const char *const tail[] = {
+		"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+		"--perms", "0755", "--tmpfs", "/etc",
+	};
+	static const char *const data[] = {
+		"--ro-bind-data", "6", "/etc/passwd", "--ro-bind-data", "7", "/etc/group",
+		"--ro-bind-data", "8", "/etc/hosts", "--chdir", "/", "--", "/proc/self/fd/9",
+	};
+	static char top[N_USR_LINKS][16];
+	size_t k = 0;
+	v[k++] = bwrap;
+	for (size_t i = 0; i < sizeof head / sizeof *head; i++)
+		v[k++] = head[i];
+	for (size_t i = 0; i < N_USR_LINKS; i++) {
+		if (!host_dirs[i])
+			continue;
+		snprintf(top[i], sizeof top[i], "/%s", usr_links[i]);
+		v[k++] = "--ro-bind";
+		v[k++] = top[i];
+		v[k++] = top[i];
+	}
+	for (size_t i = 0; i < sizeof tail / sizeof *tail; i++)
+		v[k++] = tail[i];
+	for (size_t i = 0; i < N_ETC_FILES; i++) {
+		v[k++] = "--ro-bind-try";
+		v[k++] = etc_files[i];
+		v[k++] = etc_files[i];
+	}
+	for (size_t i = 0; i < sizeof data / sizeof *data; i++)
+		v[k++] = data[i];
+	v[k] = NULL;
+}
+#define BWRAP_ARGV_MAX (1 + 22 + 3 * N_USR_LINKS + 12 + 3 * N_ETC_FILES + 13 + 1)
+
+/* In the session's tree, as the sandbox user: the home, and the merged-/usr links the host has
+ * (bubblewrap cannot make a link that exists, which a revived session's tree has). Each step is
+ * beneath the tree and follows no link a command planted; what is in the way stays. */
+static void prepare_tree(int root, const int host_dirs[N_USR_LINKS])
+{
+	char target[PATH_MAX];
+	for (size_t i = 0; i < N_USR_LINKS; i++) {
+		char top[16];
+		snprintf(top, sizeof top, "/%s", usr_links[i]);
+		ssize_t n = readlink(top, target, sizeof target - 1);
+		if (host_dirs[i] || n <= 0)
+			continue;
+		target[n] = '\0';
+		if (symlinkat(target, root, usr_links[i]) < 0 && errno != EEXIST)
+			return;
+	}
+	if (mkdirat(root, "home", 0755) < 0 && errno != EEXIST)
+		return;
+	int home;
+	if (paths_open_at(root, "home", O_PATH | O_DIRECTORY, 0, &home) != PATH_OK)
+		return;
+	mkdirat(home, CONFINE_USER, 0755);
+	close(home);
+}
+
+/* Says why the prep failed on its standard error (bubblewrap's, which the agent reads back). */
+static void prep_fail(const char *what) __attribute__((noreturn));
+static void prep_fail(const char *what)
+{
+	dprintf(2, "%s: %s\n", what, strerror(errno));
+	_exit(127);
+}
+
+/*
+ * The prep: a child of the agent that makes the mount namespace bubblewrap starts from. There
+ * the tree is bound onto /tmp, so bubblewrap, run as the sandbox user's host uid, reaches it as
+ * /tmp whatever folders above it that uid may not enter (a state folder of mode 0700 owned by
+ * root): the bind is made before the uid changes. fds holds, in order, the descriptors
+ * bubblewrap gets as 3 to 9; err becomes its standard error.
+ */
+static void prep_main(const int fds[FD_FIRST_FREE - FD_READY], int err, const char *const *argv,
+		      const int host_dirs[N_USR_LINKS])
+{
+	if (dup2(err, 2) < 0)
+		_exit(127);
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null < 0 || dup2(null, 0) < 0 || dup2(null, 1) < 0)
+		prep_fail("cannot open /dev/null");
+	/* The root is reached through the working directory, which a new mount namespace carries
+	 * over into its own copy of the mounts (a descriptor would still name the old ones). */
+	if (fchdir(agent.cfg.root_fd) < 0)
+		prep_fail("cannot enter the root");
+	if (unshare(CLONE_NEWNS) < 0)
+		prep_fail("cannot make a mount namespace");
+	/* A slave receives the host's later mounts and sends none back. */
+	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
+		prep_fail("cannot make the mounts private");
+	if (mount(".", "/tmp", NULL, MS_BIND | MS_REC, NULL) < 0)
+		prep_fail("cannot bind the root");
+	/* Host root's supplementary groups must not follow it in, nor any capability. */
+	if (session.as_root && (setgroups(0, NULL) < 0 || setresgid(session.uid, session.uid,
+								   session.uid) < 0 ||
+				setresuid(session.uid, session.uid, session.uid) < 0))
+		prep_fail("cannot become the sandbox user's host uid");
+	prepare_tree(agent.cfg.root_fd, host_dirs);
+	/* Into place from above the range, so no move overwrites a descriptor still to move. */
+	int moved[FD_FIRST_FREE - FD_READY];
+	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++) {
+		moved[i] = fcntl(fds[i], F_DUPFD, FD_FIRST_FREE + 16);
+		if (moved[i] < 0)
+			prep_fail("cannot pass descriptors to bubblewrap");
+	}
+	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++)
+		if (dup2(moved[i], FD_READY + i) < 0)
+			prep_fail("cannot pass descriptors to bubblewrap");
+	close_range(FD_FIRST_FREE, ~0U, 0);
+	char *const envp[] = { NULL };
+	execve(argv[0], (char *const *)argv, envp);
+	prep_fail("cannot run bubblewrap");
+}
+
+/* Waits up to the start deadline for fd to be readable; 1 when it is, 0 at the deadline. */
+static int wait_readable(int fd, const struct timespec *deadline)
+{
+	for (;;) {
+		struct timespec now;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		long long ms = (deadline->tv_sec - now.tv_sec) * 1000LL +
+			       (deadline->tv_nsec - now.tv_nsec) / 1000000;
+		if (ms <= 0)
+			return 0;
+		struct pollfd p = { fd, POLLIN, 0 };
+		int r = poll(&p, 1, (int)ms);
+		if (r > 0)
+			return 1;
+		if (r < 0 && errno != EINTR)
+			return 0;
+	}
+}
+
+/* The init's host pid from bubblewrap's --info-fd document; -1 when it does not say. */
+static pid_t read_child_pid(int fd, const struct timespec *deadline)
+{
+	char info[INFO_MAX + 1];
+	size_t got = 0;
+	while (got < INFO_MAX && wait_readable(fd, deadline)) {
+		ssize_t r = read(fd, info + got, INFO_MAX - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+		info[got] = '\0';
+		if (strchr(info, '}'))
+			break;
+	}
+	info[got] = '\0';
+	const char *at = strstr(info, "\"child-pid\"");
+	if (at == NULL || (at = strchr(at, ':')) == NULL)
+		return -1;
+	char *end;
+	long pid = strtol(at + 1, &end, 10);
+	return pid > 0 && pid <= INT_MAX && end != at + 1 ? (pid_t)pid : -1;
+}
+
+/* The first line of what a failed helper wrote to its error file, in out (COMPLAINT_MAX). */
+static void complaint(int err, char *out)
+{
+	ssize_t n = pread(err, out, COMPLAINT_MAX - 1, 0);
+	out[n > 0 ? n : 0] = '\0';
+	out[strcspn(out, "\n")] = '\0';
+	if (out[0] == '\0')
+		strcpy(out, "no message");
+}
+
+/* An exit status as the shell says it. */
+static int status_code(int status)
+{
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void reap(pid_t pid, int *status)
+{
+	int st = 0;
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (status)
+		*status = st;
+}
+
+/* Whether this machine lets the sandbox user's host uid make a user namespace, tried in a
+ * throwaway child since a namespace once entered cannot be left: 0, or the errno that refused. */
+static int probe_user_namespace(void)
+{
+	pid_t pid = fork();
+	if (pid < 0)
+		return errno;
+	if (pid == 0) {
+		if (session.as_root && (setgroups(0, NULL) < 0 ||
+					setresgid(session.uid, session.uid, session.uid) < 0 ||
+					setresuid(session.uid, session.uid, session.uid) < 0))
+			_exit(errno);
+		_exit(unshare(CLONE_NEWUSER) < 0 ? errno : 0);
+	}
+	int status;
+	reap(pid, &status);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : EINTR;
+}
+
+/* Who the sandbox user is on the host: --host-uid as root (or the root's owner), the agent's
+ * own uid otherwise, from a user namespace of its own. -1 with why and *status set. */
+static int choose_identity(char *why, size_t whysz, int *status)
+{
+	struct stat st;
+	if (fstat(agent.cfg.root_fd, &st) < 0) {
+		snprintf(why, whysz, "cannot look at the root: %s", strerror(errno));
+		return -1;
+	}
+	session.as_root = geteuid() == 0;
+	if (!session.as_root) {
+		if (agent.cfg.host_uid >= 0 && (uid_t)agent.cfg.host_uid != geteuid()) {
+			snprintf(why, whysz, "--host-uid is for an agent run as root: this one runs as "
+				 "uid %u, which the sandbox user maps to", (unsigned)geteuid());
+			return -1;
+		}
+		session.uid = geteuid();
+		/* The user namespace gives the agent the capability to make mounts and join the
+		 * session's PID namespace; it maps the agent's user onto itself. */
+		if (contain_enter_user_namespace() < 0) {
+			*status = AGENT_EXIT_NO_ISOLATION;
+			snprintf(why, whysz, "cannot confine commands: this machine refuses the agent a "
+				 "user namespace (%s)", strerror(errno));
+			return -1;
+		}
+		return 0;
+	}
+	if (agent.cfg.host_uid >= 0) {
+		session.uid = (uid_t)agent.cfg.host_uid;
+	} else if (st.st_uid != 0) {
+		session.uid = st.st_uid;
+	} else {
+		snprintf(why, whysz, "as root, --isolate bwrap needs --host-uid UID: the unprivileged "
+			 "host uid the sandbox user is");
+		return -1;
+	}
+	if (session.uid == 0) {
+		snprintf(why, whysz, "--host-uid 0 would make the sandbox user root on the host");
+		return -1;
+	}
+	/* The tree belongs to the sandbox user: a fresh one is taken over, one made for another
+	 * uid is refused rather than left unwritable. */
+	if (st.st_uid == 0 && fchownat(agent.cfg.root_fd, "", session.uid, session.uid,
+				       AT_EMPTY_PATH) < 0) {
+		snprintf(why, whysz, "cannot give the root to uid %u: %s", (unsigned)session.uid,
+			 strerror(errno));
+		return -1;
+	}
+	if (st.st_uid != 0 && st.st_uid != session.uid) {
+		snprintf(why, whysz, "the root belongs to uid %u, not to the sandbox user's host uid "
+			 "%u", (unsigned)st.st_uid, (unsigned)session.uid);
+		return -1;
+	}
+	return 0;
+}
+
+/* Ends what a failed start left: bubblewrap (and the init with it) and every descriptor. */
+static void abandon(int fds[FD_FIRST_FREE - FD_READY], int *ready, int *info, int *err)
+{
+	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++)
+		close_fd(&fds[i]);
+	close_fd(ready);
+	close_fd(info);
+	close_fd(err);
+	close_fd(&session.lifeline);
+	close_fd(&session.init_pidfd);
+	if (session.bwrap > 0) {
+		kill(session.bwrap, SIGKILL);
+		reap(session.bwrap, NULL);
+		session.bwrap = -1;
+	}
+}
+
+/* The namespaces a command joins: the init's, the cgroup one only where bubblewrap made one. */
+static int join_flags(pid_t init)
+{
+	int flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS;
+	char path[64];
+	struct stat ours, theirs;
+	snprintf(path, sizeof path, "/proc/%d/ns/cgroup", (int)init);
+	if (stat("/proc/self/ns/cgroup", &ours) == 0 && stat(path, &theirs) == 0 &&
+	    ours.st_ino != theirs.st_ino)
+		flags |= CLONE_NEWCGROUP;
+	return flags;
+}
+
+/* Builds the session with bubblewrap: 0, or -1 with why and *status. */
+static int build(char *why, size_t whysz, int *status)
+{
+	int fds[FD_FIRST_FREE - FD_READY];
+	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++)
+		fds[i] = -1;
+	int ready = -1, info = -1, err = -1, p[2];
+	char init_path[PATH_MAX];
+	const char *init = agent.cfg.init_path;
+	if (init == NULL) {
+		if (init_beside_agent(init_path) < 0) {
+			snprintf(why, whysz, "cannot find %s beside the agent (give --init)",
+				 CONFINE_INIT_NAME);
+			return -1;
+		}
+		init = init_path;
+	}
+	fds[FD_INIT - FD_READY] = open(init, O_PATH | O_CLOEXEC);
+	if (fds[FD_INIT - FD_READY] < 0) {
+		snprintf(why, whysz, "cannot open the session's init %s: %s", init, strerror(errno));
+		return -1;
+	}
+	if (pipe2(p, O_CLOEXEC) < 0)
+		goto failed;
+	ready = p[0], fds[FD_READY - FD_READY] = p[1];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		goto failed;
+	fds[FD_LIFELINE - FD_READY] = p[0], session.lifeline = p[1];
+	if (pipe2(p, O_CLOEXEC) < 0)
+		goto failed;
+	info = p[0], fds[FD_INFO - FD_READY] = p[1];
+	if (make_etc(&fds[FD_PASSWD - FD_READY]) < 0)
+		goto failed;
+	err = memfd_create("bwrap-errors", MFD_CLOEXEC);
+	if (err < 0)
+		goto failed;
+	int host_dirs[N_USR_LINKS];
+	for (size_t i = 0; i < N_USR_LINKS; i++) {
+		struct stat st;
+		char top[16];
+		snprintf(top, sizeof top, "/%s", usr_links[i]);
+		host_dirs[i] = lstat(top, &st) == 0 && S_ISDIR(st.st_mode);
+	}
+	const char *argv[BWRAP_ARGV_MAX];
+	bwrap_argv(argv, agent.cfg.bwrap_path, host_dirs);
+	session.bwrap = fork();
+	if (session.bwrap < 0)
+		goto failed;
+	if (session.bwrap == 0)
+		prep_main(fds, err, argv, host_dirs);
+	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++)
+		close_fd(&fds[i]);
+
+	struct timespec deadline;
+	clock_gettime(CLOCK_MONOTONIC, &deadline);
+	deadline.tv_sec += CONFINE_START_MS / 1000;
+	char byte;
+	ssize_t r = -1;
+	if (wait_readable(ready, &deadline))
+		while ((r = read(ready, &byte, 1)) < 0 && errno == EINTR)
+			;
+	if (r != 1) {
+		char said[COMPLAINT_MAX];
+		int st = 0;
+		if (r != 0)
+			kill(session.bwrap, SIGKILL);
+		reap(session.bwrap, &st);
+		session.bwrap = -1;
+		complaint(err, said);
+		*status = AGENT_EXIT_NO_ISOLATION;
+		if (r == 0)
+			snprintf(why, whysz, "cannot confine commands: bubblewrap could not build the "
+				 "session (status %d): %s", status_code(st), said);
+		else
+			snprintf(why, whysz, "cannot confine commands: bubblewrap did not build the "
+				 "session within %d ms", CONFINE_START_MS);
+		abandon(fds, &ready, &info, &err);
+		return -1;
+	}
+	session.init = read_child_pid(info, &deadline);
+	session.init_pidfd = session.init > 0 ? (int)syscall(SYS_pidfd_open, session.init, 0) : -1;
+	if (session.init_pidfd < 0) {
+		snprintf(why, whysz, "cannot confine commands: bubblewrap did not say which process "
+			 "the session's init is");
+		*status = AGENT_EXIT_NO_ISOLATION;
+		abandon(fds, &ready, &info, &err);
+		return -1;
+	}
+	close_fd(&ready);
+	close_fd(&info);
+	close_fd(&err);
+	return 0;
+
+failed:
+	snprintf(why, whysz, "cannot prepare the session: %s", strerror(errno));
+	abandon(fds, &ready, &info, &err);
+	return -1;
+}
+
+/* The session's network namespace and, for outbound, its stack; then the agent moves its later
+ * children into the session's PID namespace and looks at files through the init's root. */
+static int enter(char *why, size_t whysz, int *status)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/ns/net", (int)session.init);
+	int netns = open(path, O_RDONLY | O_CLOEXEC);
+	if (netns < 0) {
+		snprintf(why, whysz, "cannot open the session's network namespace: %s", strerror(errno));
+		return -1;
+	}
+	struct network_setup net = { netns, session.uid, session.as_root };
+	/* Before the PID namespace is joined: the network's helpers must not be processes of the
+	 * session, which could see them. */
+	int r = network_start(&net, why, whysz, status);
+	close(netns);
+	if (r < 0)
+		return -1;
+	if (setns(session.init_pidfd, CLONE_NEWPID) < 0) {
+		snprintf(why, whysz, "cannot join the session's PID namespace: %s", strerror(errno));
+		return -1;
+	}
+	snprintf(path, sizeof path, "/proc/%d/root", (int)session.init);
+	int root = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root < 0) {
+		snprintf(why, whysz, "cannot open the session's root: %s", strerror(errno));
+		return -1;
+	}
+	close(agent.cfg.root_fd);
+	agent.cfg.root_fd = root;
+	if (paths_open_at(root, CONFINE_HOME + 1, O_PATH | O_DIRECTORY, 0, &session.home_fd) !=
+	    PATH_OK)
+		session.home_fd = -1;
+	session.join = join_flags(session.init);
+	return 0;
+}
+
+int confine_start(char *why, size_t whysz, int *status)
+{
+	*status = AGENT_EXIT_START;
+	if (access(agent.cfg.bwrap_path, X_OK) < 0) {
+		*status = AGENT_EXIT_NO_ISOLATION;
+		snprintf(why, whysz, "cannot confine commands: bubblewrap is not installed (%s: %s; "
+			 "Debian package bubblewrap)", agent.cfg.bwrap_path, strerror(errno));
+		return -1;
+	}
+	if (choose_identity(why, whysz, status) < 0)
+		return -1;
+	if (session.as_root) {
+		int e = probe_user_namespace();
+		if (e != 0) {
+			*status = AGENT_EXIT_NO_ISOLATION;
+			snprintf(why, whysz, "cannot confine commands: this machine refuses uid %u a "
+				 "user namespace (%s)", (unsigned)session.uid, strerror(e));
+			return -1;
+		}
+	}
+	if (build(why, whysz, status) < 0)
+		return -1;
+	if (enter(why, whysz, status) < 0) {
+		int s = *status;
+		confine_stop();
+		*status = s;
+		return -1;
+	}
+	session.active = 1;
+	return 0;
+}
+
+static void on_init_exit(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	/* Whoever killed it ended the session and every command in it: no process can start in
+	 * a PID namespace whose init is gone. */
+	log_info("the session's init was killed: stopping");
+	session.lost = 1;
+	event_base_loopbreak(agent.base);
+}
+
+int confine_watch(void)
+{
+	if (!session.active)
+		return 0;
+	session.watch = event_new(agent.base, session.init_pidfd, EV_READ, on_init_exit, NULL);
+	return session.watch && event_add(session.watch, NULL) == 0 ? 0 : -1;
+}
+
+int confine_lost(void)
+{
+	return session.lost;
+}
+
+void confine_settle(void)
+{
+	/* Root's file capabilities go with the change of fsuid; the rest stay for what the agent
+	 * still does (commands' namespaces, signals). A file the agent makes in the session's own
+	 * tmpfs needs an owner the session's user namespace maps, which root is not. */
+	if (session.active && session.as_root) {
+		setfsgid(session.uid);
+		setfsuid(session.uid);
+	}
+}
+
+int confine_active(void)
+{
+	return session.active;
+}
+
+const char *confine_description(void)
+{
+	static char text[160];
+	snprintf(text, sizeof text, "commands confined in the session's own namespaces as uid %d "
+		 "(host uid %u), network %s", CONFINE_UID, (unsigned)session.uid,
+		 agent.cfg.network_outbound ? "outbound" : "none");
+	return text;
+}
+
+int confine_default_cwd(void)
+{
+	return session.home_fd >= 0 ? session.home_fd : agent.cfg.root_fd;
+}
+
+int confine_drop_capabilities(void)
+{
+	/* The bounding set first: dropping from it needs CAP_SETPCAP, which goes below. The
+	 * kernel answers EINVAL past the last capability it knows. */
+	for (int cap = 0;; cap++) {
+		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0)
+			continue;
+		if (errno == EINVAL)
+			break;
+		return -1;
+	}
+	struct __user_cap_header_struct head = { _LINUX_CAPABILITY_VERSION_3, 0 };
+	struct __user_cap_data_struct none[_LINUX_CAPABILITY_U32S_3];
+	memset(none, 0, sizeof none);
+	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 ||
+	    syscall(SYS_capset, &head, none) < 0)
+		return -1;
+	return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+}
+
+int confine_enter(void)
+{
+	if (session.as_root && setgroups(0, NULL) < 0)
+		return -1;
+	if (setns(session.init_pidfd, session.join) < 0)
+		return -1;
+	/* The kernel keeps the capabilities this change would drop elsewhere: the user namespace
+	 * joined does not map the uid the child came with. They are given up just after. */
+	if (setresgid(CONFINE_UID, CONFINE_UID, CONFINE_UID) < 0 ||
+	    setresuid(CONFINE_UID, CONFINE_UID, CONFINE_UID) < 0)
+		return -1;
+	return confine_drop_capabilities();
+}
+
+void confine_stop(void)
+{
+	if (session.watch) {
+		event_free(session.watch);
+		session.watch = NULL;
+	}
+	network_stop();
+	/* The lifeline's end stops the init, and the kill covers an init a command stopped or
+	 * traced; either way the kernel then kills every process of the session. */
+	close_fd(&session.lifeline);
+	if (session.init_pidfd >= 0)
+		syscall(SYS_pidfd_send_signal, session.init_pidfd, SIGKILL, NULL, 0);
+	if (session.bwrap > 0)
+		reap(session.bwrap, NULL);
+	session.bwrap = -1;
+	close_fd(&session.init_pidfd);
+	close_fd(&session.home_fd);
+	session.active = 0;
+}
