@@ -42,6 +42,7 @@ local WRITE_FILES = "sandbox.writeFiles"
 local MKDIR = "sandbox.mkdir"
 local HEALTH = "sandbox.health"
 local ACTIVATE = "sandbox.activate"
+local PREVIEW = "sandbox.preview"
 
 protocol.PROTOCOL_VERSION = 1
 
@@ -706,6 +707,24 @@ function protocol.activate(conn)
   return true
 end
 
+--- POST /v1/preview (the `preview` extension, docs/protocol.md §6): the address on this
+-- machine's loopback that reaches `port` inside a confined session, made or found by its agent.
+function protocol.preview(conn, port)
+  local resp, err = send(conn, PREVIEW, "POST", "/v1/preview", encode{ port = port }, MAX_SMALL_BODY)
+  if not resp then return nil, err end
+  local value
+  value, err = read_json(conn, resp, PREVIEW, "the preview body could not be read")
+  if not value then return nil, err end
+  -- The endpoint is handed to callers as where to connect: only the agent's own loopback
+  -- listener is an answer, never an address elsewhere.
+  local endpoint = value.endpoint
+  if type(endpoint) ~= "string" or not endpoint:match("^http://127%.0%.0%.1:%d+$") then
+    return nil, errors.unexpected(PREVIEW, "endpoint", "not http://127.0.0.1:PORT: "
+      .. tostring(endpoint):sub(1, 64))
+  end
+  return endpoint
+end
+
 --- nil when every timing option of `given` (protocol.DEFAULTS' names) is a number of seconds
 -- and `keepalive` one the agent takes (or false), else INVALID_INPUT for `operation` naming the
 -- first in sorted order.
@@ -733,6 +752,6 @@ end
 
 protocol.OPERATIONS = { run = RUN, job_start = JOB_START, job_poll = JOB_POLL,
   job_cancel = JOB_CANCEL, read_file = READ_FILE, write_files = WRITE_FILES, mkdir = MKDIR,
-  health = HEALTH, activate = ACTIVATE }
+  health = HEALTH, activate = ACTIVATE, preview = PREVIEW }
 
 return protocol

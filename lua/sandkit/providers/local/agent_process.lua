@@ -45,11 +45,13 @@ end
 local TIMEOUT_PROGRAM = "timeout"
 
 --- The command line of the agent of the session folder `dir` (sandkit/providers/local/init.lua
--- has the layout): its files, token and log there, ending at `expires_at` (os.time seconds) if
--- given, under bubblewrap with the state folder `root` hidden when the sandbox isolates.
-function agent_process.argv(agent, dir, expires_at, options, root)
+-- has the layout): its files, token and log there; `fields` as start_agent's: ending at
+-- expires_at (os.time seconds) if given, confined or not, with its network and host uid, and
+-- bubblewrap at `bwrap`.
+function agent_process.argv(agent, dir, fields, options, bwrap)
   local argv = { agent, "--root", dir .. "/files", "--token-file", dir .. "/token",
     "--listen", "127.0.0.1:0", "--ready-fd", "3", "--log", "info" }
+  local expires_at = fields.expires_at
   if expires_at then
     local left = expires_at - os.time()
     if left < 1 then left = 1 end
@@ -57,10 +59,13 @@ function agent_process.argv(agent, dir, expires_at, options, root)
     table.insert(argv, 2, "--kill-after=" .. STOP_TIMEOUT)
     table.insert(argv, 3, tostring(math.floor(left)))
   end
-  if options.isolate == "bwrap" then
-    -- The state folder holds every session's token, record and files: inside the sandbox it is
-    -- empty but for this session's own files.
-    for _, word in ipairs{ "--isolate", "bwrap", "--hide", root } do argv[#argv + 1] = word end
+  for _, word in ipairs{ "--isolate", fields.isolate } do argv[#argv + 1] = word end
+  if fields.isolate == "bwrap" then
+    for _, word in ipairs{ "--network", fields.network, "--bwrap", bwrap } do argv[#argv + 1] = word end
+    if fields.host_uid then
+      argv[#argv + 1] = "--host-uid"
+      argv[#argv + 1] = string.format("%d", fields.host_uid)
+    end
   end
   if options.output_cap then
     argv[#argv + 1] = "--output-cap"
@@ -70,22 +75,52 @@ function agent_process.argv(agent, dir, expires_at, options, root)
 end
 
 --- The line the agent writes to its ready descriptor once it listens, or nil when it closed it
--- without one (it failed) or wrote none by `deadline`. The reader is closed either way.
+-- without one (it failed: then also true) or wrote none by `deadline`. The reader is closed
+-- either way.
 function agent_process.ready_line(reader, deadline)
-  local line, got = nil, ""
+  local line, got, closed = nil, "", false
   while not line do
     local chunk = reader:read()
     if chunk then
       got = got .. chunk
       line = got:match("^([^\n]*)\n")
     elseif chunk == nil or core.now() >= deadline then
+      closed = chunk == nil
       break
     else
       wait.ready(reader, deadline)
     end
   end
   reader:close()
-  return line
+  return line, not line and closed
+end
+
+--- The agent's exit statuses for confinement this machine cannot give (docs/agent.md), with
+-- the option each is about and what to choose instead.
+local REFUSALS = {
+  [3] = { field = "isolate",
+    instead = "isolate = \"none\" (sandkit --isolate none) runs commands unconfined instead" },
+  [4] = { field = "network",
+    instead = "network = \"none\" gives the session no network instead" },
+}
+
+--- What an agent's exit status says the machine cannot give ({ field, instead }), or nil.
+function agent_process.refusal(status)
+  return REFUSALS[status]
+end
+
+--- The uid the sandbox user of a confined session is on this machine when sandkit runs as
+-- root: a fresh one per session, so no two sessions share a uid (nor its process limits), in
+-- [2^30, 2^31): above the uids of users and of the subordinate ranges useradd hands out (to
+-- 600100000 on Debian). nil when not root: the agent then maps the sandbox user to the
+-- calling user.
+local HOST_UID_BASE = 2 ^ 30
+
+function agent_process.host_uid()
+  local status = read_file("/proc/self/status") or ""
+  if status:match("\nUid:%s+%d+%s+(%d+)") ~= "0" then return nil end
+  local b = { core.random(4):byte(1, 4) }
+  return math.floor(HOST_UID_BASE + ((b[1] % 64) * 2 ^ 24 + b[2] * 2 ^ 16 + b[3] * 2 ^ 8 + b[4]))
 end
 
 --- Whether pid is the agent serving dir: a recorded pid may since belong to someone else.

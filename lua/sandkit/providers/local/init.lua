@@ -1,24 +1,31 @@
 --- The `local` provider, the default: each session is a directory on this machine served by
 -- its own sandkit-agent process on 127.0.0.1 with a fresh per-boot token.
 --
---   sandkit.sandbox{ provider = "local", root = nil, isolate = nil, agent_path = nil,
---                    output_cap = nil, ready_timeout = 10, header_timeout = 60, grace = 60,
---                    command_timeout = nil }
+--   sandkit.sandbox{ provider = "local", root = nil, isolate = "bwrap", network = "none",
+--                    bwrap = nil, agent_path = nil, output_cap = nil, ready_timeout = 10,
+--                    header_timeout = 60, grace = 60, command_timeout = nil }
 --   sandbox:create{ id = nil, env = nil, lifetime = nil }
 --
 -- root      the state folder; default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit
--- isolate   nil, or "bwrap": commands run under bubblewrap with only the session's files
---           writable, no network, a private /tmp, and the state folder out of sight (no other
---           session's token, record or files, nor this one's token)
+-- isolate   "bwrap" (the default): each session is confined — its own namespaces built once by
+--           bubblewrap, its files as its /, an unprivileged user (docs/agent.md, Confinement);
+--           "none": commands run on this machine as the calling user, in the session's files
+-- network   for a confined session: "none" (its own loopback only) or "outbound" (connections
+--           out through pasta or slirp4netns)
+-- bwrap     where bubblewrap is (default /usr/bin/bwrap)
+-- env       variables every command of the session starts with, under the command's own
 -- lifetime  seconds after which the session's agent exits (its commands with it) and the
 --           session reads as absent; the next get, list or prune removes its files
 --
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
---   record.json  { id, pid, port, boot_id, generation, isolate, env, created_at, expires_at }
+--   record.json  { id, pid, port, boot_id, generation, isolate, network, host_uid, env,
+--                  created_at, expires_at }
 --   token        the agent's bearer token, mode 0600
---   files/       the sandbox root the agent serves: what commands and file calls see
+--   files/       the sandbox root the agent serves: a confined session's /, else where its
+--                commands run
 --   agent.log    the agent's stderr
--- The record is what lets get, list and terminate work from another process. Its parts:
+-- The record is what lets get, list and terminate work from another process, and what a
+-- revived session is built again from (its isolation, network and host uid). Its parts:
 -- state.lua (the state folder and the records in it), agent_process.lua (the agents).
 
 local core = require "sandkit.core"
@@ -36,7 +43,8 @@ local provider_local = {}
 
 --- The sandbox options this provider takes besides the common ones (sandkit.sandbox), and the
 -- create options besides id and env.
-provider_local.OPTIONS = options_check.set{ "root", "isolate", "agent_path", "output_cap", "ready_timeout" }
+provider_local.OPTIONS = options_check.set{ "root", "isolate", "network", "bwrap", "agent_path",
+  "output_cap", "ready_timeout" }
 provider_local.CREATE_OPTIONS = options_check.set{ "lifetime" }
 --- A session id is a directory name and part of a URL nowhere; the rule is the other
 -- providers' so that ids move between them.
@@ -47,8 +55,10 @@ provider_local.ID = options_check.SESSION_ID
 provider_local.CLI_OPTIONS = {
   { flag = "root", arg = "DIR", option = "root",
     help = "the state folder (default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit)" },
-  { flag = "isolate", arg = "bwrap", option = "isolate",
-    help = "run the commands of new sessions under bubblewrap" },
+  { flag = "isolate", arg = "bwrap|none", option = "isolate",
+    help = "confine new sessions (bwrap, the default) or run their commands on this machine (none)" },
+  { flag = "network", arg = "none|outbound", option = "network",
+    help = "a confined session's network: its own loopback only (none, the default), or outbound" },
 }
 
 local provider_mt = {}
@@ -60,9 +70,10 @@ local read_file = state.read_file
 local ROOT_ADVICE = "; the state folder (the root option) must be one this user can write "
   .. "(docs/openresty.md says how to set one up inside nginx)"
 
-local function bwrap_available()
-  return state.file_exists("/usr/bin/bwrap")
-end
+--- Where Debian's bubblewrap package puts it; the agent runs what this names as the jail.
+local DEFAULT_BWRAP = "/usr/bin/bwrap"
+local ISOLATIONS = { bwrap = true, none = true }
+local NETWORKS = { none = true, outbound = true }
 
 function provider_local.new(options)
   local ready_timeout, bad = options_check.seconds("sandkit.sandbox", options, "ready_timeout",
@@ -77,28 +88,56 @@ function provider_local.new(options)
       "no state folder: give the sandbox a root, or set $XDG_STATE_HOME or $HOME (inside nginx, "
         .. "whose workers see neither unless `env` passes it, give root: docs/openresty.md)")
   end
-  if options.isolate ~= nil and options.isolate ~= "bwrap" then
-    return nil, errors.invalid_input("sandbox.create", "isolate", "isolate is nil or \"bwrap\"")
+  local isolate, network = options.isolate or "bwrap", options.network or "none"
+  if not ISOLATIONS[isolate] then
+    return nil, errors.invalid_input("sandbox.create", "isolate",
+      "isolate is \"bwrap\" (the default) or \"none\", not " .. tostring(isolate))
   end
-  if options.isolate == "bwrap" and not bwrap_available() then
-    return nil, errors.not_supported("sandbox.create",
-      "isolate = \"bwrap\" needs bubblewrap (/usr/bin/bwrap), which is not installed")
+  if not NETWORKS[network] then
+    return nil, errors.invalid_input("sandbox.create", "network",
+      "network is \"none\" (the default) or \"outbound\", not " .. tostring(network))
   end
-  return setmetatable({ name = "local", options = options, root = root,
-    sessions = root .. "/sessions", ready_timeout = ready_timeout }, provider_mt)
+  -- Unconfined commands use this machine's network as it is: there is no other to choose.
+  if isolate == "none" and options.network ~= nil then
+    return nil, errors.invalid_input("sandbox.create", "network",
+      "network is for confined sessions; with isolate = \"none\" commands use this machine's")
+  end
+  if options.bwrap ~= nil and (type(options.bwrap) ~= "string" or options.bwrap == "") then
+    return nil, errors.invalid_input("sandbox.create", "bwrap", "bwrap is the path of bubblewrap")
+  end
+  return setmetatable({ name = "local", options = options, root = root, isolate = isolate,
+    network = network, bwrap = options.bwrap or DEFAULT_BWRAP, sessions = root .. "/sessions",
+    ready_timeout = ready_timeout }, provider_mt)
 end
 
 function provider_mt:capabilities()
-  local isolated = self.options.isolate == "bwrap"
   return {
     files = true, jobs = true, reconnect = true, list = true,
-    -- A session without its own network shares this machine's loopback, so a port it
-    -- listens on is reachable as it is; under bwrap it has no network to reach.
-    preview = not isolated,
+    -- Unconfined, a session shares this machine's loopback; confined, its agent forwards.
+    preview = true,
     pause_resume = false, snapshot = false,
-    isolation = isolated and "bwrap" or "none",
-    bwrap = bwrap_available(),
+    isolation = self.isolate,
+    bwrap = state.file_exists(self.bwrap),
   }
+end
+
+--- Refuses a session environment that is not names to strings the kernel can carry.
+local function check_env(env)
+  if env == nil then return nil end
+  local function bad(why)
+    return errors.invalid_input("sandbox.create", "env", "env maps variable names to strings: " .. why)
+  end
+  if type(env) ~= "table" then return bad("it is a " .. type(env)) end
+  for k, v in pairs(env) do
+    if type(k) ~= "string" then return bad("a name is a " .. type(k)) end
+    -- The kernel's environment is K=V with no NUL: such a name or value would change which
+    -- variable a command sees.
+    if k == "" or k:find("=", 1, true) or k:find("\0", 1, true) then
+      return bad("a name is non-empty, without '=' or NUL")
+    end
+    if type(v) ~= "string" then return bad(k:sub(1, 64) .. " is a " .. type(v)) end
+    if v:find("\0", 1, true) then return bad(k:sub(1, 64) .. " holds a NUL") end
+  end
 end
 
 local function new_id()
@@ -118,9 +157,10 @@ local function transport_for(port, token)
   }
 end
 
---- Starts an agent for the session directory and waits until it serves. `expires_at` (os.time
--- seconds, or nil) ends the agent's life.
-function provider_mt:start_agent(id, dir, generation, env, expires_at)
+--- Starts an agent for the session directory and waits until it serves. `fields`: generation,
+-- env, expires_at (os.time seconds, or nil: it ends the agent's life), isolate, network and
+-- host_uid (the session's, kept in its record).
+function provider_mt:start_agent(id, dir, fields)
   local agent, missing = agent_process.find(self.options)
   if not agent then
     -- Not OPERATION_NOT_SUPPORTED: the provider does this; the installation is what is amiss.
@@ -131,7 +171,7 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
   local token = core.b64encode(core.random(32))
   local ok, err = core.write_private(token_path, token)
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
-  local argv = agent_process.argv(agent, dir, expires_at, self.options, self.root)
+  local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap)
   local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
     stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
   if not pid then
@@ -140,8 +180,7 @@ function provider_mt:start_agent(id, dir, generation, env, expires_at)
 
   -- Whatever fails once the agent runs, the agent goes with it: a session without its record
   -- is one no get, list or terminate could find again.
-  local done, record, failure = pcall(self.await_agent, self, id, dir, pid, reader, token,
-    { generation = generation, env = env, expires_at = expires_at })
+  local done, record, failure = pcall(self.await_agent, self, id, dir, pid, reader, token, fields)
   if not done then
     failure = errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
       .. " was started, then: " .. tostring(record), { retryable = false })
@@ -160,15 +199,22 @@ end
 -- record, or nil and an error (the caller stops the agent).
 function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   -- The agent writes one line when it listens; its closing without one means it failed.
-  local line = agent_process.ready_line(reader, core.now() + self.ready_timeout)
+  local line, closed = agent_process.ready_line(reader, core.now() + self.ready_timeout)
   local ready = line and json.decode(line)
   if type(ready) ~= "table" or type(ready.port) ~= "number" then
     local log = (read_file(dir .. "/agent.log") or ""):sub(-600)
+    -- An agent that closed the pipe without its line is leaving: its status says why.
+    local refusal = closed and agent_process.refusal(select(2, core.reap(pid, true)))
+    if refusal then
+      local said = log:match("sandkit%-agent: ([^\n]*)\n?$") or log
+      return nil, errors.invalid_input("sandbox.create", refusal.field, said .. "; " .. refusal.instead)
+    end
     return nil, errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
       .. " did not report that it listens: " .. log)
   end
   local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
-    generation = fields.generation, isolate = self.options.isolate, env = fields.env, created_at = os.time(),
+    generation = fields.generation, isolate = fields.isolate, network = fields.network,
+    host_uid = fields.host_uid, env = fields.env, created_at = os.time(),
     expires_at = fields.expires_at }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
   local health, herr = readiness.wait(conn, { timeout = self.ready_timeout })
@@ -190,13 +236,8 @@ function provider_mt:create(opts)
   -- lifetime: the record (JSON) cannot hold it, and no lifetime is what nil says.
   local lifetime, bad = options_check.lifetime("sandbox.create", opts, "lifetime")
   if bad then return nil, bad end
-  if opts.env ~= nil then
-    for k, v in pairs(opts.env) do
-      if type(k) ~= "string" or type(v) ~= "string" then
-        error("sandkit: create env must map strings to strings", 3)
-      end
-    end
-  end
+  local bad_env = check_env(opts.env)
+  if bad_env then return nil, bad_env end
   local made, err = state.mkdirs(self.sessions)
   if not made then return nil, errors.invalid_input("sandbox.create", "root", err .. ROOT_ADVICE) end
   local dir = self:dir(id)
@@ -209,9 +250,15 @@ function provider_mt:create(opts)
     return nil, errors.invalid_input("sandbox.create", "root",
       oserror.describe(merr, code, dir, "create") .. ROOT_ADVICE)
   end
-  core.mkdir(dir .. "/files", 448)
+  -- 0755: a confined session's /, which programs of other uids inside may need to cross; the
+  -- session's directory around it keeps it private on this machine.
+  core.mkdir(dir .. "/files", 493)
+  local confined = self.isolate == "bwrap"
   local record
-  record, err = self:start_agent(id, dir, 1, opts.env, lifetime and os.time() + math.ceil(lifetime))
+  record, err = self:start_agent(id, dir, { generation = 1, env = opts.env,
+    expires_at = lifetime and os.time() + math.ceil(lifetime), isolate = self.isolate,
+    network = confined and self.network or nil,
+    host_uid = confined and agent_process.host_uid() or nil })
   if not record then
     core.remove_tree(dir)
     return nil, err
@@ -259,8 +306,10 @@ function provider_mt:get_or_create(opts)
   if record and record.state == "running" then return record, false end
   if record then
     local revived
-    revived, err = self:start_agent(opts.id, self:dir(opts.id), record.generation + 1, record.env,
-      record.expires_at)
+    revived, err = self:start_agent(opts.id, self:dir(opts.id), { generation = record.generation + 1,
+      env = record.env, expires_at = record.expires_at, isolate = record.isolate,
+      network = record.isolate == "bwrap" and (record.network or "none") or nil,
+      host_uid = record.host_uid })
     if not revived then return nil, err end
     return revived, false
   end
@@ -326,11 +375,19 @@ function provider_mt:connection(record)
   return conn
 end
 
---- A session shares this machine's loopback: a port it listens on is reachable as it is,
--- with no token and no expiry (expires_in = math.huge), by anything on this machine.
-function provider_mt:preview(_, port)
-  return { endpoint = "http://127.0.0.1:" .. port, headers = {}, allowed_ports = { port },
-    expires_in = math.huge }
+--- An unconfined session shares this machine's loopback: a port it listens on is reachable as
+-- it is. A confined one has a loopback of its own, which its agent forwards from one of this
+-- machine's. Either way the endpoint needs no token, lasts as long as the session's agent
+-- (expires_in = math.huge), and anything on this machine can reach it.
+function provider_mt:preview(record, port)
+  local endpoint = "http://127.0.0.1:" .. port
+  if record.isolate == "bwrap" then
+    local conn, err = self:connection(record)
+    if not conn then return nil, err end
+    endpoint, err = protocol.preview(conn, port)
+    if not endpoint then return nil, err end
+  end
+  return { endpoint = endpoint, headers = {}, allowed_ports = { port }, expires_in = math.huge }
 end
 
 return provider_local

@@ -75,6 +75,11 @@ function state.load_record(dir)
   record.generation = json.integer(record.generation or 1)
   record.created_at = json.integer(record.created_at)
   record.expires_at = json.integer(record.expires_at)
+  record.host_uid = json.integer(record.host_uid)
+  -- What the session was made as is what it is served as again; a record from before
+  -- confinement was the default says nothing, and such a session was unconfined.
+  if record.isolate ~= "bwrap" then record.isolate = "none" end
+  if record.network == json.null then record.network = nil end
   -- A record this provider did not write whole is not a session it can serve.
   if not (record.pid and record.port and record.generation) then return nil end
   if record.env == json.null then record.env = nil end
