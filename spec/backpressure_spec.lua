@@ -39,8 +39,8 @@ describe("a slow consumer", function()
       "the command wrote %d bytes while the reader took %d", written, bytes))
     -- Leaving the loop closed the stream, which stops the command: give the agent a moment to
     -- act on the close, then the count stays put.
-    local settled = assert(session:exec({ "sh", "-c", "sleep 0.3; cat written" }, { timeout = 10 })).stdout
-    local later = assert(session:exec({ "sh", "-c", "sleep 0.3; cat written" }, { timeout = 10 })).stdout
+    local settled = assert(session:exec({ "sh", "-c", "sleep 0.3; cat /written" }, { timeout = 10 })).stdout
+    local later = assert(session:exec({ "sh", "-c", "sleep 0.3; cat /written" }, { timeout = 10 })).stdout
     assert.equal(settled, later)
   end)
 end)

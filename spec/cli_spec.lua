@@ -112,7 +112,7 @@ describe("the sandkit command", function()
 
   it("passes --cwd and --env to the command", function()
     sandkit_cmd("create work")
-    sandkit_cmd("run --session work -- mkdir sub")
+    sandkit_cmd("run --session work -- mkdir /sub")
     local out, _, status = sandkit_cmd("run --session work --cwd /sub --env A=1 --env B=x=y -- "
       .. "sh -c 'pwd | sed s,.*/,,; echo $A $B'")
     assert.equal(0, status)

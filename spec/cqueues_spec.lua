@@ -37,7 +37,7 @@ describe("under cqueues", function()
     local ticks, done = 0, false
     cq:wrap(function()
       -- The command waits for a file only the ticker below writes.
-      local result = assert(session:exec({ "sh", "-c", "while [ ! -e ticked ]; do sleep 0.01; done; echo seen" },
+      local result = assert(session:exec({ "sh", "-c", "while [ ! -e /ticked ]; do sleep 0.01; done; echo seen" },
         { timeout = 20 }))
       done = result.stdout
     end)

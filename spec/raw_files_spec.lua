@@ -281,7 +281,7 @@ describe("files of any size through the real sandkit-agent", function()
     local src, dst = temp_path(), temp_path()
     files.write(src, data)
     assert.equal(size, assert(session:write_file_from("/in/big.bin", src)))
-    assert.equal(tostring(size) .. "\n", assert(session:exec({ "sh", "-c", "wc -c < in/big.bin" },
+    assert.equal(tostring(size) .. "\n", assert(session:exec({ "sh", "-c", "wc -c < /in/big.bin" },
       { timeout = 10 })).stdout)
     assert.equal(size, assert(session:read_file_to("/in/big.bin", dst)))
     assert.equal(files.checksum(data), files.checksum(files.read(dst)))

@@ -46,7 +46,7 @@ describe("the runner", function()
 
   it("yields during job polls and readiness waits, so other tasks go on", function()
     local _, out = sandkit.run(function()
-      local job = assert(session:start_job({ "sh", "-c", "while [ ! -e go ]; do sleep 0.01; done; echo released" },
+      local job = assert(session:start_job({ "sh", "-c", "while [ ! -e /go ]; do sleep 0.01; done; echo released" },
         { timeout = 20 }))
       local follower = sandkit.spawn(function()
         local seen = {}

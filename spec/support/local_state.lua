@@ -27,16 +27,16 @@ function local_state.lua_env()
 end
 
 --- The gigabyte writer of the backpressure specs: writes up to 1 GiB in blocks of `block`
--- bytes, recording after each block how many it wrote in the file `written` (through a
--- rename, so a reader never sees a half-written count).
+-- bytes, recording after each block how many it wrote in the file `/written` of its session
+-- (through a rename, so a reader never sees a half-written count).
 function local_state.writer(block)
   return { LUA, "-e", string.format([[
     local block = string.rep("x", %d)
     for i = 1, %d do
       io.stdout:write(block)
       io.stdout:flush()
-      local f = io.open("written.tmp", "w") f:write(i) f:close()
-      os.rename("written.tmp", "written")
+      local f = io.open("/written.tmp", "w") f:write(i) f:close()
+      os.rename("/written.tmp", "/written")
     end]], block, math.floor(1073741824 / block)) }
 end
 

@@ -248,8 +248,8 @@ static void prep_main(const int fds[FD_FIRST_FREE - FD_READY], int err, const ch
 	if (mount(".", "/tmp", NULL, MS_BIND | MS_REC, NULL) < 0)
 		prep_fail("cannot bind the root");
 	/* Host root's supplementary groups must not follow it in, nor any capability. */
-	if (session.as_root && (setgroups(0, NULL) < 0 || setresgid(session.uid, session.uid,
-								   session.uid) < 0 ||
+	if (session.as_root && (confine_drop_groups() < 0 || setresgid(session.uid, session.uid,
+									  session.uid) < 0 ||
 				setresuid(session.uid, session.uid, session.uid) < 0))
 		prep_fail("cannot become the sandbox user's host uid");
 	prepare_tree(agent.cfg.root_fd, host_dirs);
@@ -338,27 +338,60 @@ static void reap(pid_t pid, int *status)
 		*status = st;
 }
 
-/* Whether this machine lets the sandbox user's host uid make a user namespace, tried in a
- * throwaway child since a namespace once entered cannot be left: 0, or the errno that refused. */
-static int probe_user_namespace(void)
+/* What a root agent's probe found: the namespace refused, or the uid it could not become. */
+enum probe_stage { PROBE_OK, PROBE_NAMESPACE, PROBE_UID };
+
+/*
+ * Whether this machine lets the agent make a user namespace, and then the sandbox user's host
+ * uid, as bubblewrap will, each tried in a throwaway child since a namespace once entered
+ * cannot be left. The stage that failed, with its errno in *err and in *as_uid whether it was
+ * the sandbox user's uid that tried.
+ */
+static enum probe_stage probe_user_namespace(int *err, int *as_uid_out)
 {
-	pid_t pid = fork();
-	if (pid < 0)
-		return errno;
-	if (pid == 0) {
-		if (session.as_root && (setgroups(0, NULL) < 0 ||
-					setresgid(session.uid, session.uid, session.uid) < 0 ||
-					setresuid(session.uid, session.uid, session.uid) < 0))
-			_exit(errno);
-		_exit(unshare(CLONE_NEWUSER) < 0 ? errno : 0);
+	for (int as_uid = 0; as_uid < 2; as_uid++) {
+		int report[2];
+		if (pipe2(report, O_CLOEXEC) < 0) {
+			*err = errno;
+			return PROBE_NAMESPACE;
+		}
+		pid_t pid = fork();
+		if (pid == 0) {
+			int said[2] = { PROBE_UID, 0 };
+			if (as_uid && (confine_drop_groups() < 0 ||
+				       setresgid(session.uid, session.uid, session.uid) < 0 ||
+				       setresuid(session.uid, session.uid, session.uid) < 0))
+				said[1] = errno;
+			else if (said[0] = PROBE_NAMESPACE, unshare(CLONE_NEWUSER) < 0)
+				said[1] = errno;
+			else
+				said[0] = PROBE_OK;
+			ssize_t w = write(report[1], said, sizeof said);
+			_exit(w == (ssize_t)sizeof said ? 0 : 1);
+		}
+		int said[2] = { PROBE_NAMESPACE, errno };
+		close(report[1]);
+		if (pid > 0) {
+			ssize_t r;
+			while ((r = read(report[0], said, sizeof said)) < 0 && errno == EINTR)
+				;
+			if (r != (ssize_t)sizeof said)
+				said[0] = PROBE_NAMESPACE, said[1] = ECHILD;
+			reap(pid, NULL);
+		}
+		close(report[0]);
+		if (said[0] != PROBE_OK) {
+			*err = said[1];
+			*as_uid_out = as_uid;
+			return (enum probe_stage)said[0];
+		}
 	}
-	int status;
-	reap(pid, &status);
-	return WIFEXITED(status) ? WEXITSTATUS(status) : EINTR;
+	return PROBE_OK;
 }
 
-/* Who the sandbox user is on the host: --host-uid as root (or the root's owner), the agent's
- * own uid otherwise, from a user namespace of its own. -1 with why and *status set. */
+/* Who the sandbox user is on the host: --host-uid as root (or the root's owner), checked to
+ * be able to make the user namespace bubblewrap will, and then given the root; the agent's own
+ * uid otherwise, from a user namespace of its own. -1 with why and *status set. */
 static int choose_identity(char *why, size_t whysz, int *status)
 {
 	struct stat st;
@@ -378,8 +411,9 @@ static int choose_identity(char *why, size_t whysz, int *status)
 		 * session's PID namespace; it maps the agent's user onto itself. */
 		if (contain_enter_user_namespace() < 0) {
 			*status = AGENT_EXIT_NO_ISOLATION;
-			snprintf(why, whysz, "cannot confine commands: this machine refuses the agent a "
-				 "user namespace (%s)", strerror(errno));
+			snprintf(why, whysz, "cannot confine commands: this machine refuses user "
+				 "namespaces (%s; the sysctl user.max_user_namespaces, or a container's "
+				 "policy)", strerror(errno));
 			return -1;
 		}
 		return 0;
@@ -397,17 +431,33 @@ static int choose_identity(char *why, size_t whysz, int *status)
 		snprintf(why, whysz, "--host-uid 0 would make the sandbox user root on the host");
 		return -1;
 	}
+	if (st.st_uid != 0 && st.st_uid != session.uid) {
+		snprintf(why, whysz, "the root belongs to uid %u, not to the sandbox user's host uid "
+			 "%u", (unsigned)st.st_uid, (unsigned)session.uid);
+		return -1;
+	}
+	int err, as_uid = 0;
+	switch (probe_user_namespace(&err, &as_uid)) {
+	case PROBE_OK:
+		break;
+	case PROBE_UID:
+		*status = AGENT_EXIT_NO_ISOLATION;
+		snprintf(why, whysz, "cannot confine commands: the agent cannot become uid %u (%s): "
+			 "it is no uid of this user namespace", (unsigned)session.uid, strerror(err));
+		return -1;
+	default:
+		*status = AGENT_EXIT_NO_ISOLATION;
+		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces%s "
+			 "(%s; the sysctl user.max_user_namespaces, or a container's policy)",
+			 as_uid ? " to the sandbox user's host uid" : "", strerror(err));
+		return -1;
+	}
 	/* The tree belongs to the sandbox user: a fresh one is taken over, one made for another
 	 * uid is refused rather than left unwritable. */
 	if (st.st_uid == 0 && fchownat(agent.cfg.root_fd, "", session.uid, session.uid,
 				       AT_EMPTY_PATH) < 0) {
 		snprintf(why, whysz, "cannot give the root to uid %u: %s", (unsigned)session.uid,
 			 strerror(errno));
-		return -1;
-	}
-	if (st.st_uid != 0 && st.st_uid != session.uid) {
-		snprintf(why, whysz, "the root belongs to uid %u, not to the sandbox user's host uid "
-			 "%u", (unsigned)st.st_uid, (unsigned)session.uid);
 		return -1;
 	}
 	return 0;
@@ -590,15 +640,6 @@ int confine_start(char *why, size_t whysz, int *status)
 	}
 	if (choose_identity(why, whysz, status) < 0)
 		return -1;
-	if (session.as_root) {
-		int e = probe_user_namespace();
-		if (e != 0) {
-			*status = AGENT_EXIT_NO_ISOLATION;
-			snprintf(why, whysz, "cannot confine commands: this machine refuses uid %u a "
-				 "user namespace (%s)", (unsigned)session.uid, strerror(e));
-			return -1;
-		}
-	}
 	if (build(why, whysz, status) < 0)
 		return -1;
 	if (enter(why, whysz, status) < 0) {
@@ -666,6 +707,13 @@ int confine_default_cwd(void)
 	return session.home_fd >= 0 ? session.home_fd : agent.cfg.root_fd;
 }
 
+int confine_drop_groups(void)
+{
+	/* A user namespace may forbid setgroups(2) (setgroups "deny"): then the groups are the
+	 * ones its creator had, which it could not drop either, and none of root's. */
+	return setgroups(0, NULL) == 0 || errno == EPERM ? 0 : -1;
+}
+
 int confine_drop_capabilities(void)
 {
 	/* The bounding set first: dropping from it needs CAP_SETPCAP, which goes below. The
@@ -688,7 +736,7 @@ int confine_drop_capabilities(void)
 
 int confine_enter(void)
 {
-	if (session.as_root && setgroups(0, NULL) < 0)
+	if (session.as_root && confine_drop_groups() < 0)
 		return -1;
 	if (setns(session.init_pidfd, session.join) < 0)
 		return -1;

@@ -77,6 +77,10 @@ int confine_default_cwd(void);
  */
 int confine_enter(void);
 
+/* Host root's supplementary groups, which must not follow a process into the session: 0, or -1
+ * with errno. */
+int confine_drop_groups(void);
+
 /* Gives up every capability, in every set, and the means to regain one (no_new_privs): for a
  * process of the agent's that will act inside the session. 0, or -1 with errno. */
 int confine_drop_capabilities(void);

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <linux/nsfs.h>
 #include <poll.h>
 #include <sched.h>
@@ -61,7 +60,7 @@ static int become_uid(const struct network_setup *s)
 {
 	if (!s->as_root)
 		return 0;
-	if (setgroups(0, NULL) < 0 || setresgid(s->uid, s->uid, s->uid) < 0 ||
+	if (confine_drop_groups() < 0 || setresgid(s->uid, s->uid, s->uid) < 0 ||
 	    setresuid(s->uid, s->uid, s->uid) < 0)
 		return -1;
 	return 0;
