@@ -380,7 +380,9 @@ local function run(ctx)
 end
 
 local function create(ctx)
-  local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = ctx.opts.lifetime }
+  -- --env here is the session's: every command of it starts with these, under its own.
+  local env = ctx.opts.env and next(ctx.opts.env) and env_map(ctx.opts.env) or nil
+  local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = ctx.opts.lifetime, env = env }
   if interrupt.pending then
     if session then remove_throwaway(ctx.sandbox, session.id) end
     return interrupted_status()
@@ -562,8 +564,10 @@ local COMMANDS = {
       .. "      [--output-cap BYTES] [--lines] [--lifetime S] -- ARGV...",
     summary = "run ARGV in a session (a throwaway one without --session), streaming its\n"
       .. "output as it comes; exits with its status" },
-  { name = "create", handler = create, args = { "[NAME]" }, options = { "lifetime", "json" },
-    synopsis = "create [NAME] [--lifetime S] [--json]", summary = "make a session and print its name" },
+  { name = "create", handler = create, args = { "[NAME]" }, options = { "lifetime", "env", "json" },
+    synopsis = "create [NAME] [--lifetime S] [--env K=V]... [--json]",
+    summary = "make a session and print its name; --env sets what every command of it\n"
+      .. "starts with" },
   { name = "ls", handler = ls, options = { "json" }, synopsis = "ls [--json]",
     summary = "list sessions: name, state, generation, creation time" },
   { name = "rm", handler = rm, args = { "NAME..." }, options = { "force" }, synopsis = "rm [-f] NAME...",
