@@ -40,6 +40,7 @@ int main(int argc, char **argv)
 	/* Commands run as the same user: they may see it, but not trace it or read its
 	 * descriptors. And it is named for what it is, not the descriptor it was run from. */
 	prctl(PR_SET_DUMPABLE, 0);
+	prctl(PR_SET_NAME, NAME);
 	if (argc > 0 && strlen(argv[0]) >= sizeof NAME - 1) {
 		size_t len = strlen(argv[0]);
 		memset(argv[0], 0, len);
