@@ -65,19 +65,24 @@ static int side_of(const struct splice *s, const struct bufferevent *bev)
 	return bev == s->side[1];
 }
 
-/* Passes on the end of side i once all it sent was written to the other side; frees the pair
- * once both ends went through. 1 when it was freed. */
+/*
+ * Once side i ended and what it sent was written to the other side: the caller's end ends the
+ * connection (a server that keeps its side open must not hold one of the bounded connections
+ * for ever); the session's end is passed on to the caller (shutdown for writing), whose own end
+ * then ends it. 1 when the pair was freed.
+ */
 static int pass_end(struct splice *s, int i)
 {
 	int other = 1 - i;
-	if (s->ended[i] && !s->shut[other] &&
-	    evbuffer_get_length(bufferevent_get_output(s->side[other])) == 0) {
-		shutdown(bufferevent_getfd(s->side[other]), SHUT_WR);
-		s->shut[other] = 1;
-	}
-	if (s->shut[0] && s->shut[1]) {
+	if (!s->ended[i] || evbuffer_get_length(bufferevent_get_output(s->side[other])) > 0)
+		return 0;
+	if (i == 0 || s->ended[other]) {
 		splice_free(s);
 		return 1;
+	}
+	if (!s->shut[other]) {
+		shutdown(bufferevent_getfd(s->side[other]), SHUT_WR);
+		s->shut[other] = 1;
 	}
 	return 0;
 }
