@@ -3,7 +3,6 @@
 local sandkit = require "sandkit"
 local core = require "sandkit.core"
 local local_state = require "support.local_state"
-local fake_http = require "support.fake_http"
 
 local function stat_mode(path)
   local p = io.popen("stat -c %a " .. local_state.shell_quote(path))
@@ -55,11 +54,11 @@ describe("the local provider", function()
     assert.equal("INVALID_INPUT", err.code)
   end)
 
-  it("keeps files under the session and runs commands there", function()
+  it("keeps files under the session, where its commands find them at the same paths", function()
     local session = assert(sandbox:create{ id = "files" })
     assert(session:write_files{ ["/app/in.txt"] = "payload\0with NUL" })
     assert(session:mkdir("/app/build"))
-    local result = assert(session:exec({ "sh", "-c", "cat app/in.txt | wc -c; test -d app/build && echo dir" },
+    local result = assert(session:exec({ "sh", "-c", "cat /app/in.txt | wc -c; test -d /app/build && echo dir" },
       { timeout = 10 }))
     assert.equal("16\ndir\n", result.stdout)
     assert.equal("payload\0with NUL", assert(session:read_file("/app/in.txt")))
@@ -154,6 +153,10 @@ describe("the local provider", function()
     assert.is_false(again)
     assert.equal("running", revived.state)
     assert.equal(2, revived.generation)
+    assert.equal(session.record.host_uid, revived.record.host_uid, "the same sandbox user on the host")
+    assert.equal("bwrap", revived.record.isolate)
+    assert.equal("again\n", assert(revived:exec({ "sh", "-c", "echo again > /keep2.txt && cat /keep2.txt" },
+      { timeout = 10 })).stdout, "the revived session's user owns its files still")
     assert.is_string(revived.boot_id)
     assert.are_not.equal(session.boot_id, revived.boot_id, "a fresh agent has a fresh boot id")
     assert.equal("kept", assert(revived:read_file("/keep.txt")))
@@ -195,7 +198,7 @@ describe("the local provider", function()
     assert.is_true(caps.files and caps.jobs and caps.reconnect and caps.list and caps.preview)
     assert.is_false(caps.pause_resume)
     assert.is_false(caps.snapshot)
-    assert.equal("none", caps.isolation)
+    assert.equal("bwrap", caps.isolation, "sessions are confined unless asked otherwise")
     assert.equal(io.open("/usr/bin/bwrap") ~= nil, caps.bwrap)
     local session = assert(sandbox:create{ id = "caps" })
     for _, call in ipairs({ session.pause, session.resume, session.snapshot }) do
@@ -205,33 +208,40 @@ describe("the local provider", function()
     end
   end)
 
-  it("previews a port a command listens on as a loopback endpoint", function()
-    local session = assert(sandbox:create{ id = "web" })
-    -- A one-request HTTP server inside the session; it writes its port once it listens.
-    local server_job = assert(session:start_job({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "-e", [[
-      local socket = require "socket"
-      local s = assert(socket.bind("127.0.0.1", 0))
-      local _, port = s:getsockname()
-      local f = io.open("port", "w") f:write(port) f:close()
-      local c = s:accept()
-      c:receive("*l")
-      c:send("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\npreview")
-      c:close()
-    ]] }, { timeout = 30, env = { LUA_PATH = package.path, LUA_CPATH = package.cpath } }))
-    local port
-    for frame in session:run({ "sh", "-c", "while [ ! -s port ]; do sleep 0.02; done; cat port" },
-        { timeout = 20 }) do
-      if frame.type == "stdout" then port = tonumber(frame.data) end
+  it("previews a port a command listens on: forwarded when confined, the port itself when not", function()
+    for _, isolate in ipairs{ "bwrap", "none" } do
+      local sb = assert(sandkit.sandbox{ provider = "local", root = root, isolate = isolate })
+      local session = assert(sb:create{ id = "web-" .. isolate })
+      -- A one-request HTTP server inside the session; it writes its port once it listens.
+      local server_job = assert(session:start_job({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "-e", [[
+        local socket = require "socket"
+        local s = assert(socket.bind("127.0.0.1", 0))
+        local _, port = s:getsockname()
+        local f = io.open("port", "w") f:write(port) f:close()
+        local c = s:accept()
+        c:receive("*l")
+        c:send("HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\npreview")
+        c:close()
+      ]] }, { timeout = 30 }))
+      local port
+      for frame in session:run({ "sh", "-c", "while [ ! -s port ]; do sleep 0.02; done; cat port" },
+          { timeout = 20 }) do
+        if frame.type == "stdout" then port = tonumber(frame.data) end
+      end
+      local cap = assert(session:preview(port))
+      if isolate == "none" then
+        assert.equal("http://127.0.0.1:" .. port, cap.endpoint, "an unconfined session's port is the host's")
+      else
+        assert.matches("^http://127%.0%.0%.1:%d+$", cap.endpoint)
+      end
+      assert.same({ port }, cap.allowed_ports)
+      assert.equal(math.huge, cap.expires_in, "a loopback preview never expires")
+      local http = require "sandkit.http"
+      local answer = assert(http.exchange{ method = "GET", url = cap.endpoint .. "/", headers = cap.headers,
+        deadline = core.now() + 10 })
+      assert.equal("preview", answer.body)
+      server_job:cancel()
     end
-    local cap = assert(session:preview(port))
-    assert.equal("http://127.0.0.1:" .. port, cap.endpoint)
-    assert.same({ port }, cap.allowed_ports)
-    assert.equal(math.huge, cap.expires_in, "a loopback preview never expires")
-    local http = require "sandkit.http"
-    local answer = assert(http.exchange{ method = "GET", url = cap.endpoint .. "/", headers = cap.headers,
-      deadline = core.now() + 10 })
-    assert.equal("preview", answer.body)
-    server_job:cancel()
   end)
 
   it("keeps the agent's code of a refusal as err.reason", function()
@@ -337,55 +347,5 @@ describe("the local provider", function()
     assert.is_nil(session)
     assert.equal("SANDBOX_UNREACHABLE", err.code)
     assert.is_nil(io.open(root .. "/sessions/broken/record.json"), "a failed create leaves nothing")
-  end)
-end)
-
-describe("the local provider with bubblewrap", function()
-  local root
-  before_each(function() root = local_state.new() end)
-  after_each(function() local_state.clean(root) end)
-
-  it("hides the state folder from a session: no other session's token, record or files", function()
-    local works = os.execute("/usr/bin/bwrap --ro-bind / / --unshare-pid --unshare-net /bin/true 2>/dev/null")
-    if works ~= true and works ~= 0 then
-      pending("bubblewrap cannot create namespaces on this machine")
-      return
-    end
-    -- Under /var/tmp, not /tmp: bubblewrap's private /tmp would hide a state folder there anyway.
-    local state = local_state.sh("mktemp -d /var/tmp/sandkit-spec.XXXXXX"):gsub("%s+$", "")
-    assert.truthy(core.listdir(state), "no private state folder under /var/tmp")
-    finally(function() local_state.clean(state) end)
-    local sandbox = assert(sandkit.sandbox{ provider = "local", root = state, isolate = "bwrap" })
-    local mine = assert(sandbox:create{ id = "mine" })
-    local other = assert(sandbox:create{ id = "other" })
-    assert(other:write_files{ ["/secret.txt"] = "other's secret" })
-    local theirs = state .. "/sessions/other"
-    local result = assert(mine:exec({ "sh", "-c", "cat " .. theirs .. "/token " .. theirs
-      .. "/record.json " .. theirs .. "/files/secret.txt " .. state .. "/sessions/mine/token; "
-      .. "ls -A " .. state .. "/sessions; echo own > own.txt && cat own.txt" }, { timeout = 10 }))
-    assert.equal("mine\nown\n", result.stdout, result.stderr)
-    assert.is_nil(result.stdout:find(other.record.token, 1, true))
-  end)
-
-  it("runs commands with only the session's files writable, no network and a private /tmp", function()
-    local sandbox = assert(sandkit.sandbox{ provider = "local", root = root, isolate = "bwrap" })
-    assert.equal("bwrap", sandbox:capabilities().isolation)
-    assert.is_false(sandbox:capabilities().preview, "an isolated session has no network to preview")
-    local session = assert(sandbox:create{ id = "jail" })
-    local marker = "/tmp/sandkit-bwrap-" .. session.record.pid
-    local result = assert(session:exec({ "sh", "-c", "echo inside > " .. marker .. "; touch written && echo ok; "
-      .. "touch /etc/sandkit-escape 2>/dev/null || echo etc-refused" }, { timeout = 10 }))
-    assert.equal("ok\netc-refused\n", result.stdout)
-    assert.is_nil(io.open(marker), "the command's /tmp is its own")
-    assert.is_nil(io.open("/etc/sandkit-escape"))
-    assert(io.open(root .. "/sessions/jail/files/written"))
-    local server = fake_http.start([[return { handle = function(req, conn)
-      require("support.respond").status(conn, "200 OK", "reached") end }]])
-    local net = assert(session:exec({ os.getenv("SANDKIT_TEST_LUA") or "lua5.4", "-e",
-      "local s = require('socket').connect('127.0.0.1', " .. server.port .. ") "
-        .. "print(s and 'connected' or 'no network')" },
-      { timeout = 10, env = { LUA_PATH = package.path, LUA_CPATH = package.cpath } }))
-    server:stop()
-    assert.equal("no network\n", net.stdout)
   end)
 end)
