@@ -1,21 +1,24 @@
---- A tour of sandkit on this machine: a local session, a file in, a command that reads it with
--- its output streamed as it comes, a loop left early, a file larger than one request carries,
--- a detached job, and reattaching to that job by id.
+--- A tour of sandkit on this machine: a local session (a sandbox: its own /, an unprivileged
+-- user, no network), a file in, a command that reads it with its output streamed as it comes, a
+-- loop left early, a file larger than one request carries, a detached job, and reattaching to
+-- that job by id.
 --   make demo      (or: lua5.4 examples/quickstart.lua, or luajit, with sandkit installed)
 
 local sandkit = require "sandkit"
 
+-- Confined by default (isolate = "bwrap"; isolate = "none" runs commands on this machine as you).
 local sandbox = assert(sandkit.sandbox{ provider = "local" })
 -- A lifetime bounds how long the session outlives this script should it die before the end.
-local session = assert(sandbox:create{ lifetime = 600 })
-print(("session %s is %s"):format(session.id, session.state))
+local session = assert(sandbox:create{ lifetime = 600, env = { GREETING = "hello" } })
+print(("session %s is %s, isolation %s"):format(session.id, session.state,
+  sandbox:capabilities().isolation))
 
--- Paths are relative to the session's own root, even with a leading '/'.
+-- The session's / is its own: the path a file is written at is the path its commands read.
 assert(session:write_files{ ["/app/greeting.txt"] = "hello from a file\n" })
 
 -- Frames arrive while the command runs; the loop raises if the stream ever stops short.
-local argv = { "sh", "-c", "cat app/greeting.txt; for i in 1 2 3; do echo tick $i; sleep 0.2; done; "
-  .. "echo 'a warning' >&2; exit 3" }
+local argv = { "sh", "-c", "cat /app/greeting.txt; echo \"$GREETING from $(id -un) in $PWD\"; "
+  .. "for i in 1 2 3; do echo tick $i; sleep 0.2; done; echo 'a warning' >&2; exit 3" }
 for frame in session:run(argv, { timeout = 10 }) do
   if frame.type == "stdout" or frame.type == "stderr" then
     io.write(("[%s #%d] %s"):format(frame.type, frame.seq, frame.data))
