@@ -111,7 +111,7 @@ describe("sandkit inside an nginx worker", function()
     local fifos, curls = {}, {}
     for i = 1, n do
       assert(files.execute("mkfifo " .. files.shell_quote(files_dir .. "/fifo-" .. i)))
-      curls[i] = curl("/stream", { "sh", "-c", "touch started-" .. i .. "; exec cat fifo-" .. i },
+      curls[i] = curl("/stream", { "sh", "-c", "touch /started-" .. i .. "; exec cat /fifo-" .. i },
         files_dir .. "/out-" .. i)
     end
     local started = within(30, function()
@@ -183,7 +183,7 @@ describe("sandkit inside an nginx worker", function()
   local function ring_fanout(path, bound)
     local n, argvs = 3, {}
     for i = 1, n do
-      argvs[i] = { "sh", "-c", string.format("touch ring-%d; while [ ! -e ring-%d ] || [ ! -e go ]; "
+      argvs[i] = { "sh", "-c", string.format("touch /ring-%d; while [ ! -e /ring-%d ] || [ ! -e /go ]; "
         .. "do sleep 0.01; done; echo done %d", i, i % n + 1, i) }
     end
     local out = files_dir .. "/fanout.out"

@@ -68,7 +68,7 @@ describe("the OpenResty example", function()
     assert.equal(204, api("PUT", "/sessions/" .. id .. "/files?path=/in/data.bin", "bytes\0in").status)
     local read = api("GET", "/sessions/" .. id .. "/files?path=/in/data.bin")
     assert.equal("bytes\0in", read.body)
-    local run = api("POST", "/sessions/" .. id .. "/run", cjson.encode{ argv = { "cat", "in/data.bin" } })
+    local run = api("POST", "/sessions/" .. id .. "/run", cjson.encode{ argv = { "cat", "/in/data.bin" } })
     assert.equal("text/event-stream", run.headers["content-type"])
     assert.equal("event: stdout\nid: 0\ndata: " .. core.b64encode("bytes\0in") .. "\n\n",
       run.body:match("^(.-\n\n)"))
