@@ -65,19 +65,21 @@ function common.percentile(values, p)
   return values[rank]
 end
 
---- The local sandbox every benchmark's sessions live in, under bench/out/state.
-function common.sandbox()
+--- The local sandbox every benchmark's sessions live in, under bench/out/state: confined, as
+-- the provider's sessions are by default, unless `isolate` is "none".
+function common.sandbox(isolate)
   local sandkit = require "sandkit"
   return assert(sandkit.sandbox{ provider = "local", root = common.out .. "/state",
-    output_cap = common.OUTPUT_CAP })
+    output_cap = common.OUTPUT_CAP, isolate = isolate })
 end
 
---- Runs fn(sandbox, sessions) and returns its result once every session made through
+--- Runs fn(sandbox, sessions) in a sandbox of common.sandbox(isolate) and returns its result
+-- once every session made through
 -- sessions.create is terminated, even when fn fails: an agent left behind would run on after
 -- the benchmark, detached from it. The caller reports the result only then, so a reader that
 -- went away (a closed stdout) cannot end the process before its sessions are gone.
-function common.with_sandbox(fn)
-  local sandbox = common.sandbox()
+function common.with_sandbox(fn, isolate)
+  local sandbox = common.sandbox(isolate)
   local made = {}
   local sessions = {
     create = function()

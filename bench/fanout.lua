@@ -1,6 +1,6 @@
 --- Fan-out: N commands streaming 8 MiB each, all at once from one Lua state (sandkit.run and
 -- sandkit.spawn, one task per stream), against sessions created before the clock starts.
---   lua5.4 bench/fanout.lua N
+--   lua5.4 bench/fanout.lua N [ISOLATE]      (ISOLATE: bwrap, the default, or none)
 -- Run once per N in a process of its own, so the peak RSS it reports (VmHWM) is what this
 -- many streams cost and nothing else.
 --
@@ -16,7 +16,8 @@ package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.pat
 local common = require "common"
 local sandkit = require "sandkit"
 
-local N = assert(tonumber(arg[1]), "usage: fanout.lua STREAMS")
+local N = assert(tonumber(arg[1]), "usage: fanout.lua STREAMS [ISOLATE]")
+local ISOLATE = arg[2] or "bwrap"
 local SESSIONS = 16
 local PER_STREAM = 8 * common.MIB
 local ARGV = { "head", "-c", tostring(PER_STREAM), "/dev/zero" }
@@ -55,6 +56,6 @@ common.result(common.with_sandbox(function(_, made)
     rates[r] = round(sessions)
     if rates[r] > best then best = rates[r] end
   end
-  return { streams = N, sessions = #sessions, bytes = N * PER_STREAM, mb_per_s = best,
+  return { streams = N, sessions = #sessions, isolate = ISOLATE, bytes = N * PER_STREAM, mb_per_s = best,
     rounds = rates, rss_setup = rss_setup, rss_peak = common.status_bytes("self", "VmHWM") }
-end))
+end, ISOLATE))

@@ -47,6 +47,13 @@ local SLOW_CLIENT_RSS = 32 * common.MIB
 local SLOW_AGENT_RSS = 32 * common.MIB
 -- "Flat": RSS grew by less than this from the first tenth of the 1 GiB stream to its end.
 local FLAT_GROWTH = 2 * common.MIB
+-- Confinement (the local provider's default; every benchmark above the confinement rows runs
+-- confined): a session ready for its first command within this, a command joining it within
+-- this of what bubblewrap takes to make a sandbox of its own, and streams within this ratio of
+-- unconfined ones.
+local CREATE_P50 = 50           -- ms
+local EXEC_OVER_BWRAP = 0.3     -- ms
+local CONFINED_VS_UNCONFINED = 0.9
 
 local function quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
@@ -255,7 +262,37 @@ local function rows(results)
       string.format("%+.2f ms", l.sandkit.p99 - l.spawn.p99))
   end
 
+  local c = results.confine
+  if c.failed then
+    row("create to first exec p50, confined", nil, nil, nil, "<= " .. CREATE_P50 .. " ms", "NO")
+    row("exec true p50, confined vs bwrap", nil, nil, nil, "<= +" .. EXEC_OVER_BWRAP .. " ms", "NO")
+  else
+    local create = c.create
+    row("create to first exec p50, confined", ms(create.confined.p50), "unconfined: " .. ms(create.unconfined.p50),
+      string.format("%+.2f ms", create.confined.p50 - create.unconfined.p50), "<= " .. CREATE_P50 .. " ms",
+      met(create.confined.p50 <= CREATE_P50))
+    local over = c.exec.sandkit.p50 - c.exec.bwrap.p50
+    row("exec true p50, confined vs bwrap", ms(c.exec.sandkit.p50), "bwrap ... true: " .. ms(c.exec.bwrap.p50),
+      string.format("%+.2f ms", over), "<= +" .. EXEC_OVER_BWRAP .. " ms", met(over <= EXEC_OVER_BWRAP))
+  end
+  local su = results.stream_unconfined
+  if s.sandkit and su.sandkit then
+    local ratio = s.sandkit.mb_per_s / su.sandkit.mb_per_s
+    row("stream 1 GiB, confined vs unconfined", mb(s.sandkit.mb_per_s), "unconfined: " .. mb(su.sandkit.mb_per_s),
+      times(ratio), ">= " .. CONFINED_VS_UNCONFINED .. "x", met(ratio >= CONFINED_VS_UNCONFINED))
+  else
+    row("stream 1 GiB, confined vs unconfined", nil, nil, nil, ">= " .. CONFINED_VS_UNCONFINED .. "x", "NO")
+  end
+
   local f = results.fanout
+  local fu = results.fanout_unconfined
+  if f["16"].mb_per_s and fu.mb_per_s then
+    local ratio = f["16"].mb_per_s / fu.mb_per_s
+    row("fan-out 16 x 8 MiB, confined vs unconfined", mb(f["16"].mb_per_s), "unconfined: " .. mb(fu.mb_per_s),
+      times(ratio), ">= " .. CONFINED_VS_UNCONFINED .. "x", met(ratio >= CONFINED_VS_UNCONFINED))
+  else
+    row("fan-out 16 x 8 MiB, confined vs unconfined", nil, nil, nil, ">= " .. CONFINED_VS_UNCONFINED .. "x", "NO")
+  end
   for _, n in ipairs(FANOUT) do
     local r = f[tostring(n)]
     if r.failed then
@@ -386,11 +423,16 @@ progress("corpus: %d frames, %.1f MB payload, %.1f MB NDJSON", info.frames, info
 
 results.decoding = decoding(corpus_path, info)
 results.stream = step("streaming (1 GiB: sandkit, curl -sN, local pipe)", lua_script("stream.lua"))
+results.stream_unconfined = step("streaming, unconfined (1 GiB: sandkit, curl -sN, local pipe)",
+  lua_script("stream.lua", "none"))
+results.confine = step("confinement (create to first exec; exec of true against bubblewrap)",
+  lua_script("confine.lua"))
 results.latency = step("latency (1000 round trips, 1000 spawns)", lua_script("latency.lua"))
 results.fanout = {}
 for _, n in ipairs(FANOUT) do
   results.fanout[tostring(n)] = step(string.format("fan-out (%d streams)", n), lua_script("fanout.lua", n))
 end
+results.fanout_unconfined = step("fan-out (16 streams, unconfined)", lua_script("fanout.lua", 16, "none"))
 results.slow = step("slow consumer (1 GiB, 1 ms per frame)", lua_script("slow.lua"))
 results.files = step("files (1 GiB put and get: sandkit, curl -T, curl -o)", lua_script("files.lua"))
 results.gateway = { stream = step("gateway (1 GiB through nginx, curl -sN on the agent)",

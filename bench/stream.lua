@@ -6,8 +6,8 @@
 -- machine only ever slows a round down). MB/s counts the command's output bytes (1 GiB), not
 -- the base64 and JSON on the wire. CPU seconds of the client and of the agent are kept too:
 -- they tell which side limited a number.
---   lua5.4 bench/stream.lua
--- Prints RESULT { bytes, sandkit = {…}, curl = {…} | missing, floor = {…} }.
+--   lua5.4 bench/stream.lua [ISOLATE]      (ISOLATE: bwrap, the default, or none)
+-- Prints RESULT { bytes, isolate, sandkit = {…}, curl = {…} | missing, floor = {…} }.
 
 package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
 local common = require "common"
@@ -18,6 +18,7 @@ local BYTES = common.GIB
 local ARGV = { "head", "-c", tostring(BYTES), "/dev/zero" }
 local SHELL = table.concat(ARGV, " ")
 local TIMEOUT = 300
+local ISOLATE = arg[1] or "bwrap"
 
 local function cpu_sum(pid)
   local user, sys = common.cpu(pid)
@@ -100,9 +101,10 @@ common.result(common.with_sandbox(function(sandbox, sessions)
   end
   return {
     bytes = BYTES,
+    isolate = ISOLATE,
     command = SHELL,
     sandkit = best(runs.sandkit),
     curl = curl and best(runs.curl) or "missing",
     floor = best(runs.floor),
   }
-end))
+end, ISOLATE))

@@ -342,51 +342,44 @@ static void reap(pid_t pid, int *status)
 enum probe_stage { PROBE_OK, PROBE_NAMESPACE, PROBE_UID };
 
 /*
- * Whether this machine lets the agent make a user namespace, and then the sandbox user's host
- * uid, as bubblewrap will, each tried in a throwaway child since a namespace once entered
- * cannot be left. The stage that failed, with its errno in *err and in *as_uid whether it was
- * the sandbox user's uid that tried.
+ * Whether this machine lets the agent make a user namespace — as the sandbox user's host uid
+ * when as_uid, as bubblewrap will — tried in a throwaway child, since a namespace once entered
+ * cannot be left. The stage that failed, with its errno in *err.
  */
-static enum probe_stage probe_user_namespace(int *err, int *as_uid_out)
+static enum probe_stage probe_user_namespace(int as_uid, int *err)
 {
-	for (int as_uid = 0; as_uid < 2; as_uid++) {
-		int report[2];
-		if (pipe2(report, O_CLOEXEC) < 0) {
-			*err = errno;
-			return PROBE_NAMESPACE;
-		}
-		pid_t pid = fork();
-		if (pid == 0) {
-			int said[2] = { PROBE_UID, 0 };
-			if (as_uid && (confine_drop_groups() < 0 ||
-				       setresgid(session.uid, session.uid, session.uid) < 0 ||
-				       setresuid(session.uid, session.uid, session.uid) < 0))
-				said[1] = errno;
-			else if (said[0] = PROBE_NAMESPACE, unshare(CLONE_NEWUSER) < 0)
-				said[1] = errno;
-			else
-				said[0] = PROBE_OK;
-			ssize_t w = write(report[1], said, sizeof said);
-			_exit(w == (ssize_t)sizeof said ? 0 : 1);
-		}
-		int said[2] = { PROBE_NAMESPACE, errno };
-		close(report[1]);
-		if (pid > 0) {
-			ssize_t r;
-			while ((r = read(report[0], said, sizeof said)) < 0 && errno == EINTR)
-				;
-			if (r != (ssize_t)sizeof said)
-				said[0] = PROBE_NAMESPACE, said[1] = ECHILD;
-			reap(pid, NULL);
-		}
-		close(report[0]);
-		if (said[0] != PROBE_OK) {
-			*err = said[1];
-			*as_uid_out = as_uid;
-			return (enum probe_stage)said[0];
-		}
+	int report[2];
+	if (pipe2(report, O_CLOEXEC) < 0) {
+		*err = errno;
+		return PROBE_NAMESPACE;
 	}
-	return PROBE_OK;
+	pid_t pid = fork();
+	if (pid == 0) {
+		int said[2] = { PROBE_UID, 0 };
+		if (as_uid && (confine_drop_groups() < 0 ||
+			       setresgid(session.uid, session.uid, session.uid) < 0 ||
+			       setresuid(session.uid, session.uid, session.uid) < 0))
+			said[1] = errno;
+		else if (said[0] = PROBE_NAMESPACE, unshare(CLONE_NEWUSER) < 0)
+			said[1] = errno;
+		else
+			said[0] = PROBE_OK;
+		ssize_t w = write(report[1], said, sizeof said);
+		_exit(w == (ssize_t)sizeof said ? 0 : 1);
+	}
+	int said[2] = { PROBE_NAMESPACE, errno };
+	close(report[1]);
+	if (pid > 0) {
+		ssize_t r;
+		while ((r = read(report[0], said, sizeof said)) < 0 && errno == EINTR)
+			;
+		if (r != (ssize_t)sizeof said)
+			said[0] = PROBE_NAMESPACE, said[1] = ECHILD;
+		reap(pid, NULL);
+	}
+	close(report[0]);
+	*err = said[1];
+	return (enum probe_stage)said[0];
 }
 
 /* Who the sandbox user is on the host: --host-uid as root (or the root's owner), checked to
@@ -436,20 +429,28 @@ static int choose_identity(char *why, size_t whysz, int *status)
 			 "%u", (unsigned)st.st_uid, (unsigned)session.uid);
 		return -1;
 	}
-	int err, as_uid = 0;
-	switch (probe_user_namespace(&err, &as_uid)) {
-	case PROBE_OK:
-		break;
-	case PROBE_UID:
+	/* The sandbox user's own try is the one that counts; only when it fails does the agent's
+	 * own say whether the machine refuses user namespaces to everyone. */
+	int err, plain_err;
+	enum probe_stage stage = probe_user_namespace(1, &err);
+	if (stage != PROBE_OK && probe_user_namespace(0, &plain_err) != PROBE_OK) {
+		*status = AGENT_EXIT_NO_ISOLATION;
+		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces "
+			 "(%s; the sysctl user.max_user_namespaces, or a container's policy)",
+			 strerror(plain_err));
+		return -1;
+	}
+	if (stage == PROBE_UID) {
 		*status = AGENT_EXIT_NO_ISOLATION;
 		snprintf(why, whysz, "cannot confine commands: the agent cannot become uid %u (%s): "
 			 "it is no uid of this user namespace", (unsigned)session.uid, strerror(err));
 		return -1;
-	default:
+	}
+	if (stage == PROBE_NAMESPACE) {
 		*status = AGENT_EXIT_NO_ISOLATION;
-		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces%s "
-			 "(%s; the sysctl user.max_user_namespaces, or a container's policy)",
-			 as_uid ? " to the sandbox user's host uid" : "", strerror(err));
+		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces to "
+			 "the sandbox user's host uid %u (%s; a policy for unprivileged users)",
+			 (unsigned)session.uid, strerror(err));
 		return -1;
 	}
 	/* The tree belongs to the sandbox user: a fresh one is taken over, one made for another
