@@ -154,13 +154,17 @@ static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_
 		"--die-with-parent", "--as-pid-1", "--info-fd", "5",
 		"--bind", "/tmp", "/", "--ro-bind", "/usr", "/usr",
 	};
+	/* Modes as a system has them: bubblewrap would make its own files and folders private to
+	 * the user, which programs running as another uid inside could not read. */
 	static const char *const tail[] = {
 		"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
-		"--perms", "0755", "--tmpfs", "/etc",
+		"--perms", "0755", "--tmpfs", "/etc", "--perms", "0755", "--dir", "/etc/ssl",
 	};
 	static const char *const data[] = {
-		"--ro-bind-data", "6", "/etc/passwd", "--ro-bind-data", "7", "/etc/group",
-		"--ro-bind-data", "8", "/etc/hosts", "--chdir", "/", "--", "/proc/self/fd/9",
+		"--perms", "0644", "--ro-bind-data", "6", "/etc/passwd",
+		"--perms", "0644", "--ro-bind-data", "7", "/etc/group",
+		"--perms", "0644", "--ro-bind-data", "8", "/etc/hosts",
+		"--chdir", "/", "--", "/proc/self/fd/9",
 	};
 	static char top[N_USR_LINKS][16];
 	size_t k = 0;
@@ -186,7 +190,7 @@ static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_
 		v[k++] = data[i];
 	v[k] = NULL;
 }
-#define BWRAP_ARGV_MAX (1 + 22 + 3 * N_USR_LINKS + 12 + 3 * N_ETC_FILES + 13 + 1)
+#define BWRAP_ARGV_MAX (1 + 22 + 3 * N_USR_LINKS + 16 + 3 * N_ETC_FILES + 19 + 1)
 
 /* In the session's tree, as the sandbox user: the home, and the merged-/usr links the host has
  * (bubblewrap cannot make a link that exists, which a revived session's tree has). Each step is
