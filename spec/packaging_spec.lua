@@ -130,12 +130,15 @@ describe("a source rock", function()
     assert.truthy(log:find("-Wall -Wextra", 1, true), "the build's commands are in its log")
     assert.is_nil(log:find("-Werror ", 1, true), "a user's build keeps warnings as warnings")
     assert.truthy(files.read(tree .. "/bin/sandkit-agent"))
-    -- Only the tree and the system's default paths: nothing of this checkout.
+    assert.truthy(files.read(tree .. "/bin/sandkit-init"), "the confined session's init is beside the agent")
+    -- Only the tree and the system's default paths: nothing of this checkout. The session is
+    -- confined, as by default: the installed agent found the installed init.
     local paths = "eval \"$(luarocks --lua-version=5.4 path --tree=" .. q(tree) .. ")\""
     out, err, status = local_state.sh("cd " .. q(dir) .. " && env -u SANDKIT_AGENT -u LUA_PATH -u LUA_CPATH "
-      .. "sh -c " .. q(paths .. " && sandkit --root " .. q(dir .. "/state") .. " run -- echo from-the-rock"))
+      .. "sh -c " .. q(paths .. " && sandkit --root " .. q(dir .. "/state")
+        .. " run -- sh -c 'echo from-the-rock; id -un'"))
     assert.equal(0, status, err)
-    assert.equal("from-the-rock\n", out)
+    assert.equal("from-the-rock\nuser\n", out)
     -- Without `luarocks path`: the command finds the tree it was installed into by itself.
     out, err, status = local_state.sh("cd " .. q(dir) .. " && env -i PATH=/usr/bin:/bin "
       .. q(tree .. "/bin/sandkit") .. " --root " .. q(dir .. "/state") .. " run -- echo scrubbed")
