@@ -123,8 +123,8 @@ describe("sandkit-agent --isolate bwrap", function()
     assert.are.equal("spawnFailed", check_stream(frames).code)
   end)
 
-  it("reports a command killed by a signal as killed by it", function()
-    local A = confined()
+  it("reports a command killed by a signal as killed by it, with the init --init names", function()
+    local A = confined{ "--init", agent_process.AGENT:match("^(.*)/[^/]*$") .. "/sandkit-init" }
     if not A then return end
     local last = run(A, "kill -TERM $$")
     assert.are.equal(143, last.code)
