@@ -306,6 +306,31 @@ describe("a local session", function()
         "nothing raises the sandbox user to root")
     end)
 
+    it("as the calling user when that is not root, through a user namespace of the agent's own", function()
+      if local_state.sh("id -u") ~= "0\n" or not files.execute("command -v setpriv >/dev/null") then
+        pending("starting sandkit as another user needs root and setpriv")
+        return
+      end
+      local state = local_state.new(493)
+      defer(function() core.remove_tree(state) end)
+      assert(files.execute("chown 65534:65534 " .. q(state)))
+      local script = state .. "/as-nobody.lua"
+      files.write(script, string.format([[
+        local sandkit = require "sandkit"
+        local sb = assert(sandkit.sandbox{ provider = "local", root = %q })
+        local session = assert(sb:create{})
+        assert(session:write_files{ ["/a.txt"] = "from the API" })
+        local r = assert(session:exec({ "sh", "-c", "id -u; cat /a.txt; echo; stat -c %%u /a.txt" },
+          { timeout = 20 }))
+        io.write(r.stdout, r.stderr)
+        assert(sb:terminate(session.id))
+      ]], state .. "/sandkit"))
+      local out, err, status = local_state.sh("setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="
+        .. q(state) .. " " .. local_state.lua_env() .. " " .. LUA .. " " .. q(script))
+      assert.equal(0, status, err)
+      assert.equal("1000\nfrom the API\n1000\n", out)
+    end)
+
     it("cannot see, trace or signal the agent, nor any process outside its session", function()
       local session = create()
       if not session then return end
