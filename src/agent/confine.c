@@ -6,6 +6,7 @@
 #include "log.h"
 #include "network.h"
 #include "paths.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -317,29 +318,10 @@ static pid_t read_child_pid(int fd, const struct timespec *deadline)
 	return pid > 0 && pid <= INT_MAX && end != at + 1 ? (pid_t)pid : -1;
 }
 
-/* The first line of what a failed helper wrote to its error file, in out (COMPLAINT_MAX). */
-static void complaint(int err, char *out)
-{
-	ssize_t n = pread(err, out, COMPLAINT_MAX - 1, 0);
-	out[n > 0 ? n : 0] = '\0';
-	out[strcspn(out, "\n")] = '\0';
-	if (out[0] == '\0')
-		strcpy(out, "no message");
-}
-
 /* An exit status as the shell says it. */
 static int status_code(int status)
 {
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static void reap(pid_t pid, int *status)
-{
-	int st = 0;
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	if (status)
-		*status = st;
 }
 
 /* What a root agent's probe found: the namespace refused, or the uid it could not become. */
@@ -379,7 +361,7 @@ static enum probe_stage probe_user_namespace(int as_uid, int *err)
 			;
 		if (r != (ssize_t)sizeof said)
 			said[0] = PROBE_NAMESPACE, said[1] = ECHILD;
-		reap(pid, NULL);
+		util_reap(pid, NULL);
 	}
 	close(report[0]);
 	*err = said[1];
@@ -480,7 +462,7 @@ static void abandon(int fds[FD_FIRST_FREE - FD_READY], int *ready, int *info, in
 	close_fd(&session.init_pidfd);
 	if (session.bwrap > 0) {
 		kill(session.bwrap, SIGKILL);
-		reap(session.bwrap, NULL);
+		util_reap(session.bwrap, NULL);
 		session.bwrap = -1;
 	}
 }
@@ -564,9 +546,9 @@ static int build(char *why, size_t whysz, int *status)
 		int st = 0;
 		if (r != 0)
 			kill(session.bwrap, SIGKILL);
-		reap(session.bwrap, &st);
+		util_reap(session.bwrap, &st);
 		session.bwrap = -1;
-		complaint(err, said);
+		util_first_line(err, said, sizeof said);
 		*status = AGENT_EXIT_NO_ISOLATION;
 		if (r == 0)
 			snprintf(why, whysz, "cannot confine commands: bubblewrap could not build the "
@@ -766,7 +748,7 @@ void confine_stop(void)
 	if (session.init_pidfd >= 0)
 		syscall(SYS_pidfd_send_signal, session.init_pidfd, SIGKILL, NULL, 0);
 	if (session.bwrap > 0)
-		reap(session.bwrap, NULL);
+		util_reap(session.bwrap, NULL);
 	session.bwrap = -1;
 	close_fd(&session.init_pidfd);
 	close_fd(&session.home_fd);

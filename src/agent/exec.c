@@ -503,13 +503,6 @@ static int environment_build(struct environment *e, char *const *request, int cw
 	return 0;
 }
 
-/* Reaps a child that will not become a command; it was killed, so the wait is short. */
-static void reap_now(pid_t pid)
-{
-	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-		;
-}
-
 static int setup_events(struct command *c, const struct command_spec *spec)
 {
 	struct event_base *base = agent.base;
@@ -597,7 +590,7 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 	while ((got = read(report[0], &rep, sizeof rep)) < 0 && errno == EINTR)
 		;
 	if (got == (ssize_t)sizeof rep) {
-		reap_now(c->pid);
+		util_reap(c->pid, NULL);
 		c->pid = -1;
 		spawn_failure(failure, spec, rep.stage, rep.err);
 		goto fail;
@@ -614,7 +607,7 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		outcome_error(failure, "spawnFailed", "the agent cannot watch the command: %s",
 			      strerror(errno));
 		kill(-c->pid, SIGKILL);
-		reap_now(c->pid);
+		util_reap(c->pid, NULL);
 		goto fail;
 	}
 	close(report[0]);
@@ -690,7 +683,7 @@ void command_shutdown(void)
 	for (struct command *c = live; c; c = c->next) {
 		if (c->reaped)
 			continue;
-		reap_now(c->pid);
+		util_reap(c->pid, NULL);
 		c->reaped = 1;
 	}
 }

@@ -3,6 +3,7 @@
 
 #include "agent.h"
 #include "confine.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -44,15 +45,6 @@ static struct {
 	pid_t stack;           /* pasta or slirp4netns; -1 when none */
 	int stack_exit;        /* slirp4netns ends when this end closes; -1 when none */
 } net = { -1, -1, -1, -1 };
-
-static void reap(pid_t pid, int *status)
-{
-	int st = 0;
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	if (status)
-		*status = st;
-}
 
 /* In a helper child: from root to the sandbox user's host uid; an unprivileged agent's helpers
  * already are that uid. 0 or -1. */
@@ -239,16 +231,6 @@ static void stack_main(const struct network_setup *s, const int fds[FD_STACK_FRE
 	stack_fail("cannot run the network stack");
 }
 
-/* The complaint a failed stack wrote first, in out (COMPLAINT_MAX bytes). */
-static void complaint(int err, char *out)
-{
-	ssize_t n = pread(err, out, COMPLAINT_MAX - 1, 0);
-	out[n > 0 ? n : 0] = '\0';
-	out[strcspn(out, "\n")] = '\0';
-	if (out[0] == '\0')
-		strcpy(out, "no message");
-}
-
 /*
  * pasta with no port forwarded either way (-t/-u/-T/-U none) and the gateway not mapped to the
  * host's loopback (--no-map-gw); it writes its pid to the ready pipe once the namespace is
@@ -320,10 +302,10 @@ static int start_stack(const struct network_setup *s, char *why, size_t whysz, i
 	if (gone == 0) {
 		if (got < 0)
 			kill(net.stack, SIGKILL); /* no answer in time */
-		reap(net.stack, &st);
+		util_reap(net.stack, &st);
 	}
 	net.stack = -1;
-	complaint(err, said);
+	util_first_line(err, said, sizeof said);
 	close(err);
 	if (net.stack_exit >= 0)
 		close(net.stack_exit);
@@ -366,14 +348,14 @@ void network_stop(void)
 		close(net.helper_fd);
 	net.helper_fd = -1;
 	if (net.helper > 0)
-		reap(net.helper, NULL);
+		util_reap(net.helper, NULL);
 	net.helper = -1;
 	if (net.stack_exit >= 0)
 		close(net.stack_exit);
 	net.stack_exit = -1;
 	if (net.stack > 0) {
 		kill(net.stack, SIGTERM);
-		reap(net.stack, NULL);
+		util_reap(net.stack, NULL);
 	}
 	net.stack = -1;
 }

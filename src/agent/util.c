@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 
@@ -88,4 +90,22 @@ void util_printable(const char *s, size_t len, char *out, size_t outsz)
 		out[o++] = (c < 0x20 || c >= 0x7f) ? '?' : (char)c;
 	}
 	out[o] = '\0';
+}
+
+void util_reap(pid_t pid, int *status)
+{
+	int st = 0;
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (status)
+		*status = st;
+}
+
+void util_first_line(int fd, char *out, size_t size)
+{
+	ssize_t n = pread(fd, out, size - 1, 0);
+	out[n > 0 ? n : 0] = '\0';
+	out[strcspn(out, "\n")] = '\0';
+	if (out[0] == '\0')
+		snprintf(out, size, "no message");
 }

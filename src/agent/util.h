@@ -6,6 +6,7 @@
 #define SANDKIT_AGENT_UTIL_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 struct evbuffer;
 
@@ -28,5 +29,12 @@ int util_json_string(struct evbuffer *out, const char *s, size_t len);
  * is cut with "...", so an error body stays far below the client's 4096-byte bound.
  */
 void util_printable(const char *s, size_t len, char *out, size_t outsz);
+
+/* Waits for the child pid, through interruptions; its wait status in *status when not NULL. */
+void util_reap(pid_t pid, int *status);
+
+/* The first line of what a helper the agent started wrote to the file fd (from its start), in
+ * out (size bytes, NUL-terminated, the line cut to fit); "no message" when it wrote none. */
+void util_first_line(int fd, char *out, size_t size);
 
 #endif
