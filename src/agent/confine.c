@@ -368,9 +368,37 @@ static enum probe_stage probe_user_namespace(int as_uid, int *err)
 	return (enum probe_stage)said[0];
 }
 
-/* Who the sandbox user is on the host: --host-uid as root (or the root's owner), checked to
- * be able to make the user namespace bubblewrap will, and then given the root; the agent's own
- * uid otherwise, from a user namespace of its own. -1 with why and *status set. */
+/*
+ * Why bubblewrap could not build the session, when a root agent's probes can tell: the
+ * machine refuses user namespaces, to everyone or to the sandbox user's uid, or that uid is
+ * none of the agent's user namespace. Asked only once bubblewrap failed, so that a start that
+ * works pays no probe. 1 with the sentence in why, 0 when the probes find nothing wrong.
+ */
+static int explain_refusal(char *why, size_t whysz)
+{
+	/* The sandbox user's own try is the one that counts; only when it fails does the agent's
+	 * own say whether the machine refuses user namespaces to everyone. */
+	int err, plain_err;
+	enum probe_stage stage = probe_user_namespace(1, &err);
+	if (stage == PROBE_OK)
+		return 0;
+	if (probe_user_namespace(0, &plain_err) != PROBE_OK)
+		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces "
+			 "(%s; the sysctl user.max_user_namespaces, or a container's policy)",
+			 strerror(plain_err));
+	else if (stage == PROBE_UID)
+		snprintf(why, whysz, "cannot confine commands: the agent cannot become uid %u (%s): "
+			 "it is no uid of this user namespace", (unsigned)session.uid, strerror(err));
+	else
+		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces to "
+			 "the sandbox user's host uid %u (%s; a policy for unprivileged users)",
+			 (unsigned)session.uid, strerror(err));
+	return 1;
+}
+
+/* Who the sandbox user is on the host: --host-uid as root (or the root's owner), then given
+ * the root; the agent's own uid otherwise, from a user namespace of its own. -1 with why and
+ * *status set. */
 static int choose_identity(char *why, size_t whysz, int *status)
 {
 	struct stat st;
@@ -415,36 +443,18 @@ static int choose_identity(char *why, size_t whysz, int *status)
 			 "%u", (unsigned)st.st_uid, (unsigned)session.uid);
 		return -1;
 	}
-	/* The sandbox user's own try is the one that counts; only when it fails does the agent's
-	 * own say whether the machine refuses user namespaces to everyone. */
-	int err, plain_err;
-	enum probe_stage stage = probe_user_namespace(1, &err);
-	if (stage != PROBE_OK && probe_user_namespace(0, &plain_err) != PROBE_OK) {
-		*status = AGENT_EXIT_NO_ISOLATION;
-		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces "
-			 "(%s; the sysctl user.max_user_namespaces, or a container's policy)",
-			 strerror(plain_err));
-		return -1;
-	}
-	if (stage == PROBE_UID) {
-		*status = AGENT_EXIT_NO_ISOLATION;
-		snprintf(why, whysz, "cannot confine commands: the agent cannot become uid %u (%s): "
-			 "it is no uid of this user namespace", (unsigned)session.uid, strerror(err));
-		return -1;
-	}
-	if (stage == PROBE_NAMESPACE) {
-		*status = AGENT_EXIT_NO_ISOLATION;
-		snprintf(why, whysz, "cannot confine commands: this machine refuses user namespaces to "
-			 "the sandbox user's host uid %u (%s; a policy for unprivileged users)",
-			 (unsigned)session.uid, strerror(err));
-		return -1;
-	}
 	/* The tree belongs to the sandbox user: a fresh one is taken over, one made for another
 	 * uid is refused rather than left unwritable. */
 	if (st.st_uid == 0 && fchownat(agent.cfg.root_fd, "", session.uid, session.uid,
 				       AT_EMPTY_PATH) < 0) {
+		int e = errno;
+		/* A uid the agent's user namespace does not map is refused here first. */
+		if (explain_refusal(why, whysz)) {
+			*status = AGENT_EXIT_NO_ISOLATION;
+			return -1;
+		}
 		snprintf(why, whysz, "cannot give the root to uid %u: %s", (unsigned)session.uid,
-			 strerror(errno));
+			 strerror(e));
 		return -1;
 	}
 	return 0;
@@ -458,6 +468,7 @@ static void abandon(int fds[FD_FIRST_FREE - FD_READY], int *ready, int *info, in
 	close_fd(ready);
 	close_fd(info);
 	close_fd(err);
+	network_stop();
 	close_fd(&session.lifeline);
 	close_fd(&session.init_pidfd);
 	if (session.bwrap > 0) {
@@ -465,6 +476,17 @@ static void abandon(int fds[FD_FIRST_FREE - FD_READY], int *ready, int *info, in
 		util_reap(session.bwrap, NULL);
 		session.bwrap = -1;
 	}
+}
+
+/* The session's network namespace, by its init: a descriptor, or -1 with why. */
+static int open_netns(char *why, size_t whysz)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/ns/net", (int)session.init);
+	int netns = open(path, O_RDONLY | O_CLOEXEC);
+	if (netns < 0)
+		snprintf(why, whysz, "cannot open the session's network namespace: %s", strerror(errno));
+	return netns;
 }
 
 /* The namespaces a command joins: the init's, the cgroup one only where bubblewrap made one. */
@@ -533,38 +555,48 @@ static int build(char *why, size_t whysz, int *status)
 	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++)
 		close_fd(&fds[i]);
 
-	struct timespec deadline;
+	struct timespec deadline, now;
 	clock_gettime(CLOCK_MONOTONIC, &deadline);
 	deadline.tv_sec += CONFINE_START_MS / 1000;
+	/* bubblewrap says which process the init is as soon as it made it, while it still builds
+	 * the session's mounts: the network's helper starts meanwhile. The helper is no process of
+	 * the session's (the agent joins its PID namespace only later), so commands cannot see it. */
+	session.init = read_child_pid(info, &deadline);
+	if (session.init > 0)
+		session.init_pidfd = (int)syscall(SYS_pidfd_open, session.init, 0);
+	if (session.init_pidfd >= 0) {
+		int netns = open_netns(why, whysz);
+		struct network_setup net = { netns, session.uid, session.as_root };
+		int started = netns >= 0 && network_start_helper(&net, why, whysz) == 0;
+		if (netns >= 0)
+			close(netns);
+		if (!started) {
+			abandon(fds, &ready, &info, &err);
+			return -1;
+		}
+	}
 	char byte;
 	ssize_t r = -1;
-	if (wait_readable(ready, &deadline))
+	if (session.init_pidfd >= 0 && wait_readable(ready, &deadline))
 		while ((r = read(ready, &byte, 1)) < 0 && errno == EINTR)
 			;
 	if (r != 1) {
 		char said[COMPLAINT_MAX];
 		int st = 0;
-		if (r != 0)
-			kill(session.bwrap, SIGKILL);
+		/* Ended already, or still at it when the time was up: either way it goes now. */
+		kill(session.bwrap, SIGKILL);
 		util_reap(session.bwrap, &st);
 		session.bwrap = -1;
 		util_first_line(err, said, sizeof said);
 		*status = AGENT_EXIT_NO_ISOLATION;
-		if (r == 0)
-			snprintf(why, whysz, "cannot confine commands: bubblewrap could not build the "
-				 "session (status %d): %s", status_code(st), said);
-		else
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec > deadline.tv_sec ||
+		    (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec))
 			snprintf(why, whysz, "cannot confine commands: bubblewrap did not build the "
 				 "session within %d ms", CONFINE_START_MS);
-		abandon(fds, &ready, &info, &err);
-		return -1;
-	}
-	session.init = read_child_pid(info, &deadline);
-	session.init_pidfd = session.init > 0 ? (int)syscall(SYS_pidfd_open, session.init, 0) : -1;
-	if (session.init_pidfd < 0) {
-		snprintf(why, whysz, "cannot confine commands: bubblewrap did not say which process "
-			 "the session's init is");
-		*status = AGENT_EXIT_NO_ISOLATION;
+		else if (!session.as_root || !explain_refusal(why, whysz))
+			snprintf(why, whysz, "cannot confine commands: bubblewrap could not build the "
+				 "session (status %d): %s", status_code(st), said);
 		abandon(fds, &ready, &info, &err);
 		return -1;
 	}
@@ -579,21 +611,18 @@ failed:
 	return -1;
 }
 
-/* The session's network namespace and, for outbound, its stack; then the agent moves its later
- * children into the session's PID namespace and looks at files through the init's root. */
+/* For outbound, the session's stack; then the agent moves its later children into the session's
+ * PID namespace and looks at files through the init's root. */
 static int enter(char *why, size_t whysz, int *status)
 {
 	char path[64];
-	snprintf(path, sizeof path, "/proc/%d/ns/net", (int)session.init);
-	int netns = open(path, O_RDONLY | O_CLOEXEC);
-	if (netns < 0) {
-		snprintf(why, whysz, "cannot open the session's network namespace: %s", strerror(errno));
+	int netns = open_netns(why, whysz);
+	if (netns < 0)
 		return -1;
-	}
 	struct network_setup net = { netns, session.uid, session.as_root };
-	/* Before the PID namespace is joined: the network's helpers must not be processes of the
-	 * session, which could see them. */
-	int r = network_start(&net, why, whysz, status);
+	/* Before the PID namespace is joined: the stack must not be a process of the session,
+	 * which could see it. */
+	int r = network_start_stack(&net, why, whysz, status);
 	close(netns);
 	if (r < 0)
 		return -1;

@@ -331,15 +331,14 @@ failed:
 	return -1;
 }
 
-int network_start(const struct network_setup *s, char *why, size_t whysz, int *status)
+int network_start_helper(const struct network_setup *s, char *why, size_t whysz)
 {
-	if (agent.cfg.network_outbound && start_stack(s, why, whysz, status) < 0)
-		return -1;
-	if (start_helper(s, why, whysz) < 0) {
-		network_stop();
-		return -1;
-	}
-	return 0;
+	return start_helper(s, why, whysz);
+}
+
+int network_start_stack(const struct network_setup *s, char *why, size_t whysz, int *status)
+{
+	return agent.cfg.network_outbound ? start_stack(s, why, whysz, status) : 0;
 }
 
 void network_stop(void)

@@ -31,11 +31,17 @@ struct network_setup {
 };
 
 /*
- * Starts the helper and, for --network outbound, the stack, and waits until the stack says the
- * namespace is configured. Call before the agent joins the session's PID namespace. 0, or -1
- * with a sentence in why and the agent's exit status in *status; nothing is left running then.
+ * Starts the helper, as soon as the namespace exists. Call before the agent joins the session's
+ * PID namespace, as network_start_stack. 0, or -1 with a sentence in why.
  */
-int network_start(const struct network_setup *s, char *why, size_t whysz, int *status);
+int network_start_helper(const struct network_setup *s, char *why, size_t whysz);
+
+/*
+ * For --network outbound (nothing otherwise): starts the stack once the session is built, and
+ * waits until it says the namespace is configured. 0, or -1 with a sentence in why and the
+ * agent's exit status in *status; the stack is not left running then.
+ */
+int network_start_stack(const struct network_setup *s, char *why, size_t whysz, int *status);
 
 /* A new non-blocking TCP socket in the session's network namespace, or -1 with errno. Waits for
  * the helper, which answers at once, at most NETWORK_HELPER_MS. */
