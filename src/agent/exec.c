@@ -412,13 +412,13 @@ static void spawn_failure(struct outcome *o, const struct command_spec *spec, in
 		outcome_error(o, "spawnFailed", "cannot prepare '%s': %s", prog, strerror(err));
 }
 
-/* The variables a command starts from, before the request's own (which win), and their
- * number: docs/agent.md "Execution". */
-#define BASE_VARS 6
-#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+/* The variables a command starts from besides PATH (request.h), before the request's own
+ * (which win), and their number: docs/agent.md "Execution". */
+#define BASE_VARS 5
 
 /* A command's whole environment: the base variables the request does not set, then the
- * request's. The vector and the base strings are the agent's to free; the rest is borrowed. */
+ * request's (PATH among them, request.h). The vector and the base strings are the agent's to
+ * free; the rest is borrowed. */
 struct environment {
 	char **v;
 	char *owned[BASE_VARS];
@@ -468,16 +468,12 @@ static int environment_build(struct environment *e, char *const *request, int cw
 	int confined = confine_active();
 	const char *user = confined ? CONFINE_USER : agent_user();
 	const char *base[BASE_VARS][2] = {
-		{ "PATH", DEFAULT_PATH },
 		/* Unconfined, the session's files are the home: what tools keep there stays in it. */
 		{ "HOME", confined ? CONFINE_HOME : agent.cfg.root_path },
 		{ "USER", user }, { "LOGNAME", user },
 		{ "LANG", "C.UTF-8" },
 		{ "PWD", pwd[0] ? pwd : NULL },
 	};
-	static char *const none[] = { NULL };
-	if (request == NULL)
-		request = none;
 	size_t count = 0;
 	while (request[count])
 		count++;

@@ -39,7 +39,7 @@ struct command_sink {
 
 struct command_spec {
 	char *const *argv;
-	char *const *envp;  /* the request's variables, NULL-terminated, or NULL for none */
+	char *const *envp;
 	int cwd_fd;         /* O_PATH directory to start in; -1 for the root */
 	uint64_t timeout_ms;
 	/* Bytes charged against the output cap for each kept frame on top of its data: a job pays

@@ -343,10 +343,30 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 		cwd_old = NULL;
 	}
 
-	/* The request's environment (NULL for none); exec.c puts the variables every command
-	 * starts from under it. */
-	r->envp = env.v;
-	env.v = NULL;
+	/* The final environment: PATH unless the request brings its own, then the request's. */
+	struct strvec envp = { 0 };
+	int has_path = 0;
+	for (size_t i = 0; i < env.n; i++)
+		if (strncmp(env.v[i], "PATH=", 5) == 0)
+			has_path = 1;
+	if (!has_path) {
+		char *path = strdup(REQUEST_DEFAULT_PATH);
+		if (path == NULL || vec_push(&envp, path) < 0) {
+			free(path);
+			vec_free(envp.v);
+			rc = -2;
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < env.n; i++) {
+		if (vec_push(&envp, env.v[i]) < 0) {
+			vec_free(envp.v);
+			rc = -2;
+			goto out;
+		}
+		env.v[i] = NULL; /* moved */
+	}
+	r->envp = envp.v;
 	r->argv = argv.v;
 	argv.v = NULL;
 

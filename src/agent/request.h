@@ -12,10 +12,12 @@
 /* Caller-chosen job ids: 1-64 of [A-Za-z0-9_-] (docs/protocol.md §6). */
 #define REQUEST_JOB_ID_MAX 64
 
+/* The environment every command starts from; the request's env may replace PATH. */
+#define REQUEST_DEFAULT_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 struct cmd_request {
 	char **argv;          /* NULL-terminated; NULL when absent */
-	char **envp;          /* NULL-terminated "K=V" list: the request's env, NULL when it has
-	                       * none (exec.c adds the variables every command starts from) */
+	char **envp;          /* NULL-terminated "K=V" list, PATH first */
 	uint64_t timeout_ms;
 	char *cwd;            /* NULL: the root */
 	size_t cwd_len;
