@@ -27,8 +27,10 @@
  *                                  block (src/common/regular_file.h) | nil, why, absent (true
  *                                  when nothing is at path)
  *   core.remove_tree(path)      -- removes path and everything under it, following no
- *                                  symlink, at any depth; true | nil, err, errno_name (an
- *                                  absent path succeeds; the name says whether it may recur)
+ *                                  symlink, at any depth, whatever modes (and, as root,
+ *                                  owners) its directories were left with; true | nil, err,
+ *                                  errno_name (an absent path succeeds; the name says whether
+ *                                  it may recur)
  */
 #include <dirent.h>
 #include <errno.h>
@@ -438,11 +440,25 @@ static int core_listdir(lua_State *L)
 /* Name prefix of the directories moved up into the top one; a counter makes each fresh. */
 #define MOVED_PREFIX ".sandkit-removing-"
 
+/*
+ * Makes the directory name in dirfd (dirfd itself when name is "") this process's to clear: its
+ * owner where it may take it (root may: a confined local session's tree belongs to the sandbox
+ * user's host uid, and root without the capabilities that override modes could not clear it
+ * otherwise; anyone else keeps a directory of another's), then open to its owner (0700).
+ */
+static int take_dir(int dirfd, const char *name)
+{
+	int at = name[0] ? AT_SYMLINK_NOFOLLOW : AT_EMPTY_PATH;
+	if (fchownat(dirfd, name, geteuid(), getegid(), at) < 0 && errno != EPERM)
+		return -1;
+	return name[0] ? fchmodat(dirfd, name, 0700, 0) : fchmod(dirfd, 0700);
+}
+
 /* Opens a directory of the tree; one a command left unreadable is still ours to clear. */
 static int open_dir_at(int dirfd, const char *name)
 {
 	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 && errno == EACCES && fchmodat(dirfd, name, 0700, 0) == 0)
+	if (fd < 0 && errno == EACCES && take_dir(dirfd, name) == 0)
 		fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	return fd;
 }
@@ -452,7 +468,7 @@ static int unlink_in(int dirfd, const char *name, int flags)
 {
 	if (unlinkat(dirfd, name, flags) == 0 || errno == ENOENT)
 		return 0;
-	if (errno == EACCES && fchmod(dirfd, 0700) == 0 && unlinkat(dirfd, name, flags) == 0)
+	if (errno == EACCES && take_dir(dirfd, "") == 0 && unlinkat(dirfd, name, flags) == 0)
 		return 0;
 	return errno == ENOENT ? 0 : -1;
 }
@@ -468,8 +484,8 @@ static int move_up(int dirfd, const char *name, int top, unsigned long long *mov
 		if (errno == EEXIST)
 			continue;
 		/* Moving a directory rewrites its "..", which needs write permission on it. */
-		if (errno == EACCES && fchmodat(dirfd, name, 0700, 0) == 0 &&
-		    fchmod(dirfd, 0700) == 0 && renameat2(dirfd, name, top, fresh, RENAME_NOREPLACE) == 0)
+		if (errno == EACCES && take_dir(dirfd, name) == 0 && take_dir(dirfd, "") == 0 &&
+		    renameat2(dirfd, name, top, fresh, RENAME_NOREPLACE) == 0)
 			return 0;
 		return errno == ENOENT ? 0 : -1;
 	}
