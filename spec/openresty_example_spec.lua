@@ -74,7 +74,7 @@ describe("the OpenResty example", function()
       run.body:match("^(.-\n\n)"))
     assert.same({ code = 0, truncated = false }, cjson.decode(run.body:match("event: exit\ndata: ([^\n]*)\n\n$")))
     local text = assert(raw_http.request(port, "POST", "/sessions/" .. id .. "/run?format=text", { timeout = 30,
-      body = cjson.encode{ argv = { "sh", "-c", "cat in/data.bin; exit 4" } },
+      body = cjson.encode{ argv = { "sh", "-c", "cat /in/data.bin; exit 4" } },
       headers = { Authorization = "Bearer " .. TOKEN, TE = "trailers" } }))
     assert.equal("text/plain", text.headers["content-type"])
     assert.equal("bytes\0in\nsandkit: exit code 4\n", text.body)
