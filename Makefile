@@ -58,6 +58,10 @@ OPENSSL_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcrypto)
 OPENSSL_LIBS   ?= $(shell $(PKG_CONFIG) --libs libcrypto)
 EVENT_CFLAGS   ?= $(shell $(PKG_CONFIG) --cflags libevent)
 EVENT_LIBS     ?= $(shell $(PKG_CONFIG) --libs libevent)
+# libarchive writes and reads the tar streams of whole directories (src/common/tarstream.c), in
+# the agent and in the C core alike.
+ARCHIVE_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libarchive)
+ARCHIVE_LIBS   ?= $(shell $(PKG_CONFIG) --libs libarchive)
 
 BUILD ?= build
 # The C core's folder is named after the Lua whose headers it is compiled against (lua5.4,
@@ -80,14 +84,15 @@ SRC_CFLAGS := -Isrc
 COMMON_H := $(wildcard src/common/*.h)
 
 CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c src/lua_sigv4.c \
-            src/signals.c src/lua_ed25519.c \
+            src/signals.c src/lua_ed25519.c src/lua_tar.c \
             src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
-            src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c
+            src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c \
+            src/common/walk.c src/common/tarstream.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
 AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c \
-             src/common/regular_file.c
+             src/common/regular_file.c src/common/walk.c src/common/tarstream.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 # Process 1 of a confined session (src/init/init.c), beside the agent, which looks for it there.
@@ -110,20 +115,21 @@ jit-core:
 agent: $(AGENT_BIN)
 
 $(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) $(COMMON_H) | $(MODDIR)/obj
-	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
 
 $(MODDIR)/obj/common/%.o: src/common/%.c $(COMMON_H) | $(MODDIR)/obj/common
-	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
 
 $(CORE_SO): $(CORE_OBJ) | $(MODDIR)/sandkit
-	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) -lm
+	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) $(ARCHIVE_LIBS) -lm
 
 $(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)/agent-obj/agent $(BUILD)/agent-obj/common
-	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
 
-# libcrypto verifies capability tokens (src/agent/capability.c, Ed25519).
+# libcrypto verifies capability tokens (src/agent/capability.c, Ed25519); libarchive carries
+# directories (src/agent/fs_tar.c).
 $(AGENT_BIN): $(AGENT_OBJ)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS) $(ARCHIVE_LIBS)
 
 $(INIT_BIN): src/init/init.c | $(BUILD)/agent-obj/agent
 	$(CC) $(INIT_CFLAGS) -static -std=c99 -Wall -Wextra $(WERROR) -o $@ src/init/init.c

@@ -32,6 +32,7 @@ external_dependencies = {
   CURL = { library = "curl" },
   OPENSSL = { header = "openssl/evp.h", library = "crypto" },
   LIBEVENT = { header = "event2/bufferevent.h", library = "event" },
+  LIBARCHIVE = { header = "archive.h", library = "archive" },
 }
 build = {
   type = "make",

@@ -27,6 +27,14 @@ typedef struct sk_frame {
   const char *message;
   size_t message_len;
   int data_is_base64;
+  const char *event;
+  size_t event_len;
+  const char *path;
+  size_t path_len;
+  const char *from;
+  size_t from_len;
+  const char *reason;
+  size_t reason_len;
 } sk_frame;
 sk_frames *sk_frames_new(size_t max_line);
 void sk_frames_free(sk_frames *d);

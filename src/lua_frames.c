@@ -7,6 +7,9 @@
  *   dec:admit(kind)            -- the stream also takes frames of this kind: "keepalive" (asked
  *                                 of the agent, consumed here and never returned; without
  *                                 it a keep-alive fails the stream as an unknown kind does)
+ *   dec:expect(kind, ...)      -- the stream takes frames of these kinds only ("stdout",
+ *                                 "stderr", "exit", "error", "event", "end"); without it, an
+ *                                 exec stream's four (see sk_frames_expect)
  *   dec:feed(chunk)            -- hand over bytes; call after next() returned false
  *   dec:next()                 -- frame table | false (needs more) | nil, kind, message
  *   dec:pending()              -- bytes of an unterminated line held back
@@ -98,6 +101,28 @@ void skl_push_frame(lua_State *L, const sk_frame *f)
 		/* sk_frames_decode consumes keep-alives; the case only keeps the switch whole. */
 		lua_pushnil(L);
 		break;
+	case SK_FRAME_EVENT:
+		lua_createtable(L, 0, 4);
+		lua_pushliteral(L, "event");
+		lua_setfield(L, -2, "type");
+		lua_pushlstring(L, f->event, f->event_len);
+		lua_setfield(L, -2, "event");
+		if (f->path) {
+			lua_pushlstring(L, f->path, f->path_len);
+			lua_setfield(L, -2, "path");
+		}
+		if (f->from) {
+			lua_pushlstring(L, f->from, f->from_len);
+			lua_setfield(L, -2, "from");
+		}
+		break;
+	case SK_FRAME_END:
+		lua_createtable(L, 0, 2);
+		lua_pushliteral(L, "end");
+		lua_setfield(L, -2, "type");
+		lua_pushlstring(L, f->reason, f->reason_len);
+		lua_setfield(L, -2, "reason");
+		break;
 	}
 }
 
@@ -137,6 +162,22 @@ static int decoder_admit(lua_State *L)
 	static const enum sk_frame_type kinds[] = { SK_FRAME_KEEPALIVE };
 	int i = luaL_checkoption(L, 2, NULL, names);
 	sk_frames_admit(u->d, SK_FRAMES_KIND(kinds[i]));
+	return 0;
+}
+
+static int decoder_expect(lua_State *L)
+{
+	struct decoder *u = check(L, 1);
+	/* The kinds a stream may take in place of the default (keep-alives are admit's). */
+	static const char *const names[] = { "stdout", "stderr", "exit", "error", "event", "end", NULL };
+	static const enum sk_frame_type kinds[] = { SK_FRAME_STDOUT, SK_FRAME_STDERR, SK_FRAME_EXIT,
+						    SK_FRAME_ERROR, SK_FRAME_EVENT, SK_FRAME_END };
+	unsigned set = 0;
+	int n = lua_gettop(L);
+	luaL_argcheck(L, n >= 2, 2, "a stream takes at least one kind of frame");
+	for (int i = 2; i <= n; i++)
+		set |= SK_FRAMES_KIND(kinds[luaL_checkoption(L, i, NULL, names)]);
+	sk_frames_expect(u->d, set);
 	return 0;
 }
 
@@ -271,6 +312,7 @@ void skl_open_frames(lua_State *L)
 {
 	static const luaL_Reg methods[] = {
 		{ "admit", decoder_admit },
+		{ "expect", decoder_expect },
 		{ "feed", decoder_feed },
 		{ "next", decoder_next },
 		{ "pending", decoder_pending },

@@ -202,6 +202,7 @@ int luaopen_sandkit_core(lua_State *L)
 	skl_open_sigv4(L);
 	skl_open_signals(L);
 	skl_open_ed25519(L);
+	skl_open_tar(L);
 	push_limits(L);
 	lua_setfield(L, -2, "LIMITS");
 	lua_pushliteral(L, SANDKIT_VERSION);

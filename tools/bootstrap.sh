@@ -7,11 +7,11 @@
 #   sh tools/bootstrap.sh --list SET   prints the set's packages, one a line, and installs nothing
 set -eu
 
-# The build (a C compiler, the Lua 5.4 headers, libcurl, OpenSSL, libevent) and lua-cjson, which
-# sandkit needs at run time. bubblewrap builds each confined local session; passt (pasta) and
-# slirp4netns give one an outbound network, set up with iproute2.
+# The build (a C compiler, the Lua 5.4 headers, libcurl, OpenSSL, libevent, libarchive) and
+# lua-cjson, which sandkit needs at run time. bubblewrap builds each confined local session; passt
+# (pasta) and slirp4netns give one an outbound network, set up with iproute2.
 demo="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson libcurl4-openssl-dev libssl-dev libevent-dev
-bubblewrap passt slirp4netns iproute2"
+libarchive-dev bubblewrap passt slirp4netns iproute2"
 # busted and luacheck run the suite and the lint. nginx with its Lua module and lua-resty-core
 # runs the nginx specs and examples/openresty, on the C module built for LuaJIT (luajit2 and its
 # headers); chromium loads that example's page in its end-to-end spec. lua-yaml reads

@@ -4,7 +4,6 @@
 #include "agent.h"
 #include "common/base64.h"
 #include "common/json.h"
-#include "fserror.h"
 #include "handler.h"
 #include "http.h"
 #include "paths.h"
@@ -19,22 +18,6 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
-
-/* Answers a file operation on the caller's path p that met err (fserror.h), while reading or
- * while creating and writing. */
-static void reply_errno(struct http_request *req, int err, const char *p, size_t len,
-			const char *operation, int writing)
-{
-	const struct fs_error *e = fs_error(err, writing);
-	if (e->status == 500) {
-		reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s",
-			    operation, strerror(err));
-		return;
-	}
-	char shown[REPLY_SHOWN_PATH_MAX];
-	util_printable(p, len, shown, sizeof shown);
-	reply_error(req, e->status, e->code, "%s%s%s%s", e->before, shown, e->after, e->why);
-}
 
 static void reply_not_regular(struct http_request *req, const char *p, size_t len)
 {
@@ -71,26 +54,6 @@ static const char *file_path(struct http_request *req, const char *p, size_t ple
 	return rel;
 }
 
-/* The query's path; answers and returns NULL when it is missing or malformed. */
-static char *query_path(struct http_request *req, size_t *len)
-{
-	char *v;
-	switch (request_param(req, "path", &v, len)) {
-	case 0:
-		return v;
-	case -2:
-		reply_error(req, 400, "REQUEST_INVALID",
-			    "Request invalid: the path is not percent-encoded correctly");
-		return NULL;
-	case -3:
-		reply_out_of_memory(req, "read the request");
-		return NULL;
-	default:
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the query needs a path");
-		return NULL;
-	}
-}
-
 /*
  * Opens the caller's file for reading: looks at it with O_PATH first (opening a device or
  * FIFO can itself act or block), opens it O_NONBLOCK (a FIFO swapped in meanwhile cannot
@@ -106,11 +69,11 @@ static int open_for_read(struct http_request *req, const char *p, size_t plen, o
 		return -1;
 	enum path_result r = paths_open(rel, O_PATH, 0, &probe);
 	if (r != PATH_OK) {
-		reply_errno(req, errno, p, plen, "read a file", 0);
+		reply_fs_errno(req, errno, p, plen, "read a file", 0);
 		return -1;
 	}
 	if (fstat(probe, &before) < 0) {
-		reply_errno(req, errno, p, plen, "read a file", 0);
+		reply_fs_errno(req, errno, p, plen, "read a file", 0);
 		goto fail;
 	}
 	if (!S_ISREG(before.st_mode)) {
@@ -119,11 +82,11 @@ static int open_for_read(struct http_request *req, const char *p, size_t plen, o
 	}
 	r = paths_open(rel, O_RDONLY | O_NONBLOCK | O_NOCTTY, 0, &fd);
 	if (r != PATH_OK) {
-		reply_errno(req, errno, p, plen, "read a file", 0);
+		reply_fs_errno(req, errno, p, plen, "read a file", 0);
 		goto fail;
 	}
 	if (fstat(fd, &after) < 0) {
-		reply_errno(req, errno, p, plen, "read a file", 0);
+		reply_fs_errno(req, errno, p, plen, "read a file", 0);
 		goto fail;
 	}
 	if (!S_ISREG(after.st_mode) || after.st_ino != before.st_ino || after.st_dev != before.st_dev) {
@@ -226,7 +189,7 @@ static void send_gone(void *ctx)
 static void send_file(struct http_request *req, int base64)
 {
 	size_t plen;
-	char *p = query_path(req, &plen);
+	char *p = request_path(req, &plen);
 	if (p == NULL)
 		return;
 	off_t size;
@@ -312,7 +275,7 @@ static int recv_data(void *ctx, const char *data, size_t n)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			reply_errno(fr->req, w == 0 ? EIO : errno, fr->p, fr->plen, "write a file", 1);
+			reply_fs_errno(fr->req, w == 0 ? EIO : errno, fr->p, fr->plen, "write a file", 1);
 			recv_free(fr);
 			return -1;
 		}
@@ -336,7 +299,7 @@ static void recv_end(void *ctx, int complete)
 		if (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST)
 			reply_not_regular(fr->req, fr->p, fr->plen);
 		else
-			reply_errno(fr->req, errno, fr->p, fr->plen, "write a file", 1);
+			reply_fs_errno(fr->req, errno, fr->p, fr->plen, "write a file", 1);
 		recv_free(fr);
 		return;
 	}
@@ -358,11 +321,11 @@ void files_raw_put(struct http_request *req)
 	fr->dirfd = fr->fd = -1;
 	char rel[PATHS_MAX];
 	const char *last;
-	if ((fr->p = query_path(req, &fr->plen)) == NULL || file_path(req, fr->p, fr->plen, rel) == NULL)
+	if ((fr->p = request_path(req, &fr->plen)) == NULL || file_path(req, fr->p, fr->plen, rel) == NULL)
 		goto fail;
 	enum path_result r = paths_walk(rel, 1, 1, &fr->dirfd, &last);
 	if (r != PATH_OK) {
-		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
+		reply_fs_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	snprintf(fr->last, sizeof fr->last, "%s", last);
@@ -380,12 +343,12 @@ void files_raw_put(struct http_request *req)
 		}
 		keep_mode = 1;
 	} else if (r != PATH_MISSING) {
-		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
+		reply_fs_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	unsigned char rnd[8];
 	if (util_random(rnd, sizeof rnd) < 0) {
-		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
+		reply_fs_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	snprintf(fr->tmp, sizeof fr->tmp, ".sandkit-upload-%02x%02x%02x%02x%02x%02x%02x%02x", rnd[0],
@@ -394,11 +357,11 @@ void files_raw_put(struct http_request *req)
 	r = paths_open_at(fr->dirfd, fr->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOCTTY, 0666, &fr->fd);
 	if (r != PATH_OK) {
 		fr->tmp[0] = '\0';
-		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
+		reply_fs_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	if (keep_mode && fchmod(fr->fd, st.st_mode & 07777) < 0) {
-		reply_errno(req, errno, fr->p, fr->plen, "write a file", 1);
+		reply_fs_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	http_body_stream(req, recv_data, recv_end, fr);
@@ -522,7 +485,7 @@ void files_put(struct http_request *req)
 		goto out;
 	enum path_result r = paths_walk(rel, 1, 1, &dirfd, &last);
 	if (r != PATH_OK) {
-		reply_errno(req, errno, p, plen, "write a file", 1);
+		reply_fs_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	/* Look first: only a regular file (or nothing) may be opened for writing and truncated. */
@@ -537,12 +500,12 @@ void files_put(struct http_request *req)
 			goto out;
 		}
 	} else if (r != PATH_MISSING) {
-		reply_errno(req, errno, p, plen, "write a file", 1);
+		reply_fs_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	r = paths_open_at(dirfd, last, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY, 0666, &fd);
 	if (r != PATH_OK) {
-		reply_errno(req, errno, p, plen, "write a file", 1);
+		reply_fs_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -550,7 +513,7 @@ void files_put(struct http_request *req)
 		goto out;
 	}
 	if (ftruncate(fd, 0) < 0) {
-		reply_errno(req, errno, p, plen, "write a file", 1);
+		reply_fs_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	for (size_t off = 0; off < n;) {
@@ -558,14 +521,14 @@ void files_put(struct http_request *req)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			reply_errno(req, w == 0 ? EIO : errno, p, plen, "write a file", 1);
+			reply_fs_errno(req, w == 0 ? EIO : errno, p, plen, "write a file", 1);
 			goto out;
 		}
 		off += (size_t)w;
 	}
 	if (close(fd) < 0) {
 		fd = -1;
-		reply_errno(req, errno, p, plen, "write a file", 1);
+		reply_fs_errno(req, errno, p, plen, "write a file", 1);
 		goto out;
 	}
 	fd = -1;
@@ -599,7 +562,7 @@ void files_mkdir(struct http_request *req)
 			reply_error(req, 400, "REQUEST_INVALID",
 				    "Request invalid: '%s' or one of its parents is not a directory", shown);
 		} else if (r != PATH_OK) {
-			reply_errno(req, errno, p, plen, "make a directory", 1);
+			reply_fs_errno(req, errno, p, plen, "make a directory", 1);
 		} else {
 			reply_empty(req, 204);
 		}

@@ -2,6 +2,7 @@
 #include "handler.h"
 
 #include "common/json.h"
+#include "fserror.h"
 #include "http.h"
 #include "log.h"
 #include "request.h"
@@ -69,6 +70,20 @@ void reply_path_refused(struct http_request *req, const char *p, size_t len, con
 	reply_error(req, 400, "PATH_REFUSED", "Path '%s' refused: %s", shown, why);
 }
 
+void reply_fs_errno(struct http_request *req, int err, const char *p, size_t len,
+		    const char *operation, int writing)
+{
+	const struct fs_error *e = fs_error(err, writing);
+	if (e->status == 500) {
+		reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s", operation,
+			    strerror(err));
+		return;
+	}
+	char shown[REPLY_SHOWN_PATH_MAX];
+	util_printable(p, len, shown, sizeof shown);
+	reply_error(req, e->status, e->code, "%s%s%s%s", e->before, shown, e->after, e->why);
+}
+
 int request_param(struct http_request *req, const char *name, char **value, size_t *len)
 {
 	const struct http_head *h = http_request_head(req);
@@ -121,6 +136,25 @@ int read_json_body(struct http_request *req, const char *operation,
 		return -1;
 	}
 	return 0;
+}
+
+char *request_path(struct http_request *req, size_t *len)
+{
+	char *v;
+	switch (request_param(req, "path", &v, len)) {
+	case 0:
+		return v;
+	case -2:
+		reply_error(req, 400, "REQUEST_INVALID",
+			    "Request invalid: the path is not percent-encoded correctly");
+		return NULL;
+	case -3:
+		reply_out_of_memory(req, "read the request");
+		return NULL;
+	default:
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the query needs a path");
+		return NULL;
+	}
 }
 
 int read_cmd_request(struct http_request *req, struct cmd_request *r, const char *operation)

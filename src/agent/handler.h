@@ -27,6 +27,12 @@ void reply_out_of_memory(struct http_request *req, const char *operation);
  * cannot forge lines or swell the answer). */
 void reply_path_refused(struct http_request *req, const char *p, size_t len, const char *why);
 
+/* Answers a file operation on the caller's path p that met err, as the one errno table says
+ * (fserror.h): met while reading (writing = 0) or while creating and writing. A 500 names the
+ * operation and the system's sentence. */
+void reply_fs_errno(struct http_request *req, int err, const char *p, size_t len,
+		    const char *operation, int writing);
+
 /* Longest caller path shown back in an error: the answer stays far below the client's
  * 4096-byte error-body bound. */
 #define REPLY_SHOWN_PATH_MAX 200
@@ -46,6 +52,10 @@ int request_param(struct http_request *req, const char *name, char **value, size
 int read_json_body(struct http_request *req, const char *operation,
 		   const char *(*member)(void *ctx, struct sk_json *j, const struct sk_json_str *key),
 		   void *ctx);
+
+/* The query's `path` (heap, NUL after *len bytes); answers 400 or 500 and returns NULL when it
+ * is missing, badly escaped, or memory ran out. */
+char *request_path(struct http_request *req, size_t *len);
 
 /* Reads req's body as an exec or job request (request.h). Returns what cmd_request_parse
  * returns, or -2 once it has answered 500 itself because memory ran out; except after -2, the

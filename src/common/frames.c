@@ -45,6 +45,11 @@ void sk_frames_admit(sk_frames *d, unsigned kinds)
 	d->admitted |= kinds;
 }
 
+void sk_frames_expect(sk_frames *d, unsigned kinds)
+{
+	d->admitted = kinds;
+}
+
 void sk_frames_free(sk_frames *d)
 {
 	if (d == NULL)
@@ -116,21 +121,24 @@ static int reserve(void **buf, size_t *cap, size_t need, size_t hint)
 	return 0;
 }
 
-/* Each kind's `t`, by enum sk_frame_type. */
-static const char *const kind_names[] = { "", "stdout", "stderr", "exit", "error", "keepalive" };
+/* Each kind as a refusal names it, by enum sk_frame_type. */
+static const char *const kind_names[] = { "", "a stdout", "a stderr", "an exit", "an error", "a keepalive",
+					   "an event", "an end" };
 
 /* The members a frame may carry; the JSON is scanned once and typed after `t` is known. */
 struct fields {
-	sk_json_str t, data, message, code_str;
+	sk_json_str t, data, message, code_str, event, path, from, reason;
 	uint64_t seq;
 	int64_t code_num, signal;
 	int truncated;
 	unsigned has_t : 1, has_seq : 1, has_data : 1, has_message : 1, has_code_str : 1,
-		has_code_num : 1, has_signal : 1, has_truncated : 1;
+		has_code_num : 1, has_signal : 1, has_truncated : 1, has_event : 1, has_path : 1,
+		has_from : 1, has_reason : 1;
 };
 
 /* The members a frame may carry, each allowed once. */
-static const char *const members[] = { "t", "data", "seq", "code", "message", "truncated", "signal" };
+static const char *const members[] = { "t", "data", "seq", "code", "message", "truncated", "signal",
+					"event", "path", "from", "reason" };
 
 static int scan_fields(sk_json *j, struct fields *f)
 {
@@ -170,6 +178,14 @@ static int scan_fields(sk_json *j, struct fields *f)
 			f->has_truncated = sk_json_bool(j, &f->truncated) == 0;
 		} else if (sk_json_str_is(&key, "signal")) {
 			f->has_signal = sk_json_i64(j, &f->signal) == 0;
+		} else if (sk_json_str_is(&key, "event")) {
+			f->has_event = sk_json_string(j, &f->event) == 0;
+		} else if (sk_json_str_is(&key, "path")) {
+			f->has_path = sk_json_string(j, &f->path) == 0;
+		} else if (sk_json_str_is(&key, "from")) {
+			f->has_from = sk_json_string(j, &f->from) == 0;
+		} else if (sk_json_str_is(&key, "reason")) {
+			f->has_reason = sk_json_string(j, &f->reason) == 0;
 		} else if (sk_json_skip(j) < 0) {
 			return -1;
 		}
@@ -187,6 +203,49 @@ static long unescape_into(sk_frames *d, const sk_json_str *s, size_t at)
 	if (reserve((void **)&d->scratch, &d->scratch_cap, at + s->len, 0) < 0)
 		return -1;
 	return (long)sk_json_unescape(s, (char *)d->scratch + at);
+}
+
+/* An event's members: which event, which path, and for a rename which path it came from; an
+ * overflow says that events were lost, and names no path. */
+static int parse_event(sk_frames *d, const struct fields *f, sk_frame *out)
+{
+	static const char *const events[] = { "create", "modify", "remove", "rename", "overflow" };
+	size_t which = 0;
+	while (which < sizeof events / sizeof events[0] && !(f->has_event && sk_json_str_is(&f->event, events[which])))
+		which++;
+	if (which == sizeof events / sizeof events[0])
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+		            "an event frame needs an `event` it knows", -1);
+	int overflow = which == 4, rename = which == 3;
+	if (f->has_path == overflow || f->has_from != rename)
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+		            overflow ? "an overflow event names no path"
+		                     : rename ? "a rename event needs string `from` and `path`"
+		                              : "an event needs a string `path` and no `from`", -1);
+	size_t at = 0;
+	long n = unescape_into(d, &f->event, at);
+	if (n < 0)
+		return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+	out->event_len = (size_t)n;
+	at += (size_t)n;
+	size_t path_at = at, from_at = at;
+	if (f->has_path) {
+		if ((n = unescape_into(d, &f->path, at)) < 0)
+			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+		out->path_len = (size_t)n;
+		at += (size_t)n;
+		from_at = at;
+	}
+	if (f->has_from) {
+		if ((n = unescape_into(d, &f->from, at)) < 0)
+			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+		out->from_len = (size_t)n;
+	}
+	/* Pointers last: the scratch buffer may have moved as it grew. */
+	out->event = (const char *)d->scratch;
+	out->path = f->has_path ? (const char *)d->scratch + path_at : NULL;
+	out->from = f->has_from ? (const char *)d->scratch + from_at : NULL;
+	return 0;
 }
 
 static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
@@ -279,12 +338,26 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 		out->error_code_len = (size_t)cn;
 		out->message = (const char *)d->scratch + cn;
 		out->message_len = (size_t)mn;
+	} else if (sk_json_str_is(&f.t, "event")) {
+		out->type = SK_FRAME_EVENT;
+		if (parse_event(d, &f, out) < 0)
+			return SK_FRAMES_FAILED;
+	} else if (sk_json_str_is(&f.t, "end")) {
+		out->type = SK_FRAME_END;
+		if (!f.has_reason)
+			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+			            "an end frame needs a string `reason`", -1);
+		long n = unescape_into(d, &f.reason, 0);
+		if (n < 0)
+			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+		out->reason = (const char *)d->scratch;
+		out->reason_len = (size_t)n;
 	} else {
 		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 		            "unknown frame type", -1);
 	}
 	if (!(d->admitted & SK_FRAMES_KIND(out->type)))
-		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: a %s frame, "
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s frame, "
 		            "which this stream did not ask for", kind_names[out->type], -1);
 	return SK_FRAMES_FRAME;
 }

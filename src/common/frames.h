@@ -25,14 +25,16 @@
 /*
  * The kinds of frame a stream may carry, told apart by `t`. A keep-alive ({"t":"keepalive"},
  * docs/protocol.md §6) says only that the connection is alive: it is consumed by the decoder
- * and never handed out, and a stream takes it only when it asked for it (sk_frames_admit).
+ * and never handed out, and a stream takes it only when it asked for it (sk_frames_admit). A
+ * watch's stream (§6 fsWatch) carries events and ends with an `end` (or an `error`); it takes
+ * those kinds alone (sk_frames_expect), and an exec stream never does.
  */
 enum sk_frame_type { SK_FRAME_STDOUT = 1, SK_FRAME_STDERR, SK_FRAME_EXIT, SK_FRAME_ERROR,
-	             SK_FRAME_KEEPALIVE };
+	             SK_FRAME_KEEPALIVE, SK_FRAME_EVENT, SK_FRAME_END };
 
-/* A set of kinds, for sk_frames_admit: SK_FRAMES_KIND(SK_FRAME_KEEPALIVE). */
+/* A set of kinds, for sk_frames_admit and sk_frames_expect: SK_FRAMES_KIND(SK_FRAME_EVENT) | … */
 #define SK_FRAMES_KIND(type) (1u << (type))
-/* What every stream takes: output, its exit and its error. */
+/* What every stream takes unless told otherwise: an exec stream's output, exit and error. */
 #define SK_FRAMES_KINDS_DEFAULT                                                              \
 	(SK_FRAMES_KIND(SK_FRAME_STDOUT) | SK_FRAMES_KIND(SK_FRAME_STDERR) |                  \
 	 SK_FRAMES_KIND(SK_FRAME_EXIT) | SK_FRAMES_KIND(SK_FRAME_ERROR))
@@ -51,6 +53,16 @@ typedef struct sk_frame {
 	const char *message;        /* error: the frame's message, valid until the next call */
 	size_t message_len;
 	int data_is_base64;         /* stdout/stderr: data is the wire's base64 (sk_frames_keep_base64) */
+	/* event: what happened (create, modify, remove, rename, overflow), to which path, and for
+	 * a rename from which (NULL otherwise); valid until the next call */
+	const char *event;
+	size_t event_len;
+	const char *path;           /* NULL for an overflow */
+	size_t path_len;
+	const char *from;
+	size_t from_len;
+	const char *reason;         /* end: why the stream ended, valid until the next call */
+	size_t reason_len;
 } sk_frame;
 
 /* What went wrong: a line that is not a frame, a payload that is not base64, or a limit. */
@@ -83,6 +95,11 @@ void sk_frames_keep_base64(sk_frames *d);
  * (a keep-alive, for a stream that asked the agent for them).
  */
 void sk_frames_admit(sk_frames *d, unsigned kinds);
+/*
+ * The kinds this stream takes from now on, in place of what it took (a watch's stream takes
+ * events, its end and an error, and no output): a frame of any other kind fails it.
+ */
+void sk_frames_expect(sk_frames *d, unsigned kinds);
 void sk_frames_free(sk_frames *d);
 
 /*

@@ -1,0 +1,693 @@
+/* fs.c — see fs.h: list, stat, remove, rename, and what the fs routes share. */
+#include "fs.h"
+
+#include "common/json.h"
+#include "common/walk.h"
+#include "fserror.h"
+#include "handler.h"
+#include "http.h"
+#include "paths.h"
+#include "util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+
+/* A list level's names are chosen in batches of at most this many (the smallest names after
+ * the last one taken, in one pass over the directory): a 10,000-entry directory is read ten
+ * times, and a level holds 256 KiB of names at most. */
+#define LIST_BATCH 1024
+/* One getdents64 call's buffer. */
+#define DENTS_BUF (32 * 1024)
+
+int fs_open_beneath(int dirfd, const char *rel, int flags, mode_t mode)
+{
+	int fd;
+	return paths_open_at(dirfd, rel, flags, mode, &fd) == PATH_OK ? fd : -1;
+}
+
+int fs_normalize(struct http_request *req, const char *p, size_t len, char *rel)
+{
+	const char *why = paths_normalize(p, len, rel);
+	if (why) {
+		reply_path_refused(req, p, len, why);
+		return -1;
+	}
+	return 0;
+}
+
+size_t fs_shown_path(const char *rel, char *out)
+{
+	if (strcmp(rel, ".") == 0) {
+		memcpy(out, "/", 2);
+		return 1;
+	}
+	size_t n = strlen(rel);
+	out[0] = '/';
+	memcpy(out + 1, rel, n + 1);
+	return n + 1;
+}
+
+/* ---- request bodies ---- */
+
+int fs_read_body(struct http_request *req, const struct fs_member *members, size_t n)
+{
+	size_t len;
+	const char *body = http_request_body(req, &len);
+	if (body == NULL) {
+		reply_out_of_memory(req, "read the request");
+		return -1;
+	}
+	sk_json j;
+	sk_json_init(&j, body, len);
+	sk_json_str key;
+	unsigned seen = 0;
+	int more;
+	const char *problem = NULL;
+	if (sk_json_object_begin(&j) < 0) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not a JSON object");
+		return -1;
+	}
+	while ((more = sk_json_object_key(&j, &key)) == 1) {
+		size_t i = 0;
+		while (i < n && !sk_json_str_is(&key, members[i].name))
+			i++;
+		if (i == n) {
+			sk_json_skip(&j);
+			continue;
+		}
+		const struct fs_member *m = &members[i];
+		/* Which copy of a member given twice counts would be a guess, and readers guess
+		 * differently. */
+		if (seen & (1u << i)) {
+			problem = "a member appears twice";
+			break;
+		}
+		seen |= 1u << i;
+		enum sk_json_kind kind = sk_json_peek(&j);
+		if (m->type == FS_STRING && kind == SK_JSON_STRING) {
+			sk_json_str s;
+			sk_json_string(&j, &s);
+			if ((*m->str = malloc(s.len + 1)) == NULL) {
+				reply_out_of_memory(req, "read the request");
+				return -1;
+			}
+			*m->len = sk_json_unescape(&s, *m->str);
+			(*m->str)[*m->len] = '\0';
+		} else if (m->type == FS_BOOL && (kind == SK_JSON_TRUE || kind == SK_JSON_FALSE)) {
+			sk_json_bool(&j, m->flag);
+		} else if (!(m->type == FS_UINT && kind == SK_JSON_NUMBER && sk_json_u64(&j, m->num) == 0)) {
+			problem = m->type == FS_STRING ? "a member that must be a string is not one"
+				  : m->type == FS_BOOL ? "a member that must be a boolean is not one"
+							 : "a member that must be a whole number is not one";
+			break;
+		}
+	}
+	if (problem == NULL && (more < 0 || sk_json_finish(&j) < 0)) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not valid JSON: %s",
+			    j.err ? j.err : "malformed");
+		return -1;
+	}
+	for (size_t i = 0; problem == NULL && i < n; i++)
+		if (members[i].required && !(seen & (1u << i)))
+			problem = "a required member is missing";
+	if (problem) {
+		char names[160] = "";
+		for (size_t i = 0; i < n; i++)
+			snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+				 members[i].name);
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s (this route reads %s)", problem,
+			    names);
+		return -1;
+	}
+	return 0;
+}
+
+/* A query parameter that is a whole number in [min, max], or def when absent. 0; or -1 after
+ * answering 400. */
+static int query_number(struct http_request *req, const char *name, unsigned long min,
+			unsigned long max, unsigned long def, unsigned long *out)
+{
+	char *v;
+	size_t n;
+	int r = request_param(req, name, &v, &n);
+	if (r == -1) {
+		*out = def;
+		return 0;
+	}
+	if (r == -3) {
+		reply_out_of_memory(req, "read the request");
+		return -1;
+	}
+	unsigned long value = 0;
+	int ok = r == 0 && n > 0 && n <= 9;
+	for (size_t i = 0; ok && i < n; i++) {
+		ok = v[i] >= '0' && v[i] <= '9';
+		value = value * 10 + (unsigned long)(v[i] - '0');
+	}
+	free(v);
+	if (!ok || value < min || value > max) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s must be a whole number from %lu to %lu",
+			    name, min, max);
+		return -1;
+	}
+	*out = value;
+	return 0;
+}
+
+/* ---- entries ---- */
+
+static const char *type_name(mode_t mode)
+{
+	return S_ISREG(mode) ? "file" : S_ISDIR(mode) ? "dir" : S_ISLNK(mode) ? "symlink" : "other";
+}
+
+/* {"name":…,"path":…,"type":…,"size":…,"mode":…,"mtime":…[,"target":…]} for name in dirfd,
+ * whose caller path is path. -1 when memory ran out. */
+static int entry_json(struct evbuffer *b, const char *name, const char *path, size_t path_len,
+		      int dirfd, const struct stat *st)
+{
+	char target[PATHS_MAX];
+	ssize_t tn = -1;
+	if (S_ISLNK(st->st_mode))
+		tn = readlinkat(dirfd, name, target, sizeof target - 1);
+	if (evbuffer_add(b, "{\"name\":", 8) < 0 || util_json_string(b, name, strlen(name)) < 0 ||
+	    evbuffer_add(b, ",\"path\":", 8) < 0 || util_json_string(b, path, path_len) < 0 ||
+	    evbuffer_add_printf(b, ",\"type\":\"%s\",\"size\":%lld,\"mode\":%u,\"mtime\":%lld.%09ld",
+				type_name(st->st_mode), (long long)st->st_size, (unsigned)(st->st_mode & 07777),
+				(long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec) < 0)
+		return -1;
+	if (tn >= 0 && (evbuffer_add(b, ",\"target\":", 10) < 0 || util_json_string(b, target, (size_t)tn) < 0))
+		return -1;
+	return evbuffer_add(b, "}", 1);
+}
+
+/* ---- list ---- */
+
+struct lister {
+	struct http_request *req;
+	struct evbuffer *out;
+	unsigned long limit, count, depth_max;
+	int full;        /* the page is done: count or bytes reached */
+	int failed;      /* memory ran out (answered by the caller) */
+	char shown[PATHS_MAX + 1]; /* the listed directory as the caller names it, "/" appended */
+	size_t shown_len;
+	char path[PATHS_MAX];      /* the entry's path relative to the listed directory */
+	char *dents;
+	int first;
+};
+
+/* A batch of names, the smallest ones after a given name: a max-heap while the directory is
+ * read, sorted once it was. */
+struct batch {
+	char (*names)[256];
+	size_t n, cap;
+};
+
+static int name_less(const char *a, const char *b)
+{
+	return strcmp(a, b) < 0;
+}
+
+static void swap_names(struct batch *b, size_t i, size_t j)
+{
+	char t[256];
+	memcpy(t, b->names[i], 256);
+	memcpy(b->names[i], b->names[j], 256);
+	memcpy(b->names[j], t, 256);
+}
+
+static void sift_down(struct batch *b, size_t i, size_t n)
+{
+	for (;;) {
+		size_t l = 2 * i + 1, r = l + 1, m = i;
+		if (l < n && name_less(b->names[m], b->names[l]))
+			m = l;
+		if (r < n && name_less(b->names[m], b->names[r]))
+			m = r;
+		if (m == i)
+			return;
+		swap_names(b, i, m);
+		i = m;
+	}
+}
+
+static void offer(struct batch *b, const char *name)
+{
+	if (b->n < b->cap) {
+		size_t i = b->n++;
+		snprintf(b->names[i], 256, "%s", name);
+		while (i > 0 && name_less(b->names[(i - 1) / 2], b->names[i])) {
+			swap_names(b, i, (i - 1) / 2);
+			i = (i - 1) / 2;
+		}
+	} else if (name_less(name, b->names[0])) {
+		snprintf(b->names[0], 256, "%s", name);
+		sift_down(b, 0, b->n);
+	}
+}
+
+/* Fills b with the smallest names of dirfd after `after` (all when NULL), in order. */
+static int select_names(struct lister *l, int dirfd, const char *after, struct batch *b)
+{
+	b->n = 0;
+	if (lseek(dirfd, 0, SEEK_SET) < 0)
+		return -1;
+	for (;;) {
+		long n = syscall(SYS_getdents64, dirfd, l->dents, DENTS_BUF);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		if (n == 0)
+			break;
+		for (long at = 0; at < n;) {
+			/* linux_dirent64: ino, off, reclen, type, then the name. */
+			unsigned short reclen;
+			memcpy(&reclen, l->dents + at + 16, sizeof reclen);
+			const char *name = l->dents + at + 19;
+			at += reclen;
+			if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+				continue;
+			if (after && strcmp(name, after) <= 0)
+				continue;
+			offer(b, name);
+		}
+	}
+	for (size_t end = b->n; end > 1; end--) {
+		swap_names(b, 0, end - 1);
+		sift_down(b, 0, end - 1);
+	}
+	return 0;
+}
+
+static int emit(struct lister *l, int dirfd, const char *name, size_t path_len, const struct stat *st)
+{
+	char shown[2 * PATHS_MAX + 2];
+	memcpy(shown, l->shown, l->shown_len);
+	memcpy(shown + l->shown_len, l->path, path_len + 1);
+	if ((!l->first && evbuffer_add(l->out, ",", 1) < 0) ||
+	    entry_json(l->out, name, shown, l->shown_len + path_len, dirfd, st) < 0) {
+		l->failed = 1;
+		return -1;
+	}
+	l->first = 0;
+	if (++l->count >= l->limit || evbuffer_get_length(l->out) >= FS_LIST_PAGE_BYTES)
+		l->full = 1;
+	return 0;
+}
+
+static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned long depth,
+		      const char *cursor);
+
+/* Lists the directory name (in dirfd) one level deeper, when the depth allows; it may have
+ * gone or become something else since it was seen, which only ends that branch. */
+static int descend(struct lister *l, int dirfd, const char *name, size_t path_len,
+		   unsigned long depth, const char *cursor)
+{
+	if (depth >= l->depth_max)
+		return 0;
+	int fd;
+	if (paths_open_at(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOCTTY, 0, &fd) != PATH_OK)
+		return errno == ENOENT || errno == ENOTDIR || errno == ELOOP ? 0 : -1;
+	int r = list_level(l, fd, path_len, depth + 1, cursor);
+	int saved = errno;
+	close(fd);
+	errno = saved;
+	return r;
+}
+
+/*
+ * One directory of the listing, in name order, each entry followed by its own entries while
+ * the depth allows (so a page ends anywhere in the tree). With a cursor (the path after which
+ * the last page stopped, from this level down), the walk resumes right after it.
+ */
+static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned long depth,
+		      const char *cursor)
+{
+	char after[256] = "";
+	int has_after = 0;
+	if (cursor) {
+		const char *slash = strchr(cursor, '/');
+		size_t n = slash ? (size_t)(slash - cursor) : strlen(cursor);
+		if (n >= sizeof after)
+			n = sizeof after - 1;
+		memcpy(after, cursor, n);
+		after[n] = '\0';
+		has_after = 1;
+		/* The cursor's own entry was sent, its entries perhaps not all. */
+		size_t at = prefix_len + (prefix_len > 0);
+		if (at + n + 1 <= PATHS_MAX) {
+			if (prefix_len > 0)
+				l->path[prefix_len] = '/';
+			memcpy(l->path + at, after, n + 1);
+			if (descend(l, dirfd, after, at + n, depth, slash ? slash + 1 : NULL) < 0)
+				return -1;
+			if (l->full || l->failed)
+				return 0;
+		}
+	}
+	struct batch b = { NULL, 0, LIST_BATCH };
+	if (b.cap > l->limit - l->count)
+		b.cap = l->limit - l->count;
+	if ((b.names = malloc(b.cap * sizeof *b.names)) == NULL) {
+		l->failed = 1;
+		return -1;
+	}
+	int r = 0;
+	for (;;) {
+		if (select_names(l, dirfd, has_after ? after : NULL, &b) < 0) {
+			r = -1;
+			break;
+		}
+		for (size_t i = 0; i < b.n && !l->full && !l->failed; i++) {
+			const char *name = b.names[i];
+			struct stat st;
+			if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+				if (errno == ENOENT)
+					continue;
+				r = -1;
+				break;
+			}
+			size_t n = strlen(name), at = prefix_len + (prefix_len > 0);
+			if (at + n + 1 > PATHS_MAX)
+				continue; /* no caller could name it */
+			if (prefix_len > 0)
+				l->path[prefix_len] = '/';
+			memcpy(l->path + at, name, n + 1);
+			if (emit(l, dirfd, name, at + n, &st) < 0 ||
+			    (S_ISDIR(st.st_mode) && !l->full && descend(l, dirfd, name, at + n, depth, NULL) < 0)) {
+				r = -1;
+				break;
+			}
+		}
+		if (r < 0 || l->full || l->failed || b.n < b.cap)
+			break;
+		snprintf(after, sizeof after, "%s", b.names[b.n - 1]);
+		has_after = 1;
+	}
+	free(b.names);
+	return r;
+}
+
+void fs_list(struct http_request *req)
+{
+	size_t plen, clen = 0;
+	char *p = request_path(req, &plen), *cursor = NULL;
+	char rel[PATHS_MAX], crel[PATHS_MAX];
+	struct lister l;
+	memset(&l, 0, sizeof l);
+	l.req = req;
+	l.first = 1;
+	int dirfd = -1;
+	if (p == NULL)
+		return;
+	if (fs_normalize(req, p, plen, rel) < 0 ||
+	    query_number(req, "depth", 1, FS_LIST_DEPTH_MAX, 1, &l.depth_max) < 0 ||
+	    query_number(req, "limit", 1, FS_LIST_LIMIT_MAX, FS_LIST_LIMIT_DEFAULT, &l.limit) < 0)
+		goto out;
+	int r = request_param(req, "cursor", &cursor, &clen);
+	if (r == -3) {
+		reply_out_of_memory(req, "list a directory");
+		goto out;
+	}
+	/* A cursor is what an earlier page said: a relative path that climbs nowhere. */
+	if (r == -2 || (r == 0 && (clen == 0 || cursor[0] == '/' ||
+				   paths_normalize(cursor, clen, crel) != NULL || strcmp(crel, ".") == 0))) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the cursor is not one a page gave");
+		goto out;
+	}
+	if (paths_open(rel, O_RDONLY | O_DIRECTORY | O_NOCTTY, 0, &dirfd) != PATH_OK) {
+		int err = errno;
+		if (err == ENOTDIR) {
+			char shown[REPLY_SHOWN_PATH_MAX];
+			util_printable(p, plen, shown, sizeof shown);
+			reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' is not a directory", shown);
+		} else {
+			reply_fs_errno(req, err, p, plen, "list a directory", 0);
+		}
+		dirfd = -1;
+		goto out;
+	}
+	l.shown_len = fs_shown_path(rel, l.shown);
+	if (l.shown[l.shown_len - 1] != '/')
+		l.shown[l.shown_len++] = '/';
+	l.out = evbuffer_new();
+	l.dents = malloc(DENTS_BUF);
+	if (l.out == NULL || l.dents == NULL || evbuffer_add(l.out, "{\"entries\":[", 12) < 0) {
+		reply_out_of_memory(req, "list a directory");
+		goto out;
+	}
+	if (list_level(&l, dirfd, 0, 1, r == 0 ? crel : NULL) < 0 && !l.failed) {
+		reply_fs_errno(req, errno, p, plen, "list a directory", 0);
+		goto out;
+	}
+	/* The cursor of a full page is its last entry; a page that ran out of entries has none. */
+	if (l.failed || evbuffer_add(l.out, "],\"next\":", 9) < 0 ||
+	    (l.full ? util_json_string(l.out, l.path, strlen(l.path)) : evbuffer_add(l.out, "null", 4)) < 0 ||
+	    evbuffer_add(l.out, "}", 1) < 0) {
+		reply_out_of_memory(req, "list a directory");
+		goto out;
+	}
+	reply_json(req, 200, l.out);
+	l.out = NULL;
+out:
+	if (l.out)
+		evbuffer_free(l.out);
+	free(l.dents);
+	if (dirfd >= 0)
+		close(dirfd);
+	free(cursor);
+	free(p);
+}
+
+/* ---- stat ---- */
+
+void fs_stat(struct http_request *req)
+{
+	size_t plen;
+	char *p = request_path(req, &plen);
+	char rel[PATHS_MAX], shown[PATHS_MAX + 1];
+	int dirfd = -1;
+	struct evbuffer *b = NULL;
+	if (p == NULL)
+		return;
+	if (fs_normalize(req, p, plen, rel) < 0)
+		goto out;
+	const char *last;
+	struct stat st;
+	enum path_result r = paths_walk(rel, 0, 1, &dirfd, &last);
+	int absent = r == PATH_MISSING || r == PATH_NOT_DIR;
+	if (r == PATH_OK && fstatat(dirfd, last, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno != ENOENT && errno != ENOTDIR) {
+			reply_fs_errno(req, errno, p, plen, "stat a path", 0);
+			goto out;
+		}
+		absent = 1;
+	} else if (r != PATH_OK && !absent) {
+		reply_fs_errno(req, errno, p, plen, "stat a path", 0);
+		goto out;
+	}
+	/* Absent is an answer, not an error: stat is how a caller asks. */
+	if ((b = evbuffer_new()) == NULL)
+		goto oom;
+	if (absent) {
+		if (evbuffer_add(b, "{\"exists\":false}", 16) < 0)
+			goto oom;
+	} else {
+		size_t n = fs_shown_path(rel, shown);
+		const char *name = strcmp(rel, ".") == 0 ? "/" : strrchr(shown, '/') + 1;
+		if (evbuffer_add(b, "{\"exists\":true,\"entry\":", 23) < 0 ||
+		    entry_json(b, name, shown, n, dirfd, &st) < 0 || evbuffer_add(b, "}", 1) < 0)
+			goto oom;
+	}
+	reply_json(req, 200, b);
+	b = NULL;
+	goto out;
+oom:
+	reply_out_of_memory(req, "stat a path");
+out:
+	if (b)
+		evbuffer_free(b);
+	if (dirfd >= 0)
+		close(dirfd);
+	free(p);
+}
+
+/* ---- remove ---- */
+
+void fs_remove(struct http_request *req)
+{
+	char *p = NULL;
+	size_t plen = 0;
+	int recursive = 0, dirfd = -1;
+	const struct fs_member members[] = {
+		{ "path", FS_STRING, 1, &p, &plen, NULL, NULL },
+		{ "recursive", FS_BOOL, 0, NULL, NULL, &recursive, NULL },
+	};
+	char rel[PATHS_MAX];
+	if (fs_read_body(req, members, 2) < 0 || fs_normalize(req, p, plen, rel) < 0)
+		goto out;
+	if (strcmp(rel, ".") == 0) {
+		reply_path_refused(req, p, plen, "the sandbox root cannot be removed");
+		goto out;
+	}
+	const char *last;
+	enum path_result r = paths_walk(rel, 0, 1, &dirfd, &last);
+	/* Idempotent, as terminate is: what is not there is removed already. */
+	if (r == PATH_MISSING || r == PATH_NOT_DIR) {
+		reply_empty(req, 204);
+		goto out;
+	}
+	if (r != PATH_OK) {
+		reply_fs_errno(req, errno, p, plen, "remove a path", 1);
+		goto out;
+	}
+	struct stat st;
+	if (fstatat(dirfd, last, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+		if (errno == ENOENT || errno == ENOTDIR)
+			reply_empty(req, 204);
+		else
+			reply_fs_errno(req, errno, p, plen, "remove a path", 1);
+		goto out;
+	}
+	int dir = S_ISDIR(st.st_mode);
+	if (unlinkat(dirfd, last, dir ? AT_REMOVEDIR : 0) == 0 || errno == ENOENT) {
+		reply_empty(req, 204);
+		goto out;
+	}
+	char shown[REPLY_SHOWN_PATH_MAX];
+	util_printable(p, plen, shown, sizeof shown);
+	if (dir && (errno == ENOTEMPTY || errno == EEXIST)) {
+		if (!recursive) {
+			reply_error(req, 409, "PATH_EXISTS", "Path '%s' is a directory that is not empty: "
+				    "remove it with recursive", shown);
+			goto out;
+		}
+		char where[PATHS_MAX];
+		if (sk_walk_remove(dirfd, last, fs_open_beneath, FS_WALK_NAMES_MAX, where, sizeof where) == 0) {
+			reply_empty(req, 204);
+			goto out;
+		}
+		int err = errno;
+		char at[REPLY_SHOWN_PATH_MAX];
+		util_printable(where, strlen(where), at, sizeof at);
+		const struct fs_error *e = fs_error(err, 1);
+		if (e->status == 500)
+			reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation 'remove a tree' failed at "
+				    "'%s': %s", at, err == E2BIG ? "a directory holds more names than a removal "
+				    "reads at once" : strerror(err));
+		else
+			reply_error(req, e->status, e->code, "Removing '%s' stopped at '%s': %s", shown, at, e->why);
+		goto out;
+	}
+	reply_fs_errno(req, errno, p, plen, "remove a path", 1);
+out:
+	if (dirfd >= 0)
+		close(dirfd);
+	free(p);
+}
+
+/* ---- rename ---- */
+
+void fs_rename(struct http_request *req)
+{
+	char *from = NULL, *to = NULL;
+	size_t flen = 0, tlen = 0;
+	int overwrite = 0, fromdir = -1, todir = -1;
+	const struct fs_member members[] = {
+		{ "from", FS_STRING, 1, &from, &flen, NULL, NULL },
+		{ "to", FS_STRING, 1, &to, &tlen, NULL, NULL },
+		{ "overwrite", FS_BOOL, 0, NULL, NULL, &overwrite, NULL },
+	};
+	char frel[PATHS_MAX], trel[PATHS_MAX];
+	if (fs_read_body(req, members, 3) < 0 || fs_normalize(req, from, flen, frel) < 0 ||
+	    fs_normalize(req, to, tlen, trel) < 0)
+		goto out;
+	if (strcmp(frel, ".") == 0 || strcmp(trel, ".") == 0) {
+		int f = strcmp(frel, ".") == 0;
+		reply_path_refused(req, f ? from : to, f ? flen : tlen, "the sandbox root cannot be renamed or replaced");
+		goto out;
+	}
+	char fshown[REPLY_SHOWN_PATH_MAX], tshown[REPLY_SHOWN_PATH_MAX];
+	util_printable(from, flen, fshown, sizeof fshown);
+	util_printable(to, tlen, tshown, sizeof tshown);
+	size_t fn = strlen(frel);
+	if (strncmp(trel, frel, fn) == 0 && trel[fn] == '/') {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' cannot move into itself ('%s')",
+			    fshown, tshown);
+		goto out;
+	}
+	const char *flast, *tlast;
+	enum path_result r = paths_walk(frel, 0, 1, &fromdir, &flast);
+	if (r == PATH_NOT_DIR)
+		errno = ENOENT;
+	if (r != PATH_OK) {
+		reply_fs_errno(req, errno, from, flen, "rename a path", 0);
+		goto out;
+	}
+	/* The new name's directories are made as a write makes them. */
+	if (paths_walk(trel, 1, 1, &todir, &tlast) != PATH_OK) {
+		reply_fs_errno(req, errno, to, tlen, "rename a path", 1);
+		goto out;
+	}
+	if (strcmp(frel, trel) == 0) {
+		struct stat st;
+		if (fstatat(fromdir, flast, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			reply_fs_errno(req, errno, from, flen, "rename a path", 0);
+		else
+			reply_empty(req, 204);
+		goto out;
+	}
+	if (syscall(SYS_renameat2, fromdir, flast, todir, tlast, overwrite ? 0 : RENAME_NOREPLACE) == 0) {
+		reply_empty(req, 204);
+		goto out;
+	}
+	switch (errno) {
+	case ENOENT:
+		reply_fs_errno(req, ENOENT, from, flen, "rename a path", 0);
+		break;
+	case EEXIST:
+	case ENOTEMPTY:
+		/* Without overwrite anything there; with it, a directory that is not empty. */
+		if (!overwrite)
+			reply_error(req, 409, "PATH_EXISTS", "Path '%s' is in the way: rename with overwrite "
+				    "to replace it", tshown);
+		else
+			reply_error(req, 409, "PATH_EXISTS", "Path '%s' is in the way: a directory that is "
+				    "not empty", tshown);
+		break;
+	case EISDIR:
+	case ENOTDIR:
+		reply_error(req, 409, "PATH_EXISTS", "Path '%s' is in the way: a directory and a file "
+			    "cannot replace each other", tshown);
+		break;
+	case EINVAL:
+		/* The kernel's own refusal to move a directory beneath itself (seen through a
+		 * mount or a race the lexical check could not see). */
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' cannot move into itself ('%s')",
+			    fshown, tshown);
+		break;
+	case EXDEV:
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' and '%s' are on different "
+			    "filesystems, which a rename cannot cross (copy, then remove)", fshown, tshown);
+		break;
+	default:
+		reply_fs_errno(req, errno, to, tlen, "rename a path", 1);
+	}
+out:
+	if (fromdir >= 0)
+		close(fromdir);
+	if (todir >= 0)
+		close(todir);
+	free(from);
+	free(to);
+}

@@ -1,0 +1,274 @@
+/*
+ * lua_tar.c — Lua glue for common/tarstream.h: a local directory as a tar stream, both ways, a
+ * piece at a time, for session:write_dir_from and session:read_dir_to.
+ *
+ *   local pack = core.tar_pack(dir)      -- | nil, why
+ *   pack:read()                          -- the next piece (at most 64 KiB) | nil at the end
+ *                                           | nil, why (the archive failed: cut it short)
+ *   local unpack = core.tar_unpack(dir, max_entries, max_bytes)   -- | nil, why
+ *   unpack:write(piece)                  -- true | nil, kind, why, entry
+ *   unpack:finish()                      -- true | nil, kind, why, entry
+ *                                           kind: "refused", "invalid", "too_large", "errno",
+ *                                           "no_memory"; entry: the entry's path, "" for none
+ *   unpack:entries(), unpack:bytes()     -- what landed so far
+ *   pack:close(), unpack:close()         -- also on collection
+ *   core.remove_tree(dir)                -- true | nil, why: dir and all it holds, links never
+ *                                           followed
+ *
+ * Every path of an archive lands beneath dir, opened with openat2(RESOLVE_BENEATH |
+ * RESOLVE_NO_SYMLINKS): an archive from a session is as hostile here as anywhere.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/tarstream.h"
+#include "sandkit_core.h"
+
+#define PACK_MT "sandkit.tar_pack"
+#define UNPACK_MT "sandkit.tar_unpack"
+
+/* openat2 answers EAGAIN when a concurrent rename could have fooled the resolution; a few
+ * retries ride out a race. */
+#define OPENAT2_RETRIES 8
+
+/* The tarstream's confined open for a local directory: beneath dirfd, never through a link. */
+static int open_beneath(int dirfd, const char *rel, int flags, mode_t mode)
+{
+	struct open_how how;
+	memset(&how, 0, sizeof how);
+	how.flags = (uint64_t)(flags | O_CLOEXEC);
+	how.mode = (flags & O_CREAT) ? mode : 0;
+	how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+	for (int tries = 0; tries < OPENAT2_RETRIES; tries++) {
+		long r = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
+		if (r >= 0)
+			return (int)r;
+		if (errno != EAGAIN && errno != EINTR)
+			break;
+	}
+	return -1;
+}
+
+struct pack {
+	sk_tar *tar;
+	int dirfd;
+};
+
+struct unpack {
+	sk_untar *untar;
+	int dirfd;
+};
+
+/* The local directory a stream comes from or goes to, opened as a directory. */
+static int open_dir(lua_State *L, const char *dir)
+{
+	int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		lua_pushnil(L);
+		lua_pushfstring(L, "%s: %s", dir, strerror(errno));
+	}
+	return fd;
+}
+
+static int pack_new(lua_State *L)
+{
+	const char *dir = luaL_checkstring(L, 1);
+	struct pack *p = skc_newuserdata(L, sizeof *p);
+	p->tar = NULL;
+	p->dirfd = -1;
+	luaL_setmetatable(L, PACK_MT);
+	if ((p->dirfd = open_dir(L, dir)) < 0)
+		return 2;
+	if ((p->tar = sk_tar_new(p->dirfd, open_beneath)) == NULL)
+		return luaL_error(L, "out of memory");
+	return 1;
+}
+
+static struct pack *check_pack(lua_State *L)
+{
+	struct pack *p = luaL_checkudata(L, 1, PACK_MT);
+	if (p->tar == NULL)
+		luaL_argerror(L, 1, "the archive is closed");
+	return p;
+}
+
+static int pack_read(lua_State *L)
+{
+	struct pack *p = check_pack(L);
+	skc_buffer b;
+	char *out = skc_buffinitsize(L, &b, SK_TAR_PIECE);
+	long n = sk_tar_read(p->tar, out, SK_TAR_PIECE);
+	if (n > 0) {
+		skc_pushresultsize(&b, (size_t)n);
+		return 1;
+	}
+	lua_pushnil(L);
+	if (n == 0)
+		return 1;
+	lua_pushstring(L, sk_tar_error(p->tar));
+	return 2;
+}
+
+static int pack_close(lua_State *L)
+{
+	struct pack *p = luaL_checkudata(L, 1, PACK_MT);
+	sk_tar_free(p->tar);
+	p->tar = NULL;
+	if (p->dirfd >= 0)
+		close(p->dirfd);
+	p->dirfd = -1;
+	return 0;
+}
+
+static int unpack_new(lua_State *L)
+{
+	const char *dir = luaL_checkstring(L, 1);
+	lua_Integer max_entries = luaL_checkinteger(L, 2), max_bytes = luaL_checkinteger(L, 3);
+	luaL_argcheck(L, max_entries >= 0, 2, "a bound is not negative");
+	luaL_argcheck(L, max_bytes >= 0, 3, "a bound is not negative");
+	struct unpack *u = skc_newuserdata(L, sizeof *u);
+	u->untar = NULL;
+	u->dirfd = -1;
+	luaL_setmetatable(L, UNPACK_MT);
+	if ((u->dirfd = open_dir(L, dir)) < 0)
+		return 2;
+	u->untar = sk_untar_new(u->dirfd, open_beneath, (uint64_t)max_entries, (uint64_t)max_bytes);
+	if (u->untar == NULL)
+		return luaL_error(L, "out of memory");
+	return 1;
+}
+
+static struct unpack *check_unpack(lua_State *L)
+{
+	struct unpack *u = luaL_checkudata(L, 1, UNPACK_MT);
+	if (u->untar == NULL)
+		luaL_argerror(L, 1, "the extraction is closed");
+	return u;
+}
+
+static int unpack_result(lua_State *L, struct unpack *u, int r)
+{
+	static const char *const kinds[] = { "ok", "refused", "invalid", "too_large", "errno", "no_memory" };
+	if (r == 0) {
+		lua_pushboolean(L, 1);
+		return 1;
+	}
+	lua_pushnil(L);
+	lua_pushstring(L, kinds[sk_untar_failure(u->untar)]);
+	lua_pushstring(L, sk_untar_error(u->untar));
+	lua_pushstring(L, sk_untar_entry(u->untar));
+	return 4;
+}
+
+static int unpack_write(lua_State *L)
+{
+	struct unpack *u = check_unpack(L);
+	size_t n;
+	const char *s = luaL_checklstring(L, 2, &n);
+	return unpack_result(L, u, sk_untar_write(u->untar, s, n));
+}
+
+static int unpack_finish(lua_State *L)
+{
+	struct unpack *u = check_unpack(L);
+	return unpack_result(L, u, sk_untar_finish(u->untar));
+}
+
+static int unpack_entries(lua_State *L)
+{
+	lua_pushinteger(L, (lua_Integer)sk_untar_entries(check_unpack(L)->untar));
+	return 1;
+}
+
+static int unpack_bytes(lua_State *L)
+{
+	lua_pushinteger(L, (lua_Integer)sk_untar_bytes(check_unpack(L)->untar));
+	return 1;
+}
+
+static int unpack_close(lua_State *L)
+{
+	struct unpack *u = luaL_checkudata(L, 1, UNPACK_MT);
+	sk_untar_free(u->untar);
+	u->untar = NULL;
+	if (u->dirfd >= 0)
+		close(u->dirfd);
+	u->dirfd = -1;
+	return 0;
+}
+
+static int remove_tree(lua_State *L)
+{
+	size_t len;
+	const char *dir = luaL_checklstring(L, 1, &len);
+	/* The directory's own name in its parent, so that it goes too. */
+	const char *slash = strrchr(dir, '/');
+	const char *name = slash ? slash + 1 : dir;
+	luaL_argcheck(L, *name && strcmp(name, ".") != 0 && strcmp(name, "..") != 0 && len < SK_WALK_PATH_MAX,
+		      1, "a directory's path ends in its name");
+	char parent_path[SK_WALK_PATH_MAX];
+	size_t plen = slash == NULL ? 0 : slash == dir ? 1 : (size_t)(slash - dir);
+	memcpy(parent_path, slash ? dir : ".", slash ? plen : 1);
+	parent_path[slash ? plen : 1] = '\0';
+	int parent = open(parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	char where[SK_WALK_PATH_MAX];
+	int r = parent < 0 ? -1 : sk_walk_remove(parent, name, open_beneath, SK_TAR_NAMES_MAX, where, sizeof where);
+	int err = errno;
+	if (parent >= 0)
+		close(parent);
+	if (r == 0) {
+		lua_pushboolean(L, 1);
+		return 1;
+	}
+	lua_pushnil(L);
+	lua_pushfstring(L, "%s: %s", parent < 0 ? dir : where, strerror(err));
+	return 2;
+}
+
+static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction close)
+{
+	if (luaL_newmetatable(L, name)) {
+		lua_newtable(L);
+		skc_setfuncs(L, methods);
+		lua_setfield(L, -2, "__index");
+		lua_pushcfunction(L, close);
+		lua_setfield(L, -2, "__gc");
+		lua_pushcfunction(L, close);
+		lua_setfield(L, -2, "__close");
+	}
+	lua_pop(L, 1);
+}
+
+void skl_open_tar(lua_State *L)
+{
+	static const luaL_Reg pack_methods[] = {
+		{ "read", pack_read },
+		{ "close", pack_close },
+		{ NULL, NULL },
+	};
+	static const luaL_Reg unpack_methods[] = {
+		{ "write", unpack_write },
+		{ "finish", unpack_finish },
+		{ "entries", unpack_entries },
+		{ "bytes", unpack_bytes },
+		{ "close", unpack_close },
+		{ NULL, NULL },
+	};
+	new_class(L, PACK_MT, pack_methods, pack_close);
+	new_class(L, UNPACK_MT, unpack_methods, unpack_close);
+	static const luaL_Reg functions[] = {
+		{ "tar_pack", pack_new },
+		{ "tar_unpack", unpack_new },
+		{ "remove_tree", remove_tree },
+		{ NULL, NULL },
+	};
+	skc_setfuncs(L, functions);
+	lua_pushinteger(L, (lua_Integer)SK_TAR_MAX_ENTRIES);
+	lua_setfield(L, -2, "TAR_MAX_ENTRIES");
+	lua_pushinteger(L, (lua_Integer)SK_TAR_MAX_BYTES);
+	lua_setfield(L, -2, "TAR_MAX_BYTES");
+}
