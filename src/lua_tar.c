@@ -12,8 +12,7 @@
  *                                           "no_memory"; entry: the entry's path, "" for none
  *   unpack:entries(), unpack:bytes()     -- what landed so far
  *   pack:close(), unpack:close()         -- also on collection
- *   core.remove_tree(dir)                -- true | nil, why: dir and all it holds, links never
- *                                           followed
+ *   core.TAR_MAX_ENTRIES, core.TAR_MAX_BYTES -- an extraction's bounds unless lowered
  *
  * Every path of an archive lands beneath dir, opened with openat2(RESOLVE_BENEATH |
  * RESOLVE_NO_SYMLINKS): an archive from a session is as hostile here as anywhere.
@@ -201,34 +200,6 @@ static int unpack_close(lua_State *L)
 	return 0;
 }
 
-static int remove_tree(lua_State *L)
-{
-	size_t len;
-	const char *dir = luaL_checklstring(L, 1, &len);
-	/* The directory's own name in its parent, so that it goes too. */
-	const char *slash = strrchr(dir, '/');
-	const char *name = slash ? slash + 1 : dir;
-	luaL_argcheck(L, *name && strcmp(name, ".") != 0 && strcmp(name, "..") != 0 && len < SK_WALK_PATH_MAX,
-		      1, "a directory's path ends in its name");
-	char parent_path[SK_WALK_PATH_MAX];
-	size_t plen = slash == NULL ? 0 : slash == dir ? 1 : (size_t)(slash - dir);
-	memcpy(parent_path, slash ? dir : ".", slash ? plen : 1);
-	parent_path[slash ? plen : 1] = '\0';
-	int parent = open(parent_path, O_PATH | O_DIRECTORY | O_CLOEXEC);
-	char where[SK_WALK_PATH_MAX];
-	int r = parent < 0 ? -1 : sk_walk_remove(parent, name, open_beneath, SK_TAR_NAMES_MAX, where, sizeof where);
-	int err = errno;
-	if (parent >= 0)
-		close(parent);
-	if (r == 0) {
-		lua_pushboolean(L, 1);
-		return 1;
-	}
-	lua_pushnil(L);
-	lua_pushfstring(L, "%s: %s", parent < 0 ? dir : where, strerror(err));
-	return 2;
-}
-
 static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction close)
 {
 	if (luaL_newmetatable(L, name)) {
@@ -263,7 +234,6 @@ void skl_open_tar(lua_State *L)
 	static const luaL_Reg functions[] = {
 		{ "tar_pack", pack_new },
 		{ "tar_unpack", unpack_new },
-		{ "remove_tree", remove_tree },
 		{ NULL, NULL },
 	};
 	skc_setfuncs(L, functions);

@@ -136,7 +136,7 @@ local function attempt(conn, target, operation, method, body, max_body)
     header_deadline = core.now() + conn.header_timeout,
   }
   if type(body) == "table" then
-    headers["Content-Type"] = "application/octet-stream"
+    headers["Content-Type"] = body.content_type or "application/octet-stream"
     spec.body_reader, spec.body_length, spec.on_body = body.reader, body.length, body.on_body
     -- The bytes may take long to send; what bounds the wait is their stopping.
     spec.stall_timeout, spec.header_timeout = conn.body_timeout, conn.header_timeout
@@ -147,8 +147,8 @@ local function attempt(conn, target, operation, method, body, max_body)
   local resp, failure = http.send(spec)
   if not resp then
     if failure.source_error ~= nil then
-      return nil, errors.invalid_input(operation, "source", "the file to send could not be read: "
-        .. tostring(failure.source_error))
+      return nil, errors.invalid_input(operation, "source", (type(body) == "table" and body.what
+        or "the file to send") .. " could not be read: " .. tostring(failure.source_error))
     end
     return nil, errors.transport_failure(operation, failure, nil,
       { peer = PEER, seconds = conn.header_timeout })
@@ -178,7 +178,8 @@ local function attempt(conn, target, operation, method, body, max_body)
 end
 
 --- Sends a request, letting the transport settle a failure; at most one replay, and only at
--- the transport's word.
+-- the transport's word. `body` is JSON text, or a raw byte stream { reader =, length =,
+-- on_body =, content_type =, what = (what the reader reads, for its failure) }.
 local function send(conn, operation, method, path, body, max_body)
   local transport = conn.transport
   local replayed = false
@@ -233,6 +234,10 @@ local function read_json(conn, resp, operation, unreadable, max_body)
   return value
 end
 
+-- For the protocol's extension modules (sandkit.protocol_fs): the one way to send a request
+-- and read a JSON answer.
+protocol.send = send
+protocol.read_json = read_json
 
 local function check_argv(argv)
   if type(argv) ~= "table" then error("sandkit: a command is an argv table", 3) end
@@ -544,6 +549,7 @@ end
 local function query_escape(s)
   return (s:gsub("[^%w%-%._~/]", function(c) return string.format("%%%02X", c:byte()) end))
 end
+protocol.query_escape = query_escape
 
 function protocol.read_file(conn, path)
   check_path(path)
@@ -596,14 +602,12 @@ end
 
 local RAW_FILES = "/v1/files/raw?path="
 
---- Reads a file out of the session into write(bytes) (a false or nil-and-error result stops
--- it), a chunk at a time; progress(done, total) hears each chunk (total from Content-Length).
--- Returns the byte count, or nil and an error. The wait is bounded by the bytes stopping for
--- body_timeout seconds, not by the whole transfer, whose length is the file's.
-function protocol.read_file_raw(conn, path, write, progress)
-  check_path(path)
-  local resp, err = send(conn, READ_FILE, "GET", RAW_FILES .. query_escape(path), nil, nil)
-  if not resp then return nil, err end
+--- Reads the rest of a 2xx body into write(bytes) (a false or nil-and-error result stops it),
+-- a chunk at a time; progress(done, total) hears each chunk (total from Content-Length, nil for
+-- a chunked body); `what` names the bytes in errors ("the file's bytes"). Returns the byte
+-- count, or nil and an error. The wait is bounded by the bytes stopping for body_timeout
+-- seconds, not by the whole transfer, whose length is the sender's.
+function protocol.read_body_into(conn, operation, resp, write, progress, what)
   local t = resp.transfer
   local total = to_integer(tonumber(resp:headers()["content-length"]))
   local done = 0
@@ -615,8 +619,8 @@ function protocol.read_file_raw(conn, path, write, progress)
       local ok, werr = write(chunk)
       if ok == false or (ok == nil and werr ~= nil) then
         t:close()
-        return nil, errors.invalid_input(READ_FILE, "destination",
-          "the file's bytes could not be written: " .. tostring(werr))
+        return nil, errors.invalid_input(operation, "destination",
+          what .. " could not be written: " .. tostring(werr))
       end
       if progress then progress(done, total) end
       idle = core.now() + conn.body_timeout
@@ -624,22 +628,31 @@ function protocol.read_file_raw(conn, path, write, progress)
       local st = t:state()
       t:close()
       if not st.ok then
-        return nil, errors.unanswered(READ_FILE, "the file's bytes stopped short: " .. tostring(st.error),
+        return nil, errors.unanswered(operation, what .. " stopped short: " .. tostring(st.error),
           { sent = true })
       end
       if total and done ~= total then
-        return nil, errors.unanswered(READ_FILE, string.format(
-          "the file's body ended after %d of its %d bytes", done, total), { sent = true })
+        return nil, errors.unanswered(operation, string.format(
+          "%s ended after %d of %d", what, done, total), { sent = true })
       end
       return done
     elseif core.now() >= idle then
       t:close()
-      return nil, errors.unanswered(READ_FILE, string.format(
-        "the file's bytes stopped coming for %gs", conn.body_timeout), { sent = true })
+      return nil, errors.unanswered(operation, string.format(
+        "%s stopped coming for %gs", what, conn.body_timeout), { sent = true })
     else
       wait.ready(t, idle)
     end
   end
+end
+
+--- Reads a file out of the session into write(bytes), as protocol.read_body_into. Returns the
+-- byte count, or nil and an error.
+function protocol.read_file_raw(conn, path, write, progress)
+  check_path(path)
+  local resp, err = send(conn, READ_FILE, "GET", RAW_FILES .. query_escape(path), nil, nil)
+  if not resp then return nil, err end
+  return protocol.read_body_into(conn, READ_FILE, resp, write, progress, "the file's bytes")
 end
 
 --- Writes the bytes read() returns (chunks, then nil; or nil and an error) to a file of the

@@ -6,7 +6,8 @@
 -- A provider implements:
 --   provider.name
 --   provider:capabilities()                         -> { files=, jobs=, reconnect=, preview=,
---                                                        pause_resume=, snapshot=, list= }
+--                                                        pause_resume=, snapshot=, list=, fs=,
+--                                                        watch= }
 --   provider:create(opts)                           -> record | nil, err
 --   provider:get(id)                                -> record | nil (absent) | nil, err
 --   provider:list()                                 -> { record… } | nil, err
@@ -30,6 +31,7 @@ local lines = require "sandkit.lines"
 local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
+local session_fs = require "sandkit.session_fs"
 local wait = require "sandkit.wait"
 
 local sandbox = {}
@@ -55,6 +57,8 @@ local NEEDS = {
   list = { "list", "sandbox.list" },
   get = { "reconnect", "sandbox.get" },
 }
+-- A session's files as a filesystem (sandkit.session_fs): `fs`, and `watch` for a watch.
+for what, need in pairs(session_fs.NEEDS) do NEEDS[what] = need end
 
 --- A provider may say why it lacks a capability (provider.refusals[capability]), e.g. where
 -- to turn instead; otherwise the refusal names the provider and the capability.
@@ -512,6 +516,8 @@ function session_mt:mkdir(path)
   if not conn then return nil, err end
   return ops(conn).mkdir(conn, path)
 end
+
+session_fs.install(session_mt, { gate = gate, connection = connection })
 
 local function provider_call(session, what, ...)
   local refusal = gate(session, what)

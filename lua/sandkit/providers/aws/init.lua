@@ -169,7 +169,7 @@ end
 --- `preview` is offered only when ports were declared: preview() would refuse every port
 -- otherwise, and callers branch on this flag rather than call and fail.
 function provider_mt:capabilities()
-  return { files = true, jobs = true, reconnect = true, pause_resume = true,
+  return { files = true, jobs = true, reconnect = true, pause_resume = true, fs = true, watch = true,
     preview = #self.preview_ports > 0, list = false, snapshot = false }
 end
 

@@ -70,10 +70,20 @@ for _, part in ipairs{ sessions, agent_route } do
   for name, method in pairs(part.methods) do provider_mt[name] = method end
 end
 
-local function capabilities(jobs)
-  return { files = true, jobs = jobs, reconnect = true, preview = false, pause_resume = true,
-    snapshot = false, list = false, isolation = "none" }
+--- What a session can do: with an agent (the route), everything its agent offers; without one,
+-- what the data plane's single-file calls and shell commands give.
+local function capabilities(agent)
+  return { files = true, jobs = agent, reconnect = true, preview = false, pause_resume = true,
+    snapshot = false, list = false, fs = agent, watch = agent, isolation = "none" }
 end
+
+--- Why a session without an agent lacks what it lacks (sandbox.lua's refusals).
+local REFUSALS = {
+  fs = "an Azure session without an agent moves single files through the data plane, which cannot "
+    .. "list, stat, remove, rename or carry directories; create the sandbox with agent = true",
+  watch = "an Azure session without an agent has no way to watch its files; create the sandbox "
+    .. "with agent = true",
+}
 
 -- The provider -------------------------------------------------------------------------------
 
@@ -118,6 +128,7 @@ function azure.new(options)
   return setmetatable({
     name = "azure",
     options = options,
+    refusals = REFUSALS,
     dataplane = dp,
     group = options.group,
     image = options.image,

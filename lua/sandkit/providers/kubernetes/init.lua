@@ -214,7 +214,7 @@ function kubernetes.new(options)
 end
 
 function provider_mt:capabilities()
-  return { files = true, jobs = true, reconnect = true, list = true, preview = false,
+  return { files = true, jobs = true, reconnect = true, list = true, fs = true, watch = true, preview = false,
     pause_resume = true, snapshot = false }
 end
 
