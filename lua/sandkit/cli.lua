@@ -11,6 +11,7 @@
 -- stopped, a throwaway session removed, and the status is 128 + the signal. While a session is
 -- being made the signal is held until it exists, so that it can be removed.
 
+local cli_files = require "sandkit.cli_files"
 local core = require "sandkit.core"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
@@ -106,6 +107,7 @@ local OPTIONS = {
   force = { short = "f", help = "a session that does not exist is no error (exit 0), as with rm -f" },
   help = { help = "print this help" },
 }
+for name, spec in pairs(cli_files.OPTIONS) do OPTIONS[name] = spec end
 
 --- Options every command takes (and that may come before the command).
 local GLOBAL = {
@@ -480,13 +482,19 @@ end
 local function put(ctx)
   local session, src, dst = ctx.session, ctx.args[2], ctx.args[3]
   if src ~= "-" and localfile.is_directory(src) then
-    return fail(EXIT_FAILED, src .. " is a directory: put copies one file (tar it, and put the archive)")
+    return fail(EXIT_FAILED, src .. " is a directory: put copies one file (sandkit cp -r " .. src .. " "
+      .. ctx.args[1] .. ":" .. dst .. " copies a directory)")
   end
   return transfer(session.write_file_from, session, dst, src == "-" and io.stdin or src)
 end
 
 local function get(ctx)
   local session, src, dst = ctx.session, ctx.args[2], ctx.args[3]
+  local entry = session:stat(src)
+  if entry and entry.type == "dir" then
+    return fail(EXIT_FAILED, src .. " is a directory: get copies one file (sandkit cp -r " .. ctx.args[1]
+      .. ":" .. src .. " " .. dst .. " copies a directory)")
+  end
   -- Into a directory, as cp does: under the remote file's own name.
   if dst ~= "-" and localfile.is_directory(dst) then
     dst = dst:gsub("/+$", "") .. "/" .. (src:match("([^/]+)/*$") or src)
@@ -597,12 +605,29 @@ local COMMANDS = {
   { name = "help", args = { "[COMMAND]" }, synopsis = "help [COMMAND]",
     summary = "this text, or a command's own" },
 }
+-- cp and fs NAME …: cli_files.lua's, listed after get.
+do
+  local at = 1
+  while COMMANDS[at].name ~= "get" do at = at + 1 end
+  local helpers = {
+    fail = fail, one_line = one_line, print_json = print_json, transfer = transfer,
+    interruptible = interruptible, interrupted = function() return interrupt.pending ~= nil end,
+    interrupted_status = interrupted_status, open_session = open_session, no_session = no_session,
+    EXIT_FAILED = EXIT_FAILED, EXIT_USAGE = EXIT_USAGE, DEFAULT_TIMEOUT = DEFAULT_TIMEOUT,
+  }
+  for i, command in ipairs(cli_files.commands(helpers)) do table.insert(COMMANDS, at + i, command) end
+end
 local BY_NAME = {}
 for _, command in ipairs(COMMANDS) do BY_NAME[command.name] = command end
 --- `job` alone is no command but the name of three: its help describes them all.
 BY_NAME.job = { name = "job", group = {} }
 for _, command in ipairs(COMMANDS) do
   if command.name:match("^job ") then table.insert(BY_NAME.job.group, command) end
+end
+--- `fs` is the name of six, each after the session's NAME: fs NAME ls …
+BY_NAME.fs = { name = "fs", group = {}, before = "NAME" }
+for _, command in ipairs(COMMANDS) do
+  if command.name:match("^fs ") then table.insert(BY_NAME.fs.group, command) end
 end
 
 -- Help --------------------------------------------------------------------------------------
@@ -669,9 +694,11 @@ end
 local function group_help(group)
   local subs = {}
   for i, c in ipairs(group.group) do subs[i] = c.name:sub(#group.name + 2) end
-  return "usage: sandkit " .. group.name .. " " .. table.concat(subs, "|") .. " ...\n\n"
+  return "usage: sandkit " .. group.name .. " " .. (group.before and (group.before .. " ") or "")
+    .. table.concat(subs, "|") .. " ...\n\n"
     .. command_list(group.group)
-    .. "\n`sandkit " .. group.name .. " COMMAND --help` describes a command's options.\n"
+    .. "\n`sandkit " .. group.name .. (group.before and (" " .. group.before) or "")
+    .. " COMMAND --help` describes a command's options.\n"
 end
 
 local function command_help(command, provider, pflags)
@@ -710,6 +737,8 @@ end
 local function parse(args, pflags, provider)
   local p = { opts = {}, provider_opts = {}, args = {} }
   local command, pending_job
+  -- After `fs`: its session's NAME, then which of its commands.
+  local pending_fs
   local i = 1
   while i <= #args do
     local a = args[i]
@@ -778,6 +807,13 @@ local function parse(args, pflags, provider)
       end
       if not short then return nil, "unknown option " .. a, command end
       p.opts[short:gsub("%-", "_")] = true
+    elseif pending_fs == "name" then
+      p.args[#p.args + 1] = a
+      pending_fs = "command"
+    elseif pending_fs == "command" then
+      command = BY_NAME["fs " .. a]
+      if not command then return nil, "fs NAME needs ls, stat, rm, mv, mkdir or watch, not " .. a, BY_NAME.fs end
+      pending_fs = nil
     elseif pending_job then
       command = BY_NAME["job " .. a]
       if not command then return nil, "job needs start, poll or cancel, not " .. a, BY_NAME.job end
@@ -785,6 +821,8 @@ local function parse(args, pflags, provider)
     elseif not command then
       if a == "job" then
         pending_job = true
+      elseif a == "fs" then
+        pending_fs = "name"
       else
         command = BY_NAME[a]
         if not command then
@@ -803,6 +841,12 @@ local function parse(args, pflags, provider)
     -- `job --help` asks what `help job` does; anything else lacks the job's own command.
     if not p.opts.help then return nil, "job needs start, poll or cancel", BY_NAME.job end
     command = BY_NAME.job
+  end
+  if pending_fs then
+    if not p.opts.help then
+      return nil, "fs needs a session's NAME, then ls, stat, rm, mv, mkdir or watch", BY_NAME.fs
+    end
+    command = BY_NAME.fs
   end
   p.command = command
   return p

@@ -177,23 +177,27 @@ local function extraction_error(kind, why, entry)
     .. tostring(why))
 end
 
---- Extracts the archive of the session's directory path into `unpack` (core.tar_unpack) as it
--- arrives. Returns the bytes read, or nil and an error.
-function fs.read_dir(conn, path, unpack, progress)
+--- Reads the archive of the session's directory path into `sink` as it arrives: an extraction
+-- (core.tar_unpack), or a function(bytes) taking the archive itself (a false or nil-and-error
+-- result stops it). Returns the bytes read, or nil and an error.
+function fs.read_dir(conn, path, sink, progress)
   check_path(path)
   local resp, err = send(conn, READ_DIR, "GET", "/v1/fs/tar?path=" .. query_escape(path), nil, nil)
   if not resp then return nil, err end
+  if type(sink) == "function" then
+    return protocol.read_body_into(conn, READ_DIR, resp, sink, progress, "the archive's bytes")
+  end
   local failure
   local done
   done, err = protocol.read_body_into(conn, READ_DIR, resp, function(chunk)
-    local ok, kind, why, entry = unpack:write(chunk)
+    local ok, kind, why, entry = sink:write(chunk)
     if ok then return true end
     failure = { kind, why, entry }
     return false
   end, progress, "the archive's bytes")
   if failure then return nil, extraction_error(failure[1], failure[2], failure[3]) end
   if not done then return nil, err end
-  local ok, kind, why, entry = unpack:finish()
+  local ok, kind, why, entry = sink:finish()
   if not ok then return nil, extraction_error(kind, why, entry) end
   return done
 end

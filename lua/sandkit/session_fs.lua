@@ -126,58 +126,67 @@ function session_fs.install(session_mt, h)
     return max_entries, max_bytes
   end
 
-  --- Copies the local directory local_dir into the session's directory `remote` (made when
-  -- absent; refused when something else is there) as one tar stream, extracted as it
-  -- arrives. opts.progress(done) hears the bytes sent; max_entries and max_bytes lower the
-  -- agent's bounds. Returns the bytes sent, or nil and an error.
-  function session_mt:write_dir_from(remote, local_dir, opts)
-    if type(remote) ~= "string" or type(local_dir) ~= "string" then
-      error("sandkit: write_dir_from takes the session's directory and a local one", 2)
-    end
+  --- Copies a local directory into the session's directory `remote` (made when absent;
+  -- refused when something else is there) as one tar stream, extracted as it arrives. `source`
+  -- is the local directory's path, or a tar archive's bytes: an object with :read(n)
+  -- (io.stdin) or a function returning the next chunk. opts.progress(done) hears the bytes
+  -- sent; max_entries and max_bytes lower the agent's bounds. Returns the bytes sent, or nil
+  -- and an error.
+  function session_mt:write_dir_from(remote, source, opts)
+    if type(remote) ~= "string" then error("sandkit: write_dir_from takes the session's directory", 2) end
     local o, conn = start(self, "write_dir_from", opts)
     if not o then return nil, conn end
     local max_entries, max_bytes = transfer_options(OPS.write_dir, o)
     if not max_entries then return nil, max_bytes end
-    local pack, why = core.tar_pack(local_dir)
-    if not pack then
-      return nil, errors.invalid_input(OPS.write_dir, "source", "the local directory cannot be read: "
-        .. tostring(why))
+    local read, close
+    if type(source) == "string" then
+      local pack, why = core.tar_pack(source)
+      if not pack then
+        return nil, errors.invalid_input(OPS.write_dir, "source", "the local directory cannot be read: "
+          .. tostring(why))
+      end
+      read, close = function() return pack:read() end, function() pack:close() end
+    else
+      local src = localfile.source(source, OPS.write_dir)
+      read, close = src.read, src.close
     end
-    local sent, err = protocol_fs.write_dir(conn, remote, function() return pack:read() end,
-      o.progress, max_entries, max_bytes)
-    pack:close()
+    local sent, err = protocol_fs.write_dir(conn, remote, read, o.progress, max_entries, max_bytes)
+    close()
     return sent, err
   end
 
-  --- Copies the session's directory `remote` into the local directory local_dir (made when
-  -- absent, and removed again when the copy fails; refused when something else is there), as
-  -- one tar stream extracted as it arrives, every entry held beneath local_dir. max_entries and
-  -- max_bytes bound the extraction. Returns the bytes read, or nil and an error.
-  function session_mt:read_dir_to(remote, local_dir, opts)
-    if type(remote) ~= "string" or type(local_dir) ~= "string" then
-      error("sandkit: read_dir_to takes the session's directory and a local one", 2)
-    end
+  --- Copies the session's directory `remote` out as one tar stream. `sink` is a local
+  -- directory's path (made when absent, and removed again when the copy fails; refused when
+  -- something else is there), every entry held beneath it and the extraction bounded by
+  -- max_entries and max_bytes; or, for the archive itself, an object with :write(bytes)
+  -- (io.stdout) or a function(bytes). Returns the bytes read, or nil and an error.
+  function session_mt:read_dir_to(remote, sink, opts)
+    if type(remote) ~= "string" then error("sandkit: read_dir_to takes the session's directory", 2) end
     local o, conn = start(self, "read_dir_to", opts)
     if not o then return nil, conn end
     local max_entries, max_bytes = transfer_options(OPS.read_dir, o)
     if not max_entries then return nil, max_bytes end
+    if type(sink) ~= "string" then
+      local dst = localfile.sink(sink, OPS.read_dir)
+      return protocol_fs.read_dir(conn, remote, dst.write, o.progress)
+    end
     local created = false
-    if not localfile.is_directory(local_dir) then
-      local ok, merr = core.mkdir(local_dir, 511)
+    if not localfile.is_directory(sink) then
+      local ok, merr = core.mkdir(sink, 511)
       if not ok then
         return nil, errors.invalid_input(OPS.read_dir, "destination", "the local directory cannot be made: "
           .. tostring(merr) .. " (something else there is not replaced)")
       end
       created = true
     end
-    local unpack, why = core.tar_unpack(local_dir, max_entries, max_bytes)
+    local unpack, why = core.tar_unpack(sink, max_entries, max_bytes)
     if not unpack then
       return nil, errors.invalid_input(OPS.read_dir, "destination", "the local directory cannot be written: "
         .. tostring(why))
     end
     local done, err = protocol_fs.read_dir(conn, remote, unpack, o.progress)
     unpack:close()
-    if not done and created then core.remove_tree(local_dir) end
+    if not done and created then core.remove_tree(sink) end
     return done, err
   end
 
@@ -217,7 +226,8 @@ function session_fs.install(session_mt, h)
     if timeout == nil then timeout = self.sandbox.options.command_timeout end
     local ms, err
     if timeout == nil then
-      err = errors.invalid_input(OPS.watch, "timeout", "a watch needs a timeout in seconds (or the sandbox's command_timeout)")
+      err = errors.invalid_input(OPS.watch, "timeout",
+        "a watch needs a timeout in seconds (or the sandbox's command_timeout)")
     else
       ms, err = protocol.timeout_ms(timeout, OPS.watch)
     end
