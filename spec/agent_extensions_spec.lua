@@ -32,9 +32,10 @@ describe("sandkit-agent extensions", function()
     assert.are.equal(0, A:stop())
   end)
 
-  it("advertises keepalive, outputCap and rawFiles in health", function()
+  it("advertises keepalive, outputCap, rawFiles, fs, fsTar and fsWatch in health", function()
     local _, health = A:json("GET", "/v1/health", nil, false)
-    assert.are.same({ "jobIdempotency", "keepalive", "outputCap", "rawFiles" }, health.features)
+    assert.are.same({ "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch" },
+      health.features)
   end)
 
   describe("outputCap", function()
