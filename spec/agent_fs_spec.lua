@@ -311,11 +311,11 @@ describe("sandkit-agent's files as a filesystem", function()
         tar.entry({ name = "../" .. outside_name }, "x")) end },
       { "an '/etc/x' entry", "absolute", function()
         return tar.archive(tar.entry({ name = "/etc/" .. outside_name }, "x")) end },
-      { "a symlink, then a file through it", "symbolic link", function(A)
-        return tar.archive(tar.entry({ name = "link", type = "2", linkname = A.dir }),
+      { "a symlink, then a file through it", "symbolic link", function(agent)
+        return tar.archive(tar.entry({ name = "link", type = "2", linkname = agent.dir }),
           tar.entry({ name = "link/" .. outside_name }, "x")) end },
-      { "a hard link to a file outside", "hard link", function(A)
-        return tar.archive(tar.entry({ name = "h", type = "1", linkname = A.token_file })) end },
+      { "a hard link to a file outside", "hard link", function(agent)
+        return tar.archive(tar.entry({ name = "h", type = "1", linkname = agent.token_file })) end },
       { "a hard link that climbs out", "hard link", function()
         return tar.archive(tar.entry({ name = "h", type = "1", linkname = "../../token" })) end },
       { "a device node", "device node", function()
@@ -461,7 +461,10 @@ describe("sandkit-agent's files as a filesystem", function()
       local frames = until_end(next_frame)
       c:close()
       local said = {}
-      for _, f in ipairs(frames) do said[#said + 1] = f.t == "event" and (f.event .. " " .. (f.from and (f.from .. " ") or "") .. f.path) or (f.t .. " " .. f.reason) end
+      for _, f in ipairs(frames) do
+        said[#said + 1] = f.t == "event" and (f.event .. " " .. (f.from and (f.from .. " ") or "") .. f.path)
+          or (f.t .. " " .. f.reason)
+      end
       assert.are.same({ "create /w1/a", "modify /w1/a", "rename /w1/a /w1/b", "remove /w1/b", "end timeout" }, said)
     end)
 
@@ -530,7 +533,7 @@ describe("sandkit-agent's files as a filesystem", function()
       assert.is_nil(ok)
       assert.are.equal(404, status, text)
       for _, body in ipairs({ { path = "/w1", timeoutMs = 0 }, { path = "/w1" }, { path = "/w1", timeoutMs = -1 } }) do
-        ok, status = watch(body)
+        status = select(2, watch(body))
         assert.are.equal(400, status)
       end
       local open = {}
@@ -539,7 +542,7 @@ describe("sandkit-agent's files as a filesystem", function()
         assert(next_frame, "watch " .. i)
         open[i] = c
       end
-      ok, status, text = watch({ path = "/w1", timeoutMs = 1000 })
+      status, text = select(2, watch({ path = "/w1", timeoutMs = 1000 }))
       assert.are.equal(429, status)
       assert.matches("^WATCH_LIMIT_REACHED: ", text)
       for _, c in ipairs(open) do c:close() end

@@ -8,6 +8,7 @@ local core = require "sandkit.core"
 local http = require "sandkit.http"
 local aws_control_plane = require "support.aws_control_plane"
 local aws_endpoint_proxy = require "support.aws_endpoint_proxy"
+local fs_roundtrip = require "support.fs_roundtrip"
 
 local IMAGE = "arn:aws:lambda:us-east-1:123456789012:microvm-image:sbx"
 --- Health probes the proxy answers 502 before the restore ends.
@@ -88,6 +89,15 @@ describe("an aws session end to end", function()
 
     assert.is_true(session:terminate())
     assert.equal(1, #cp:calls_to("TerminateMicrovm"))
+  end)
+
+  it("uses its files as a filesystem through the proxy, each request with its own minted token", function()
+    local session = assert(sandbox_for(cp, { ca_file = proxy.ca_file }):create{})
+    local src = fs_roundtrip.tree()
+    finally(function() core.remove_tree(src) end)
+    local before = #cp:calls_to("CreateMicrovmAuthToken")
+    fs_roundtrip.check(fs_roundtrip.run(session, src, "/tree"), "/tree")
+    assert.is_true(#cp:calls_to("CreateMicrovmAuthToken") > before + 10, "every request minted its token")
   end)
 
   it("reaches the agent only with every minted header and the port header, never with a bearer", function()

@@ -80,7 +80,7 @@ describe("the aws provider", function()
     local caps = sandbox_for(cp):capabilities()
     assert.is_false(caps.preview, "no declared ports, no preview")
     assert.same({ files = true, jobs = true, reconnect = true, pause_resume = true,
-      preview = false, list = false, snapshot = false }, caps)
+      preview = false, list = false, snapshot = false, fs = true, watch = true }, caps)
     assert.is_true(sandbox_for(cp, { preview_ports = { 8080 } }):capabilities().preview,
       "a declared port makes preview real")
     assert.same({}, cp:calls(), "capabilities ask AWS nothing")

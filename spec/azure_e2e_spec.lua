@@ -4,6 +4,7 @@
 local sandkit = require "sandkit"
 local core = require "sandkit.core"
 local azure_fleet = require "support.azure_fleet"
+local fs_roundtrip = require "support.fs_roundtrip"
 
 local fleet, sandbox
 before_each(function()
@@ -42,6 +43,14 @@ describe("an azure agent session on a real agent", function()
 
     assert.is_true(session:terminate())
     assert.is_nil(sandbox:get(session.id))
+  end)
+
+  it("uses its files as a filesystem through the route: a tree in and out, listed, renamed, removed", function()
+    local session = assert(sandbox:create{})
+    local src = fs_roundtrip.tree()
+    finally(function() core.remove_tree(src) end)
+    fs_roundtrip.check(fs_roundtrip.run(session, src, "/tree"), "/tree")
+    assert.is_true(session:terminate())
   end)
 
   it("is reached again, through a fresh activated route, after its agent rebooted with a new credential", function()

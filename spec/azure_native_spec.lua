@@ -33,6 +33,32 @@ local function items_of(session, argv, opts)
   return items
 end
 
+describe("a session without an agent's files as a filesystem", function()
+  it("are refused as OPERATION_NOT_SUPPORTED, saying why, with nothing sent", function()
+    local dp = azure_dataplane.new():expect("execute_shell_command", 0):expect("read_file", 0)
+      :expect("agent_port_url", 0)
+    local session = native_session(dp)
+    local caps = session:capabilities()
+    assert.is_false(caps.fs)
+    assert.is_false(caps.watch)
+    for _, call in ipairs{
+      function() return session:list("/") end, function() return session:stat("/x") end,
+      function() return session:remove("/x") end, function() return session:rename("/x", "/y") end,
+      function() return session:write_dir_from("/x", "/tmp") end,
+      function() return session:read_dir_to("/x", "/tmp/never-made") end,
+    } do
+      local ok, err = call()
+      assert.is_nil(ok)
+      assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+      assert.matches("data plane", err.message)
+    end
+    local ok, err = pcall(function() for _ in session:watch("/", { timeout = 1 }) do end end)
+    assert.is_false(ok)
+    assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+    dp:verify()
+  end)
+end)
+
 describe("a command on a session without an agent", function()
   it("comes back as the agent would stream it: stdout, stderr without the wrapper's nonce, then the exit", function()
     local dp = azure_dataplane.new():on("execute_shell_command", run_here):expect("agent_port_url", 0)

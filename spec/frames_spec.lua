@@ -324,6 +324,67 @@ describe("the frame decoder", function()
   end)
 end)
 
+describe("a watch's frames", function()
+  --- The frames a watch's stream decodes to (the kinds it takes: event, end, error).
+  local function watch_frames(body)
+    local d = core.decoder()
+    d:expect("event", "end", "error")
+    d:feed(body)
+    local out = {}
+    while true do
+      local frame, kind, message = d:next()
+      if frame == false then break end
+      out[#out + 1] = frame or { failed = kind, message = message }
+      if not frame then break end
+    end
+    return out
+  end
+
+  it("reads events with their path, a rename's from, an overflow, and the end's reason", function()
+    assert.same({
+      { type = "event", event = "create", path = "/a b" },
+      { type = "event", event = "rename", from = "/x", path = "/\u{e9}" },
+      { type = "event", event = "overflow" },
+      { type = "end", reason = "timeout" },
+    }, watch_frames('{"t":"event","event":"create","path":"/a b"}\n'
+      .. '{"path":"/\\u00e9","from":"\\/x","t":"event","event":"rename"}\n'
+      .. '{"t":"event","event":"overflow"}\n{"t":"end","reason":"timeout"}\n'))
+  end)
+
+  it("refuses an event it does not know, a path missing or out of place, and a member twice", function()
+    for _, line in ipairs({
+      '{"t":"event","event":"explode","path":"/a"}', '{"t":"event","path":"/a"}',
+      '{"t":"event","event":"create"}', '{"t":"event","event":"overflow","path":"/a"}',
+      '{"t":"event","event":"rename","path":"/a"}', '{"t":"event","event":"create","path":"/a","from":"/b"}',
+      '{"t":"event","event":"create","path":1}', '{"t":"end"}', '{"t":"end","reason":7}',
+      '{"t":"event","event":"create","path":"/a","path":"/b"}',
+    }) do
+      local out = watch_frames(line .. "\n")
+      assert.equal("unparsable", out[#out].failed, line)
+    end
+  end)
+
+  it("is a failure on an exec stream, and an exec stream's output is one on a watch's", function()
+    local out = decode{ '{"t":"event","event":"create","path":"/a"}\n' }
+    assert.equal("unparsable", out[1].failed)
+    assert.matches("an event frame, which this stream did not ask for", out[1].message, 1, true)
+    out = decode{ '{"t":"end","reason":"timeout"}\n' }
+    assert.equal("unparsable", out[1].failed)
+    out = watch_frames('{"t":"stdout","seq":0,"data":""}\n')
+    assert.matches("a stdout frame, which this stream did not ask for", out[1].message, 1, true)
+    out = watch_frames('{"t":"exit","code":0}\n')
+    assert.equal("unparsable", out[1].failed)
+    assert.same({ type = "error", code = "watchLimitReached", message = "m" },
+      watch_frames('{"t":"error","code":"watchLimitReached","message":"m"}\n')[1])
+  end)
+
+  it("takes only kinds it knows to expect, and at least one", function()
+    local d = core.decoder()
+    assert.has_error(function() d:expect("keepalives") end)
+    assert.has_error(function() d:expect() end)
+  end)
+end)
+
 describe("base64", function()
   it("round-trips every byte value and every length remainder", function()
     local all = {}

@@ -8,6 +8,7 @@ local wait = require "sandkit.wait"
 local kubernetes = require "sandkit.providers.kubernetes"
 local files = require "support.files"
 local kube_cluster = require "support.kube_cluster"
+local fs_roundtrip = require "support.fs_roundtrip"
 
 local NS = kube_cluster.NAMESPACE
 local NS_PATTERN = NS:gsub("%-", "%%-")
@@ -103,6 +104,14 @@ describe("a kubernetes sandbox", function()
     assert.is_nil(ids["theirs-other-pool"], "another pool's claim is not listed")
     assert.is_nil(ids["theirs-unlabelled"], "a claim without sandkit's label is not listed")
     assert.is_true(again:terminate())
+  end)
+
+  it("uses a session's files as a filesystem on the pod's agent, each request under a capability", function()
+    local session = assert(assert(cluster:sandbox{}):create{ id = "fs-1" })
+    local src = fs_roundtrip.tree()
+    finally(function() require("sandkit.core").remove_tree(src) end)
+    fs_roundtrip.check(fs_roundtrip.run(session, src, "/tree"), "/tree")
+    assert(session:terminate())
   end)
 
   it("reads claims of another pool or without its label as absent, and refuses to terminate them", function()
@@ -238,10 +247,10 @@ describe("a kubernetes sandbox", function()
     end
   end)
 
-  it("offers files, jobs, reconnect, list and pause/resume, and refuses preview and snapshot without a call", function()
+  it("offers files, jobs, reconnect, list, pause/resume, fs and watch, and refuses preview and snapshot unasked", function()
     local sb = assert(cluster:sandbox{})
-    assert.same({ files = true, jobs = true, reconnect = true, list = true, preview = false,
-      pause_resume = true, snapshot = false }, sb:capabilities())
+    assert.same({ files = true, jobs = true, reconnect = true, list = true, fs = true, watch = true,
+      preview = false, pause_resume = true, snapshot = false }, sb:capabilities())
     local session = assert(sb:create{ id = "caps-1" })
     local before = #cluster:requests()
     for _, call in ipairs{ function() return session:preview(8080) end,

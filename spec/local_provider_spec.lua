@@ -195,7 +195,8 @@ describe("the local provider", function()
 
   it("describes what it can do, and refuses pause and snapshot without asking the agent", function()
     local caps = sandbox:capabilities()
-    assert.is_true(caps.files and caps.jobs and caps.reconnect and caps.list and caps.preview)
+    assert.is_true(caps.files and caps.jobs and caps.reconnect and caps.list and caps.preview and caps.fs
+      and caps.watch)
     assert.is_false(caps.pause_resume)
     assert.is_false(caps.snapshot)
     assert.equal("bwrap", caps.isolation, "sessions are confined unless asked otherwise")

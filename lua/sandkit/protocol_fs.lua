@@ -11,7 +11,7 @@ local wait = require "sandkit.wait"
 
 local encode = json.encode
 local to_integer = json.integer
-local send, read_json, query_escape = protocol.send, protocol.read_json, protocol.query_escape
+local read_json, query_escape = protocol.read_json, protocol.query_escape
 
 local fs = {}
 
@@ -36,6 +36,17 @@ local MAX_STAT_BODY = 64 * 1024
 local MAX_SMALL_BODY = 64 * 1024
 --- Levels a listing may descend.
 fs.DEPTH_MAX = 32
+
+--- protocol.send, where an agent without the route (an older sandkit-agent, whose features a
+-- session may not have read) is OPERATION_NOT_SUPPORTED: it did nothing, and never will.
+local function send(conn, operation, method, path, body, max_body)
+  local resp, err = protocol.send(conn, operation, method, path, body, max_body)
+  if not resp and err.status == 404 and err.reason == "ROUTE_NOT_FOUND" then
+    return nil, errors.not_supported(operation, "the session's agent has no route " .. path:match("^[^?]*")
+      .. ": it does not offer docs/protocol.md §6's filesystem extensions (a newer sandkit-agent does)")
+  end
+  return resp, err
+end
 
 local function check_path(path, what)
   if type(path) ~= "string" then error("sandkit: " .. (what or "a path") .. " is a string", 3) end

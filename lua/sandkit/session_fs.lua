@@ -64,8 +64,10 @@ function session_fs.install(session_mt, h)
     if refusal then return nil, refusal end
     local conn, err = h.connection(session)
     if not conn then return nil, err end
-    local extension = EXTENSION[what]
-    if conn.ops or not (conn.features and conn.features[extension]) then
+    -- Features the session has read are the agent's word; a session that never read them
+    -- (reached by id without a health check) asks, and an agent without the route says so.
+    local extension, features = EXTENSION[what], conn.features
+    if conn.ops or (features and next(features) ~= nil and not features[extension]) then
       return nil, errors.not_supported(operation, "this session's agent does not offer the "
         .. extension .. " extension (docs/protocol.md §6); a newer sandkit-agent does")
     end
