@@ -12,6 +12,7 @@ local local_state = require "support.local_state"
 local nginx = require "support.nginx"
 local processes = require "support.processes"
 local agent_process = require "support.agent_process"
+local fs_roundtrip = require "support.fs_roundtrip"
 local raw_http = require "support.raw_http"
 
 local LOCATIONS = [[
@@ -20,6 +21,7 @@ local LOCATIONS = [[
     location = /stream { content_by_lua_block { require("support.nginx_app").stream() } }
     location = /exec { content_by_lua_block { require("support.nginx_app").exec() } }
     location = /fanout { content_by_lua_block { require("support.nginx_app").fanout() } }
+    location = /files { content_by_lua_block { require("support.nginx_app").files() } }
     location = /thread_fanout { content_by_lua_block { require("support.nginx_app").thread_fanout() } }
     location = /leave { content_by_lua_block { require("support.nginx_app").leave_early() } }
     location = /timer { content_by_lua_block { require("support.nginx_app").in_timer() } }
@@ -94,6 +96,17 @@ describe("sandkit inside an nginx worker", function()
     assert.same({ t = "stdout", seq = 0, data = "one\n" }, frames[1])
     assert.same({ t = "stderr", seq = 1, data = "two\n" }, frames[2])
     assert.same({ t = "exit", code = 3, truncated = false }, frames[3])
+  end)
+
+  it("uses a session's files over cosockets: a tree in and out, listed, stated, renamed, removed, watched", function()
+    local src = fs_roundtrip.tree()
+    finally(function() core.remove_tree(src) end)
+    local answer = post("/files", { src = src })
+    assert.equal(200, answer.status, answer.body .. gateway:error_log())
+    local seen = cjson.decode(answer.body)
+    fs_roundtrip.check(seen, "/tree")
+    assert.equal("create /watched.txt", seen.watch[1])
+    assert.equal("timeout", seen.reason)
   end)
 
   it("streams server-sent events, the exit status as the last event", function()

@@ -5,6 +5,7 @@
 local cjson = require "cjson"
 local sandkit = require "sandkit"
 local sk_ngx = require "sandkit.ngx"
+local fs_roundtrip = require "support.fs_roundtrip"
 local protocol_cases = require "support.protocol_cases"
 
 local app = {}
@@ -117,6 +118,26 @@ function app.exec()
   local result, err = session_of(local_sandbox()):exec(argv, { timeout = 60 })
   if not result then return fail(502, tostring(err)) end
   reply{ code = result.code, stdout = result.stdout, stderr = result.stderr }
+end
+
+--- POST ?root=R&session=ID, body: { src = a local directory } -> what fs_roundtrip saw of the
+-- session's files as a filesystem, and a watch's events while a file is written.
+function app.files()
+  local req = body_json()
+  local session = session_of(local_sandbox())
+  local ok, seen = pcall(fs_roundtrip.run, session, req.src, "/tree")
+  if not ok then return fail(500, tostring(seen)) end
+  -- The watch answered, so it sees the write that follows.
+  local events = session:watch("/", { timeout = 0.5 })
+  local written, err = session:write_files{ ["/watched.txt"] = "x" }
+  if not written then return fail(500, tostring(err)) end
+  seen.watch = {}
+  ok, err = pcall(function()
+    for event in events do seen.watch[#seen.watch + 1] = event.type .. " " .. event.path end
+  end)
+  if not ok then return fail(500, tostring(err)) end
+  seen.reason = events.reason
+  reply(seen)
 end
 
 --- POST ?root=R&session=ID, body: a list of argvs -> their stdout, run as sandkit.run tasks.

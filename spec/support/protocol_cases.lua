@@ -1122,6 +1122,198 @@ case("read back with contentsBase64 given twice are an unexpected format", {
   end,
 })
 
+-- Files as a filesystem --------------------------------------------------------------------------
+
+group = "files as a filesystem"
+
+local FS = '{ features = { "fs", "fsTar", "fsWatch" } }'
+
+case("are listed with path, depth and limit, following next across pages", {
+  health = FS,
+  route = [[function(req, conn)
+    local entry = function(name) return { name = name, path = "/d/" .. name, type = "file", size = 1, mode = 420,
+      mtime = 1700000000.5 } end
+    if not req.query:find("cursor=", 1, true) then
+      return respond.json(conn, "200 OK", { entries = { entry("a"), entry("b") }, next = "b" })
+    end
+    respond.json(conn, "200 OK", { entries = { entry("c") }, next = require("cjson").null })
+  end]],
+  act = function(session)
+    local entries, err = session:list("/d x", { depth = 3 })
+    return { entries = entries, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_nil(r.err)
+    assert.equal(3, #r.entries)
+    assert.same({ name = "c", path = "/d/c", type = "file", size = 1, mode = 420, mtime = 1700000000.5 }, r.entries[3])
+    local lists = server:requests_to("/v1/fs/list")
+    assert.equal(2, #lists)
+    assert.equal("path=/d%20x&depth=3&limit=10000", lists[1].query)
+    assert.equal("path=/d%20x&depth=3&limit=10000&cursor=b", lists[2].query)
+  end,
+})
+
+case("stat an absent path as nil and no error, and a page or an entry out of shape as unexpected", {
+  health = FS,
+  route = [[function(req, conn)
+    if req.path == "/v1/fs/stat" then return respond.json(conn, "200 OK", { exists = false }) end
+    respond.json(conn, "200 OK", { entries = { { name = "a", path = "/a", size = 1, mode = 1, mtime = 1 } },
+      next = require("cjson").null })
+  end]],
+  act = function(session)
+    local entry, err = session:stat("/none")
+    local listed, lerr = session:list("/")
+    return { entry = entry, err = plain(err), listed = listed, lerr = plain(lerr) }
+  end,
+  check = function(r)
+    assert.is_nil(r.entry)
+    assert.is_nil(r.err)
+    assert.is_nil(r.listed)
+    assert.equal("UNEXPECTED_RESPONSE_FORMAT", r.lerr.code)
+  end,
+})
+
+case("are removed and renamed with their JSON bodies; a 409 is the agent's refusal with its reason", {
+  health = FS,
+  route = [[function(req, conn)
+    if req.path == "/v1/fs/rename" then
+      return respond.status(conn, "409 Conflict", "PATH_EXISTS: Path '/b' is in the way")
+    end
+    respond.status(conn, "204 No Content", "")
+  end]],
+  act = function(session)
+    local removed, rerr = session:remove("/a", { recursive = true })
+    local renamed, err = session:rename("/a", "/b")
+    return { removed = removed, rerr = plain(rerr), renamed = renamed, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_true(r.removed)
+    assert.is_nil(r.renamed)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("PATH_EXISTS", r.err.reason)
+    assert.is_false(r.err.retryable)
+    assert.same({ path = "/a", recursive = true }, cjson.decode(server:requests_to("/v1/fs/remove")[1].body))
+    assert.same({ from = "/a", to = "/b", overwrite = false }, cjson.decode(server:requests_to("/v1/fs/rename")[1].body))
+  end,
+})
+
+case("whose removal meets a 503 went unanswered and may be asked again", {
+  health = FS,
+  route = [[function(req, conn) respond.status(conn, "503 Service Unavailable", "AGENT_BUSY: later") end]],
+  act = function(session)
+    local _, err = session:remove("/a")
+    return plain(err)
+  end,
+  check = function(err)
+    assert.equal("SANDBOX_UNREACHABLE", err.code)
+    assert.is_true(err.retryable)
+  end,
+})
+
+case("are watched as a stream of events ending with the agent's reason", {
+  health = FS,
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"event","event":"create","path":"/w/a"}\n',
+      '{"t":"event","event":"rename","from":"/w/a","path":"/w/b"}\n{"t":"event","event":"overflow"}\n',
+      '{"t":"end","reason":"removed"}\n' })
+  end]],
+  act = function(session)
+    local events = session:watch("/w", { timeout = 5, recursive = true })
+    local seen = {}
+    for event in events do seen[#seen + 1] = event end
+    return { seen = seen, reason = events.reason }
+  end,
+  check = function(r, server)
+    assert.same({ { type = "create", path = "/w/a" }, { type = "rename", from = "/w/a", path = "/w/b" },
+      { type = "overflow" } }, r.seen)
+    assert.equal("removed", r.reason)
+    assert.same({ path = "/w", recursive = true, timeoutMs = 5000 },
+      cjson.decode(server:requests_to("/v1/fs/watch")[1].body))
+  end,
+})
+
+case("are watched by a stream that fails on a frame a watch does not carry, or without its end", {
+  health = FS,
+  route = [[function(req, conn)
+    if req.index % 2 == 0 then return respond.frames(conn, { '{"t":"event","event":"create","path":"/a"}\n' }) end
+    respond.frames(conn, { '{"t":"stdout","seq":0,"data":""}\n' })
+  end]],
+  act = function(session)
+    local out = {}
+    for i = 1, 2 do
+      local ok, err = pcall(function() for _ in session:watch("/", { timeout = 5 }) do end end)
+      out[i] = { ok = ok, err = plain(err) }
+    end
+    return out
+  end,
+  check = function(out)
+    for _, r in ipairs(out) do
+      assert.is_false(r.ok)
+      assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    end
+    assert.is_true(found(out[1].err.text, "a stdout frame, which this stream did not ask for")
+      or found(out[2].err.text, "a stdout frame, which this stream did not ask for"))
+  end,
+})
+
+case("of a directory go out as one chunked tar PUT with their bounds, and come back from a GET", {
+  health = FS,
+  route = [[function(req, conn)
+    if req.method == "PUT" then return respond.status(conn, "204 No Content", "") end
+    local tar = require "support.tar"
+    respond.chunked_start(conn, "200 OK", "application/x-tar")
+    respond.chunk(conn, tar.archive(tar.entry({ name = "back.txt" }, "came back")))
+    respond.chunked_end(conn)
+  end]],
+  act = function(session)
+    local files = require "support.files"
+    local dir = files.temp_dir()
+    files.write(dir .. "/out.txt", "went out")
+    local sent, err = session:write_dir_from("/proj", dir, { max_entries = 10, max_bytes = 1000 })
+    local got, gerr = session:read_dir_to("/proj", dir .. "/back")
+    local back = files.read(dir .. "/back/back.txt")
+    core.remove_tree(dir)
+    return { sent = sent, err = plain(err), got = got, gerr = plain(gerr), back = back }
+  end,
+  check = function(r, server)
+    assert.is_nil(r.err)
+    assert.is_nil(r.gerr)
+    assert.equal("came back", r.back)
+    local put = server:requests_to("/v1/fs/tar")[1]
+    assert.equal("PUT", put.method)
+    assert.equal("path=/proj&maxEntries=10&maxBytes=1000", put.query)
+    assert.equal("chunked", put.headers["transfer-encoding"])
+    assert.equal("application/x-tar", put.headers["content-type"])
+    assert.equal(r.sent, put.body_length)
+  end,
+})
+
+case("of a directory from an archive that climbs out are refused, nothing landing outside", {
+  health = FS,
+  route = [[function(req, conn)
+    local tar = require "support.tar"
+    respond.chunked_start(conn, "200 OK", "application/x-tar")
+    respond.chunk(conn, tar.archive(tar.entry({ name = "../escaped-by-archive" }, "x")))
+    respond.chunked_end(conn)
+  end]],
+  act = function(session)
+    local files = require "support.files"
+    local dir = files.temp_dir()
+    local ok, err = session:read_dir_to("/proj", dir .. "/dest")
+    local landed = files.read(dir .. "/escaped-by-archive") ~= nil
+    local made = files.read(dir .. "/dest") ~= nil
+    core.remove_tree(dir)
+    return { ok = ok, err = plain(err), landed = landed, made = made }
+  end,
+  check = function(r)
+    assert.is_nil(r.ok)
+    assert.equal("UNEXPECTED_RESPONSE_FORMAT", r.err.code)
+    assert.equal("ARCHIVE_REFUSED", r.err.reason)
+    assert.is_false(r.landed)
+    assert.is_false(r.made, "the directory it made was removed")
+  end,
+})
+
 -- An error body ---------------------------------------------------------------------------------
 
 group = "an error body"
