@@ -36,6 +36,9 @@ local JIT_CPATH = (os.getenv("SANDKIT_BUILD") or "build") .. "/luajit/?.so;;"
 local DECODE_VS_CJSON = 10      -- sandkit decodes at least 10x plain Lua + lua-cjson
 local STREAM_VS_CURL = 0.5      -- sandkit streams at least half of what curl -sN reads
 local FILES_VS_CURL = 0.7       -- a 1 GiB put or get at least 0.7x of curl -T / curl -o
+local DIR_VS_TAR_CURL = 0.8     -- a 10,000-file tree in or out at least 0.8x of tar piped through curl
+local DIR_VS_WRITE_FILES = 20   -- the same tree in at least 20x faster than one write_files per file
+local LIST_10K_MS = 50          -- listing a directory of 10,000 entries, every page
 local GATEWAY_VS_CURL = 0.7     -- through the nginx gateway, at least 0.7x of curl -sN on the agent
 local GATEWAY_RSS = 64 * common.MIB  -- the gateway's worker at 128 streams
 local LATENCY_OVER_SPAWN = 1.0  -- ms: a round trip within 1 ms of a local spawn at p50
@@ -332,6 +335,32 @@ local function rows(results)
     end
   end
 
+  local dirs = results.dirs
+  local dir_rows = {
+    { "put", "curl", "write_dir_from 10k files vs tar | curl -T", "tar -cf - | curl -T -", DIR_VS_TAR_CURL },
+    { "put", "write_files", "write_dir_from 10k files vs write_files each", "one write_files per file",
+      DIR_VS_WRITE_FILES },
+    { "get", "curl", "read_dir_to 10k files vs curl | tar -x", "curl -o - | tar -xf -", DIR_VS_TAR_CURL },
+  }
+  for _, r in ipairs(dir_rows) do
+    local target = ">= " .. r[5] .. "x"
+    if dirs.failed then
+      row(r[3], nil, nil, nil, target, "NO")
+    elseif dirs.skipped then
+      row(r[3], "skipped: " .. dirs.skipped, nil, nil, target, "n/a")
+    else
+      local ours, peer = dirs[r[1]].sandkit, dirs[r[1]][r[2]]
+      local ratio = peer.seconds / ours.seconds
+      row(r[3], mb(ours.mb_per_s), r[4] .. ": " .. mb(peer.mb_per_s), times(ratio), target, met(ratio >= r[5]))
+    end
+  end
+  if dirs.list then
+    row("list 10,000 entries", ms(dirs.list.ms), nil, nil, "<= " .. LIST_10K_MS .. " ms",
+      met(dirs.list.ms <= LIST_10K_MS and dirs.list.entries == 10000))
+  elseif not dirs.skipped then
+    row("list 10,000 entries", nil, nil, nil, "<= " .. LIST_10K_MS .. " ms", "NO")
+  end
+
   local g = results.gateway
   local gs = g.stream
   if gs.failed then
@@ -435,6 +464,8 @@ end
 results.fanout_unconfined = step("fan-out (16 streams, unconfined)", lua_script("fanout.lua", 16, "none"))
 results.slow = step("slow consumer (1 GiB, 1 ms per frame)", lua_script("slow.lua"))
 results.files = step("files (1 GiB put and get: sandkit, curl -T, curl -o)", lua_script("files.lua"))
+results.dirs = step("directories (10,000 files, 100 MB, in and out: sandkit, tar with curl, write_files; a "
+  .. "10,000-entry listing)", lua_script("dirs.lua"))
 results.gateway = { stream = step("gateway (1 GiB through nginx, curl -sN on the agent)",
   lua_script("gateway.lua", "stream")) }
 for _, n in ipairs(GATEWAY_FANOUT) do

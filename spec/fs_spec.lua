@@ -46,7 +46,8 @@ describe("a local session's files as a filesystem", function()
     assert(files.execute("cd " .. files.shell_quote(src) .. " && mkdir -p d/e && printf x > d/e/f"
       .. " && chmod 0700 d/e/f && touch -d @1234567890 d/e/f && head -c 200000 /dev/urandom > r && chmod 0555 d"))
     local heard = {}
-    local sent = assert(session:write_dir_from("/copy", src, { progress = function(done) heard[#heard + 1] = done end }))
+    local sent = assert(session:write_dir_from("/copy", src,
+      { progress = function(done) heard[#heard + 1] = done end }))
     assert.equal(sent, heard[#heard])
     local back = src .. "-back"
     finally(function() core.remove_tree(back) end)
@@ -164,19 +165,23 @@ describe("an archive from a session", function()
 
   local outside = "sandkit-escaped-" .. core.b64encode(core.random(6)):gsub("[^%w]", "x")
   local HOSTILE = {
-    { "'../x'", "ARCHIVE_REFUSED", 'tar.entry({ name = "ok" }, "1"), tar.entry({ name = "../' .. outside .. '" }, "x")' },
+    { "'../x'", "ARCHIVE_REFUSED",
+      'tar.entry({ name = "ok" }, "1"), tar.entry({ name = "../' .. outside .. '" }, "x")' },
     { "'/tmp/x'", "ARCHIVE_REFUSED", 'tar.entry({ name = "/tmp/' .. outside .. '" }, "x")' },
     { "a symlink, then a file through it", "ARCHIVE_REFUSED",
       'tar.entry({ name = "l", type = "2", linkname = "/tmp" }), tar.entry({ name = "l/' .. outside .. '" }, "x")' },
-    { "a hard link to a file outside", "ARCHIVE_REFUSED", 'tar.entry({ name = "h", type = "1", linkname = "/etc/passwd" })' },
-    { "a hard link that climbs", "ARCHIVE_REFUSED", 'tar.entry({ name = "h", type = "1", linkname = "../../etc/passwd" })' },
-    { "a device node", "ARCHIVE_REFUSED", 'tar.entry({ name = "null", type = "3", devmajor = 1, devminor = 3 })' },
+    { "a hard link to a file outside", "ARCHIVE_REFUSED",
+      'tar.entry({ name = "h", type = "1", linkname = "/etc/passwd" })' },
+    { "a hard link that climbs", "ARCHIVE_REFUSED",
+      'tar.entry({ name = "h", type = "1", linkname = "../../etc/passwd" })' },
+    { "a device node", "ARCHIVE_REFUSED",
+      'tar.entry({ name = "null", type = "3", devmajor = 1, devminor = 3 })' },
     { "a 1 TB sparse header", "ARCHIVE_TOO_LARGE", 'tar.pax{ ["GNU.sparse.major"] = "1", ["GNU.sparse.minor"] = "0", '
       .. '["GNU.sparse.name"] = "huge", ["GNU.sparse.realsize"] = "1099511627776" }, '
       .. 'tar.entry({ name = "GNUSparseFile.0/huge", size = 513 }, tar.padded("1\\n1099511627775\\n1\\n") .. "z")' },
   }
   for _, case in ipairs(HOSTILE) do
-    it("with " .. case[1] .. " is refused as " .. case[2] .. ", nothing landing, the directory it made removed", function()
+    it("with " .. case[1] .. " is refused as " .. case[2] .. ", nothing landing, the directory it made gone", function()
       local session
       session, server = archive_agent("{ tar.archive(" .. case[3] .. ") }")
       local parent = files.temp_dir()

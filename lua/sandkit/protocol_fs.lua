@@ -54,7 +54,9 @@ end
 
 local ENTRY_TYPES = { file = true, dir = true, symlink = true, other = true }
 
---- An entry of a listing or a stat as the API hands it out, or nil when the agent's is not one.
+--- An entry of a listing or a stat as the API hands it out — the decoded table itself, its
+-- numbers made integers, as a listing of ten thousand is not copied — or nil when the agent's
+-- is not one.
 local function entry_of(raw)
   if type(raw) ~= "table" or type(raw.name) ~= "string" or type(raw.path) ~= "string"
       or not ENTRY_TYPES[raw.type] or type(raw.mtime) ~= "number" then
@@ -63,8 +65,8 @@ local function entry_of(raw)
   local size, mode = to_integer(raw.size), to_integer(raw.mode)
   if not size or size < 0 or not mode or mode < 0 then return nil end
   if raw.target ~= nil and type(raw.target) ~= "string" then return nil end
-  return { name = raw.name, path = raw.path, type = raw.type, size = size, mode = mode,
-    mtime = raw.mtime, target = raw.target }
+  raw.size, raw.mode = size, mode
+  return raw
 end
 
 --- Every entry beneath path, `depth` levels down, at most `limit` of them, from after `cursor`:

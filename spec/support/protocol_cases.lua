@@ -1193,7 +1193,8 @@ case("are removed and renamed with their JSON bodies; a 409 is the agent's refus
     assert.equal("PATH_EXISTS", r.err.reason)
     assert.is_false(r.err.retryable)
     assert.same({ path = "/a", recursive = true }, cjson.decode(server:requests_to("/v1/fs/remove")[1].body))
-    assert.same({ from = "/a", to = "/b", overwrite = false }, cjson.decode(server:requests_to("/v1/fs/rename")[1].body))
+    assert.same({ from = "/a", to = "/b", overwrite = false },
+      cjson.decode(server:requests_to("/v1/fs/rename")[1].body))
   end,
 })
 

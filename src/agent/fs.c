@@ -21,10 +21,12 @@
 
 #include <event2/buffer.h>
 
-/* A list level's names are chosen in batches of at most this many (the smallest names after
- * the last one taken, in one pass over the directory): a 10,000-entry directory is read ten
- * times, and a level holds 256 KiB of names at most. */
-#define LIST_BATCH 1024
+/* A list level's names are chosen in batches (the smallest names after the last one taken, in
+ * one pass over the directory): the listed directory's own level takes up to a whole page at
+ * once, so a directory of 10,000 entries is read once for a page of them; a deeper level takes
+ * 1024 at a time. A level holds 256 bytes a name it chose, so a page at the deepest holds
+ * 10,000 + 31 × 1024 names (about 10 MiB) at the worst. */
+#define LIST_BATCH_DEEP 1024
 /* One getdents64 call's buffer. */
 #define DENTS_BUF (32 * 1024)
 
@@ -170,24 +172,64 @@ static const char *type_name(mode_t mode)
 	return S_ISREG(mode) ? "file" : S_ISDIR(mode) ? "dir" : S_ISLNK(mode) ? "symlink" : "other";
 }
 
+/* The longest entry's JSON: a name, a path and a link's target, every byte escaped as \u00XX,
+ * and the numbers around them. */
+#define ENTRY_JSON_MAX (6 * (255 + 2 * PATHS_MAX) + 256)
+
+/* s as a JSON string, quotes included, at out; returns the bytes written. Bytes from 0x80 pass
+ * as they are (a name is the filesystem's bytes), as util_json_string writes them. */
+static size_t json_string_at(char *out, const char *s, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+	out[o++] = '"';
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (c >= 0x20 && c != '"' && c != '\\') {
+			out[o++] = (char)c;
+		} else if (c == '"' || c == '\\') {
+			out[o++] = '\\';
+			out[o++] = (char)c;
+		} else {
+			memcpy(out + o, "\\u00", 4);
+			out[o + 4] = hex[c >> 4];
+			out[o + 5] = hex[c & 15];
+			o += 6;
+		}
+	}
+	out[o++] = '"';
+	return o;
+}
+
 /* {"name":…,"path":…,"type":…,"size":…,"mode":…,"mtime":…[,"target":…]} for name in dirfd,
- * whose caller path is path. -1 when memory ran out. */
+ * whose caller path is path, built whole and added at once. -1 when memory ran out. */
 static int entry_json(struct evbuffer *b, const char *name, const char *path, size_t path_len,
 		      int dirfd, const struct stat *st)
 {
+	/* One entry at a time in a single-threaded loop: one buffer serves every listing. */
+	static char out[ENTRY_JSON_MAX];
 	char target[PATHS_MAX];
 	ssize_t tn = -1;
 	if (S_ISLNK(st->st_mode))
 		tn = readlinkat(dirfd, name, target, sizeof target - 1);
-	if (evbuffer_add(b, "{\"name\":", 8) < 0 || util_json_string(b, name, strlen(name)) < 0 ||
-	    evbuffer_add(b, ",\"path\":", 8) < 0 || util_json_string(b, path, path_len) < 0 ||
-	    evbuffer_add_printf(b, ",\"type\":\"%s\",\"size\":%lld,\"mode\":%u,\"mtime\":%lld.%09ld",
-				type_name(st->st_mode), (long long)st->st_size, (unsigned)(st->st_mode & 07777),
-				(long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec) < 0)
-		return -1;
-	if (tn >= 0 && (evbuffer_add(b, ",\"target\":", 10) < 0 || util_json_string(b, target, (size_t)tn) < 0))
-		return -1;
-	return evbuffer_add(b, "}", 1);
+	size_t o = 0;
+	memcpy(out, "{\"name\":", 8);
+	o = 8;
+	o += json_string_at(out + o, name, strlen(name));
+	memcpy(out + o, ",\"path\":", 8);
+	o += 8;
+	o += json_string_at(out + o, path, path_len);
+	int n = snprintf(out + o, sizeof out - o, ",\"type\":\"%s\",\"size\":%lld,\"mode\":%u,\"mtime\":%lld.%09ld",
+			 type_name(st->st_mode), (long long)st->st_size, (unsigned)(st->st_mode & 07777),
+			 (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec);
+	o += (size_t)n;
+	if (tn >= 0) {
+		memcpy(out + o, ",\"target\":", 10);
+		o += 10;
+		o += json_string_at(out + o, target, (size_t)tn);
+	}
+	out[o++] = '}';
+	return evbuffer_add(b, out, o);
 }
 
 /* ---- list ---- */
@@ -205,52 +247,55 @@ struct lister {
 	int first;
 };
 
-/* A batch of names, the smallest ones after a given name: a max-heap while the directory is
- * read, sorted once it was. */
+/* A batch of names, the smallest ones after a given name: a max-heap of slots while the
+ * directory is read (the largest kept name on top, replaced by any smaller one), then sorted. */
 struct batch {
 	char (*names)[256];
+	size_t *heap;    /* slot numbers */
 	size_t n, cap;
 };
 
-static int name_less(const char *a, const char *b)
+static int slot_less(const struct batch *b, size_t i, size_t j)
 {
-	return strcmp(a, b) < 0;
+	return strcmp(b->names[b->heap[i]], b->names[b->heap[j]]) < 0;
 }
 
-static void swap_names(struct batch *b, size_t i, size_t j)
+static void heap_swap(struct batch *b, size_t i, size_t j)
 {
-	char t[256];
-	memcpy(t, b->names[i], 256);
-	memcpy(b->names[i], b->names[j], 256);
-	memcpy(b->names[j], t, 256);
+	size_t t = b->heap[i];
+	b->heap[i] = b->heap[j];
+	b->heap[j] = t;
 }
 
 static void sift_down(struct batch *b, size_t i, size_t n)
 {
 	for (;;) {
 		size_t l = 2 * i + 1, r = l + 1, m = i;
-		if (l < n && name_less(b->names[m], b->names[l]))
+		if (l < n && slot_less(b, m, l))
 			m = l;
-		if (r < n && name_less(b->names[m], b->names[r]))
+		if (r < n && slot_less(b, m, r))
 			m = r;
 		if (m == i)
 			return;
-		swap_names(b, i, m);
+		heap_swap(b, i, m);
 		i = m;
 	}
 }
 
-static void offer(struct batch *b, const char *name)
+static void offer(struct batch *b, const char *name, size_t len)
 {
+	if (len > 255)
+		return; /* no filesystem here names one so: nothing a caller could use */
 	if (b->n < b->cap) {
 		size_t i = b->n++;
-		snprintf(b->names[i], 256, "%s", name);
-		while (i > 0 && name_less(b->names[(i - 1) / 2], b->names[i])) {
-			swap_names(b, i, (i - 1) / 2);
+		b->heap[i] = i;
+		memcpy(b->names[i], name, len + 1);
+		while (i > 0 && slot_less(b, (i - 1) / 2, i)) {
+			heap_swap(b, i, (i - 1) / 2);
 			i = (i - 1) / 2;
 		}
-	} else if (name_less(name, b->names[0])) {
-		snprintf(b->names[0], 256, "%s", name);
+	} else if (strcmp(name, b->names[b->heap[0]]) < 0) {
+		memcpy(b->names[b->heap[0]], name, len + 1);
 		sift_down(b, 0, b->n);
 	}
 }
@@ -275,15 +320,15 @@ static int select_names(struct lister *l, int dirfd, const char *after, struct b
 			memcpy(&reclen, l->dents + at + 16, sizeof reclen);
 			const char *name = l->dents + at + 19;
 			at += reclen;
-			if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+			if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0')))
 				continue;
 			if (after && strcmp(name, after) <= 0)
 				continue;
-			offer(b, name);
+			offer(b, name, strlen(name));
 		}
 	}
 	for (size_t end = b->n; end > 1; end--) {
-		swap_names(b, 0, end - 1);
+		heap_swap(b, 0, end - 1);
 		sift_down(b, 0, end - 1);
 	}
 	return 0;
@@ -355,10 +400,14 @@ static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned l
 				return 0;
 		}
 	}
-	struct batch b = { NULL, 0, LIST_BATCH };
+	struct batch b = { NULL, NULL, 0, depth == 1 ? FS_LIST_LIMIT_MAX : LIST_BATCH_DEEP };
 	if (b.cap > l->limit - l->count)
 		b.cap = l->limit - l->count;
-	if ((b.names = malloc(b.cap * sizeof *b.names)) == NULL) {
+	b.names = malloc(b.cap * sizeof *b.names);
+	b.heap = malloc(b.cap * sizeof *b.heap);
+	if (b.names == NULL || b.heap == NULL) {
+		free(b.names);
+		free(b.heap);
 		l->failed = 1;
 		return -1;
 	}
@@ -369,7 +418,7 @@ static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned l
 			break;
 		}
 		for (size_t i = 0; i < b.n && !l->full && !l->failed; i++) {
-			const char *name = b.names[i];
+			const char *name = b.names[b.heap[i]];
 			struct stat st;
 			if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 				if (errno == ENOENT)
@@ -391,10 +440,11 @@ static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned l
 		}
 		if (r < 0 || l->full || l->failed || b.n < b.cap)
 			break;
-		snprintf(after, sizeof after, "%s", b.names[b.n - 1]);
+		snprintf(after, sizeof after, "%s", b.names[b.heap[b.n - 1]]);
 		has_after = 1;
 	}
 	free(b.names);
+	free(b.heap);
 	return r;
 }
 

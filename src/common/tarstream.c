@@ -35,7 +35,8 @@
 /* Characters of an entry's path shown in an error: the message stays a line. */
 #define SHOWN_MAX 200
 
-/* A file is written under ".sandkit-tar-" and 16 hex digits, renamed into place when whole. */
+/* A file is written under ".sandkit-tar-", 16 random hex digits and a count, renamed into place
+ * when whole. */
 #define TMP_PREFIX ".sandkit-tar-"
 
 /* Mode bits kept from an archive: the permissions and the sticky bit; never set-user-ID or
@@ -80,15 +81,11 @@ static const char *shown(const char *path, char *buf, size_t size)
 	return buf;
 }
 
-/* A temporary name beside the target: random, so that two writers never meet. */
-static int tmp_name(char *out, size_t size)
+/* A temporary name beside an entry: the extraction's random prefix, so that two writers never
+ * meet, and a count, so that one extraction's names never repeat. */
+static void tmp_name(char *out, size_t size, const char *prefix, unsigned long long *count)
 {
-	unsigned char r[8];
-	if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
-		return -1;
-	snprintf(out, size, TMP_PREFIX "%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2], r[3],
-		 r[4], r[5], r[6], r[7]);
-	return 0;
+	snprintf(out, size, TMP_PREFIX "%s-%llx", prefix, (*count)++);
 }
 
 /*
@@ -157,7 +154,9 @@ struct sk_untar {
 	char parent_path[SK_WALK_PATH_MAX];
 	/* the file being written */
 	int file_fd;
-	char file_tmp[32];
+	char file_tmp[64];
+	char tmp_prefix[17];       /* random, one per extraction */
+	unsigned long long tmp_count;
 	/* directories whose mode and time wait until the archive leaves them: each a prefix of
 	 * the next */
 	struct dir_meta *metas;
@@ -377,17 +376,14 @@ static int extract_file(sk_untar *u, struct archive *a, struct archive_entry *e,
 			const char *last)
 {
 	int64_t size = archive_entry_size(e);
-	if (tmp_name(u->file_tmp, sizeof u->file_tmp) < 0) {
-		u->file_tmp[0] = '\0';
-		entry_errno(u, errno);
-		return -1;
-	}
+	tmp_name(u->file_tmp, sizeof u->file_tmp, u->tmp_prefix, &u->tmp_count);
 	u->file_fd = u->open_beneath(parent, u->file_tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOCTTY, 0600);
 	if (u->file_fd < 0) {
 		u->file_tmp[0] = '\0';
 		entry_errno(u, errno);
 		return -1;
 	}
+	int64_t end = 0; /* where the data written ends: short of the size only for a sparse file */
 	for (;;) {
 		const void *buf;
 		size_t n;
@@ -420,11 +416,13 @@ static int extract_file(sk_untar *u, struct archive *a, struct archive_entry *e,
 			n -= (size_t)w;
 			off += w;
 		}
+		if (off > end)
+			end = off;
 	}
 	struct timespec times[2] = { { 0, UTIME_OMIT },
 				     { archive_entry_mtime(e), archive_entry_mtime_nsec(e) } };
-	/* The size is set last: a sparse file's hole at its end has no data block to make it. */
-	if (ftruncate(u->file_fd, size) < 0 ||
+	/* A sparse file's hole at its end has no data block to make it: the size does. */
+	if ((end < size && ftruncate(u->file_fd, size) < 0) ||
 	    fchmod(u->file_fd, archive_entry_perm(e) & KEPT_MODE & 0777) < 0 ||
 	    futimens(u->file_fd, times) < 0) {
 		entry_errno(u, errno);
@@ -450,7 +448,8 @@ static int extract_symlink(sk_untar *u, struct archive_entry *e, int parent, con
 		entry_failed(u, SK_TAR_REFUSED, 0, "is a symbolic link longer than 4095 bytes");
 		return -1;
 	}
-	if (tmp_name(u->file_tmp, sizeof u->file_tmp) < 0 || symlinkat(target, parent, u->file_tmp) < 0) {
+	tmp_name(u->file_tmp, sizeof u->file_tmp, u->tmp_prefix, &u->tmp_count);
+	if (symlinkat(target, parent, u->file_tmp) < 0) {
 		u->file_tmp[0] = '\0';
 		entry_errno(u, errno);
 		return -1;
@@ -487,10 +486,9 @@ static int extract_hardlink(sk_untar *u, const char *link, int parent, const cha
 		entry_errno(u, errno);
 		return -1;
 	}
-	int r = tmp_name(u->file_tmp, sizeof u->file_tmp);
+	tmp_name(u->file_tmp, sizeof u->file_tmp, u->tmp_prefix, &u->tmp_count);
 	/* No AT_SYMLINK_FOLLOW: a link to a symbolic link links the link, never what it names. */
-	if (r == 0)
-		r = linkat(dir, source_last, parent, u->file_tmp, 0);
+	int r = linkat(dir, source_last, parent, u->file_tmp, 0);
 	int saved = errno;
 	close(dir);
 	if (r < 0) {
@@ -662,6 +660,14 @@ sk_untar *sk_untar_new(int targetfd, sk_open_fn open_beneath, uint64_t max_entri
 		free(u);
 		return NULL;
 	}
+	unsigned char r[8];
+	if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+		munmap(u->stack, FIBER_STACK + FIBER_GUARD);
+		free(u);
+		return NULL;
+	}
+	snprintf(u->tmp_prefix, sizeof u->tmp_prefix, "%02x%02x%02x%02x%02x%02x%02x%02x", r[0], r[1], r[2],
+		 r[3], r[4], r[5], r[6], r[7]);
 	u->targetfd = targetfd;
 	u->open_beneath = open_beneath;
 	u->max_entries = max_entries;
