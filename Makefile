@@ -231,8 +231,8 @@ abuse: all
 # libFuzzer (clang with its runtime, Debian's libclang-rt-14-dev) over every target
 # tools/fuzz/NAME_fuzz.c, each starting from its corpus tools/fuzz/corpus/NAME/. A target names
 # the sources it needs on a " * sources:" line of its header comment, compiler definitions on an
-# optional " * defines:" line and libFuzzer options on a " * options:" line, so adding one needs
-# no change here. New inputs go to $(BUILD)/fuzz/corpus;
+# optional " * defines:" line, libraries on an optional " * libs:" line and libFuzzer options on a
+# " * options:" line, so adding one needs no change here. New inputs go to $(BUILD)/fuzz/corpus;
 # fold them into the repository's with: $(BUILD)/fuzz/NAME -merge=1 tools/fuzz/corpus/NAME $(BUILD)/fuzz/corpus/NAME
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= $(patsubst tools/fuzz/%_fuzz.c,%,$(wildcard tools/fuzz/*_fuzz.c))
@@ -245,7 +245,7 @@ fuzz:
 	mkdir -p $(BUILD)/fuzz
 	$(foreach t,$(FUZZ_TARGETS),\
 	  clang $(FUZZ_FLAGS) $(call fuzz_field,$(t),defines) -o $(BUILD)/fuzz/$(t) tools/fuzz/$(t)_fuzz.c \
-	    $(call fuzz_field,$(t),sources) && \
+	    $(call fuzz_field,$(t),sources) $(call fuzz_field,$(t),libs) && \
 	  mkdir -p $(BUILD)/fuzz/corpus/$(t) && \
 	  $(BUILD)/fuzz/$(t) -max_total_time=$(FUZZ_SECONDS) $(call fuzz_field,$(t),options) $(FUZZ_ARGS) \
 	    $(BUILD)/fuzz/corpus/$(t) tools/fuzz/corpus/$(t) &&) true

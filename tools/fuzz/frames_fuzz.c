@@ -5,8 +5,9 @@
  * defines: -DSK_FRAMES_KEPT=16
  * options: -max_len=8192
  *
- * The input's first byte picks a chunk size, so frames arrive split at every possible place,
- * whether (bit 6) the decoder is told to give back its room after every frame and every
+ * The input's first byte picks a chunk size (its low five bits), so frames arrive split at every
+ * possible place, whether (bit 0, shared with the size) the stream admits keep-alives, whether
+ * (bit 5) it is a watch's (taking events and ends, not output), whether (bit 6) the decoder is told to give back its room after every frame and every
  * chunk, mid-line included, and (its top bit) whether payloads are kept as base64; the rest is
  * fed as the body. Checked on top of the sanitizers: the decoder never hands back more payload
  * than the line could encode, never a frame after a failure, never holds back more than one
@@ -38,7 +39,7 @@ static void mix(uint64_t *h, const void *p, size_t n)
 
 /* Feeds body in pieces of chunk bytes, checking every frame as it comes. */
 static struct outcome run(const char *body, size_t left, size_t chunk, int keep, int release,
-                          int keepalive)
+                          int keepalive, int watch)
 {
 	struct outcome o = { 0xcbf29ce484222325ULL, 0, 0 };
 	sk_frames *d = sk_frames_new(FUZZ_MAX_LINE);
@@ -48,6 +49,9 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 		sk_frames_keep_base64(d);
 	if (keepalive)
 		sk_frames_admit(d, SK_FRAMES_KIND(SK_FRAME_KEEPALIVE));
+	if (watch)
+		sk_frames_expect(d, SK_FRAMES_KIND(SK_FRAME_EVENT) | SK_FRAMES_KIND(SK_FRAME_END) |
+				    SK_FRAMES_KIND(SK_FRAME_ERROR));
 	while (left > 0) {
 		size_t n = left < chunk ? left : chunk;
 		const char *in = body;
@@ -83,6 +87,19 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 					mix(&o.digest, f.data, f.data_len);
 				if (f.message_len)
 					mix(&o.digest, f.message, f.message_len);
+				/* A kind the stream does not take is never handed over. */
+				int event = f.type == SK_FRAME_EVENT || f.type == SK_FRAME_END;
+				if (event != (watch && f.type != SK_FRAME_ERROR) && f.type != SK_FRAME_ERROR)
+					abort();
+				if (f.type == SK_FRAME_EVENT) {
+					mix(&o.digest, f.event, f.event_len);
+					if (f.path)
+						mix(&o.digest, f.path, f.path_len);
+					if (f.from)
+						mix(&o.digest, f.from, f.from_len);
+				}
+				if (f.type == SK_FRAME_END)
+					mix(&o.digest, f.reason, f.reason_len);
 				o.frames++;
 				if (release)
 					sk_frames_release(d);
@@ -110,15 +127,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 1)
 		return 0;
-	size_t chunk = (size_t)data[0] % 64 + 1;
+	size_t chunk = (size_t)(data[0] & 0x1f) + 1;
+	int watch = data[0] & 0x20;
 	int keep = data[0] & 0x80;
 	int release = data[0] & 0x40;
 	/* Shares its bit with the chunk size's parity: both still take every value. */
 	int keepalive = data[0] & 0x01;
-	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release, keepalive);
+	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release, keepalive, watch);
 	/* However the body was cut and whenever room was given back, it decodes as it does
 	 * in one piece. */
-	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0, keepalive);
+	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0, keepalive, watch);
 	if (split.digest != whole.digest || split.frames != whole.frames || split.failed != whole.failed)
 		abort();
 	return 0;

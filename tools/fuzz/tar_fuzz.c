@@ -1,0 +1,115 @@
+/*
+ * tar_fuzz.c — libFuzzer target for the extraction of a tar stream a stranger chose
+ * (src/common/tarstream.c over libarchive): what PUT /v1/fs/tar runs in the agent and
+ * session:read_dir_to in the C core.
+ *
+ *   make fuzz FUZZ_TARGETS=tar
+ * sources: src/common/tarstream.c src/common/walk.c
+ * libs: -larchive
+ * options: -max_len=65536
+ *
+ * The input's first byte picks the size of the pieces the rest is pushed in, so an archive is
+ * cut at every possible place; it is extracted beneath a fresh directory inside a private one
+ * made once, with small bounds (64 entries, 1 MiB), and the directory is removed after. Checked
+ * on top of the sanitizers, for every input:
+ *   - nothing lands beside the target: the private directory holds the target alone;
+ *   - no temporary file is left in the target, whatever the outcome;
+ *   - a stream that did not end with its end-of-archive blocks is never taken as whole.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/tarstream.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static int open_beneath(int dirfd, const char *rel, int flags, mode_t mode)
+{
+	struct open_how how;
+	memset(&how, 0, sizeof how);
+	how.flags = (uint64_t)(flags | O_CLOEXEC);
+	how.mode = (flags & O_CREAT) ? mode : 0;
+	how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+	return (int)syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
+}
+
+/* The names in dir, other than . and ..: how many, and whether one starts with prefix. */
+static int count_names(int dirfd, const char *prefix, int *prefixed)
+{
+	int fd = openat(dirfd, ".", O_RDONLY | O_DIRECTORY);
+	DIR *d = fd < 0 ? NULL : fdopendir(fd);
+	if (d == NULL)
+		abort();
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+			continue;
+		n++;
+		if (prefix && strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+			*prefixed = 1;
+	}
+	closedir(d);
+	return n;
+}
+
+static int private_fd = -1;
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 1)
+		return 0;
+	if (private_fd < 0) {
+		char dir[] = "/tmp/sandkit-tar-fuzz-XXXXXX";
+		if (mkdtemp(dir) == NULL || (private_fd = open(dir, O_PATH | O_DIRECTORY)) < 0)
+			abort();
+	}
+	if (mkdirat(private_fd, "t", 0700) < 0)
+		abort();
+	int target = open_beneath(private_fd, "t", O_PATH | O_DIRECTORY, 0);
+	sk_untar *u = sk_untar_new(target, open_beneath, 64, 1 << 20);
+	if (target < 0 || u == NULL)
+		abort();
+	size_t piece = (size_t)data[0] * 61 + 1;
+	const uint8_t *p = data + 1;
+	size_t left = size - 1;
+	int failed = 0;
+	while (left > 0 && !failed) {
+		size_t n = left < piece ? left : piece;
+		failed = sk_untar_write(u, p, n) < 0;
+		p += n;
+		left -= n;
+	}
+	int whole = !failed && sk_untar_finish(u) == 0;
+	/* Two blocks of zeros are the least an ended archive holds. */
+	if (whole && size - 1 < 1024)
+		abort();
+	sk_untar_free(u);
+	int temporary = 0;
+	count_names(target, ".sandkit-tar-", &temporary);
+	if (temporary)
+		abort();
+	close(target);
+	if (count_names(private_fd, NULL, &temporary) != 1)
+		abort();
+	char where[SK_WALK_PATH_MAX];
+	if (sk_walk_remove(private_fd, "t", open_beneath, SK_TAR_NAMES_MAX, where, sizeof where) < 0) {
+		/* A directory the archive made without write permission is the one thing a removal
+		 * as this user may not get through; make everything writable and try again. */
+		char cmd[128];
+		snprintf(cmd, sizeof cmd, "chmod -R u+rwx /proc/self/fd/%d/t 2>/dev/null", private_fd);
+		if (system(cmd) != 0 ||
+		    sk_walk_remove(private_fd, "t", open_beneath, SK_TAR_NAMES_MAX, where, sizeof where) < 0)
+			abort();
+	}
+	return 0;
+}
