@@ -60,75 +60,71 @@ size_t fs_shown_path(const char *rel, char *out)
 
 /* ---- request bodies ---- */
 
+/* What fs_read_body has read of a body so far, as read_json_body hands its members over. */
+struct body_read {
+	const struct fs_member *members;
+	size_t n;
+	unsigned seen;
+	sk_json_str strings[8];   /* a string member's span, unescaped once the body is whole */
+};
+
+static const char *body_member(void *ctx, sk_json *j, const sk_json_str *key)
+{
+	struct body_read *br = ctx;
+	size_t i = 0;
+	while (i < br->n && !sk_json_str_is(key, br->members[i].name))
+		i++;
+	if (i == br->n) {
+		sk_json_skip(j);
+		return NULL;
+	}
+	const struct fs_member *m = &br->members[i];
+	/* Which copy of a member given twice counts would be a guess, and readers guess
+	 * differently. */
+	if (br->seen & (1u << i)) {
+		sk_json_skip(j);
+		return "a member appears twice";
+	}
+	br->seen |= 1u << i;
+	enum sk_json_kind kind = sk_json_peek(j);
+	if (m->type == FS_STRING && kind == SK_JSON_STRING) {
+		sk_json_string(j, &br->strings[i]);
+		return NULL;
+	}
+	if (m->type == FS_BOOL && (kind == SK_JSON_TRUE || kind == SK_JSON_FALSE)) {
+		sk_json_bool(j, m->flag);
+		return NULL;
+	}
+	const char *wrong = m->type == FS_STRING ? "a member that must be a string is not one"
+			    : m->type == FS_BOOL ? "a member that must be a boolean is not one"
+						 : "a member that must be a whole number is not one";
+	/* A number read but no whole one leaves the reader failed, which answers for the body. */
+	if (m->type == FS_UINT && kind == SK_JSON_NUMBER)
+		return sk_json_u64(j, m->num) == 0 ? NULL : wrong;
+	sk_json_skip(j);
+	return wrong;
+}
+
 int fs_read_body(struct http_request *req, const struct fs_member *members, size_t n)
 {
-	size_t len;
-	const char *body = http_request_body(req, &len);
-	if (body == NULL) {
-		reply_out_of_memory(req, "read the request");
+	struct body_read br = { members, n, 0, { { NULL, 0, 0 } } };
+	if (read_json_body(req, "read the request", body_member, &br) < 0)
 		return -1;
-	}
-	sk_json j;
-	sk_json_init(&j, body, len);
-	sk_json_str key;
-	unsigned seen = 0;
-	int more;
-	const char *problem = NULL;
-	if (sk_json_object_begin(&j) < 0) {
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not a JSON object");
-		return -1;
-	}
-	while ((more = sk_json_object_key(&j, &key)) == 1) {
-		size_t i = 0;
-		while (i < n && !sk_json_str_is(&key, members[i].name))
-			i++;
-		if (i == n) {
-			sk_json_skip(&j);
+	for (size_t i = 0; i < n; i++) {
+		if (members[i].required && !(br.seen & (1u << i))) {
+			reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s is required",
+				    members[i].name);
+			return -1;
+		}
+		if (members[i].type != FS_STRING || !(br.seen & (1u << i)))
 			continue;
+		const sk_json_str *s = &br.strings[i];
+		if ((*members[i].str = malloc(s->len + 1)) == NULL) {
+			reply_out_of_memory(req, "read the request");
+			return -1;
 		}
-		const struct fs_member *m = &members[i];
-		/* Which copy of a member given twice counts would be a guess, and readers guess
-		 * differently. */
-		if (seen & (1u << i)) {
-			problem = "a member appears twice";
-			break;
-		}
-		seen |= 1u << i;
-		enum sk_json_kind kind = sk_json_peek(&j);
-		if (m->type == FS_STRING && kind == SK_JSON_STRING) {
-			sk_json_str s;
-			sk_json_string(&j, &s);
-			if ((*m->str = malloc(s.len + 1)) == NULL) {
-				reply_out_of_memory(req, "read the request");
-				return -1;
-			}
-			*m->len = sk_json_unescape(&s, *m->str);
-			(*m->str)[*m->len] = '\0';
-		} else if (m->type == FS_BOOL && (kind == SK_JSON_TRUE || kind == SK_JSON_FALSE)) {
-			sk_json_bool(&j, m->flag);
-		} else if (!(m->type == FS_UINT && kind == SK_JSON_NUMBER && sk_json_u64(&j, m->num) == 0)) {
-			problem = m->type == FS_STRING ? "a member that must be a string is not one"
-				  : m->type == FS_BOOL ? "a member that must be a boolean is not one"
-							 : "a member that must be a whole number is not one";
-			break;
-		}
-	}
-	if (problem == NULL && (more < 0 || sk_json_finish(&j) < 0)) {
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the body is not valid JSON: %s",
-			    j.err ? j.err : "malformed");
-		return -1;
-	}
-	for (size_t i = 0; problem == NULL && i < n; i++)
-		if (members[i].required && !(seen & (1u << i)))
-			problem = "a required member is missing";
-	if (problem) {
-		char names[160] = "";
-		for (size_t i = 0; i < n; i++)
-			snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
-				 members[i].name);
-		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: %s (this route reads %s)", problem,
-			    names);
-		return -1;
+		*members[i].len = sk_json_unescape(s, *members[i].str);
+		(*members[i].str)[*members[i].len] = '\0';
 	}
 	return 0;
 }

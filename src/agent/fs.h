@@ -54,9 +54,9 @@ struct fs_member {
 	uint64_t *num;
 };
 
-/* Reads the JSON object body into the members (each at most once; others are ignored). 0, or
- * -1 once it answered 400 (or 500 when memory ran out). Strings read are the caller's to free
- * either way. */
+/* Reads the JSON object body into the members (each at most once; others are ignored; at most
+ * 8), through read_json_body. 0, or -1 once it answered 400 (or 500 when memory ran out).
+ * Strings read are the caller's to free either way. */
 int fs_read_body(struct http_request *req, const struct fs_member *members, size_t n);
 
 /* The caller's path, normalized into rel (PATHS_MAX bytes); answers 400 PATH_REFUSED and
