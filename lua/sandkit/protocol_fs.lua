@@ -28,8 +28,8 @@ fs.OPERATIONS = { list = LIST, stat = STAT, remove = REMOVE, rename = RENAME, wr
 
 --- The most entries the agent puts in one page of a listing (docs/protocol.md §6 fs).
 fs.PAGE_MAX = 10000
---- A page's body: the agent ends a page once it passed 4 MiB, and an entry is at most ~50 KB.
-local MAX_PAGE_BODY = 4 * 1024 * 1024 + 64 * 1024
+--- A page's body: the agent ends a page once it passed 256 KiB, and an entry is at most ~50 KB.
+local MAX_PAGE_BODY = 256 * 1024 + 64 * 1024
 --- A stat's answer is one entry.
 local MAX_STAT_BODY = 64 * 1024
 --- Removal and renaming answer 204.

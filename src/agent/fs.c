@@ -232,6 +232,7 @@ static int entry_json(struct evbuffer *b, const char *name, const char *path, si
 
 struct lister {
 	struct http_request *req;
+	int rootfd;      /* the listed directory, O_PATH: each level is opened again beneath it */
 	struct evbuffer *out;
 	unsigned long limit, count, depth_max;
 	int full;        /* the page is done: count or bytes reached */
@@ -346,22 +347,46 @@ static int emit(struct lister *l, int dirfd, const char *name, size_t path_len, 
 	return 0;
 }
 
-static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned long depth,
+static int list_level(struct lister *l, int *dirfd, size_t prefix_len, unsigned long depth,
 		      const char *cursor);
 
-/* Lists the directory name (in dirfd) one level deeper, when the depth allows; it may have
- * gone or become something else since it was seen, which only ends that branch. */
-static int descend(struct lister *l, int dirfd, const char *name, size_t path_len,
+/*
+ * Lists the directory name (in *dirfd, the level at prefix_len) one level deeper, when the
+ * depth allows; it may have gone or become something else since it was seen, which only ends
+ * that branch. The level's own descriptor is let go meanwhile and opened again by its path
+ * beneath the listed directory after (and must be the same directory), so a listing holds two
+ * directories open whatever its depth.
+ */
+static int descend(struct lister *l, int *dirfd, size_t prefix_len, const char *name, size_t path_len,
 		   unsigned long depth, const char *cursor)
 {
 	if (depth >= l->depth_max)
 		return 0;
 	int fd;
-	if (paths_open_at(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOCTTY, 0, &fd) != PATH_OK)
+	struct stat own, again;
+	if (fstat(*dirfd, &own) < 0)
+		return -1;
+	if (paths_open_at(*dirfd, name, O_RDONLY | O_DIRECTORY | O_NOCTTY, 0, &fd) != PATH_OK)
 		return errno == ENOENT || errno == ENOTDIR || errno == ELOOP ? 0 : -1;
-	int r = list_level(l, fd, path_len, depth + 1, cursor);
+	close(*dirfd);
+	*dirfd = -1;
+	int r = list_level(l, &fd, path_len, depth + 1, cursor);
 	int saved = errno;
-	close(fd);
+	if (fd >= 0)
+		close(fd);
+	char rel[PATHS_MAX];
+	memcpy(rel, l->path, prefix_len);
+	rel[prefix_len] = '\0';
+	if (paths_open_at(l->rootfd, prefix_len ? rel : ".", O_RDONLY | O_DIRECTORY | O_NOCTTY, 0, dirfd) != PATH_OK) {
+		*dirfd = -1;
+		return -1;
+	}
+	if (fstat(*dirfd, &again) < 0 || again.st_dev != own.st_dev || again.st_ino != own.st_ino) {
+		/* The directory was replaced while its entries were listed: the page cannot go on
+		 * from a place that is no longer there. */
+		errno = ESTALE;
+		return -1;
+	}
 	errno = saved;
 	return r;
 }
@@ -371,7 +396,7 @@ static int descend(struct lister *l, int dirfd, const char *name, size_t path_le
  * the depth allows (so a page ends anywhere in the tree). With a cursor (the path after which
  * the last page stopped, from this level down), the walk resumes right after it.
  */
-static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned long depth,
+static int list_level(struct lister *l, int *dirfd, size_t prefix_len, unsigned long depth,
 		      const char *cursor)
 {
 	char after[256] = "";
@@ -390,7 +415,7 @@ static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned l
 			if (prefix_len > 0)
 				l->path[prefix_len] = '/';
 			memcpy(l->path + at, after, n + 1);
-			if (descend(l, dirfd, after, at + n, depth, slash ? slash + 1 : NULL) < 0)
+			if (descend(l, dirfd, prefix_len, after, at + n, depth, slash ? slash + 1 : NULL) < 0)
 				return -1;
 			if (l->full || l->failed)
 				return 0;
@@ -409,14 +434,14 @@ static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned l
 	}
 	int r = 0;
 	for (;;) {
-		if (select_names(l, dirfd, has_after ? after : NULL, &b) < 0) {
+		if (select_names(l, *dirfd, has_after ? after : NULL, &b) < 0) {
 			r = -1;
 			break;
 		}
 		for (size_t i = 0; i < b.n && !l->full && !l->failed; i++) {
 			const char *name = b.names[b.heap[i]];
 			struct stat st;
-			if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (fstatat(*dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 				if (errno == ENOENT)
 					continue;
 				r = -1;
@@ -428,8 +453,9 @@ static int list_level(struct lister *l, int dirfd, size_t prefix_len, unsigned l
 			if (prefix_len > 0)
 				l->path[prefix_len] = '/';
 			memcpy(l->path + at, name, n + 1);
-			if (emit(l, dirfd, name, at + n, &st) < 0 ||
-			    (S_ISDIR(st.st_mode) && !l->full && descend(l, dirfd, name, at + n, depth, NULL) < 0)) {
+			if (emit(l, *dirfd, name, at + n, &st) < 0 ||
+			    (S_ISDIR(st.st_mode) && !l->full &&
+			     descend(l, dirfd, prefix_len, name, at + n, depth, NULL) < 0)) {
 				r = -1;
 				break;
 			}
@@ -454,6 +480,7 @@ void fs_list(struct http_request *req)
 	l.req = req;
 	l.first = 1;
 	int dirfd = -1;
+	l.rootfd = -1;
 	if (p == NULL)
 		return;
 	if (fs_normalize(req, p, plen, rel) < 0 ||
@@ -492,7 +519,12 @@ void fs_list(struct http_request *req)
 		reply_out_of_memory(req, "list a directory");
 		goto out;
 	}
-	if (list_level(&l, dirfd, 0, 1, r == 0 ? crel : NULL) < 0 && !l.failed) {
+	if (paths_open(rel, O_PATH | O_DIRECTORY, 0, &l.rootfd) != PATH_OK) {
+		l.rootfd = -1;
+		reply_fs_errno(req, errno, p, plen, "list a directory", 0);
+		goto out;
+	}
+	if (list_level(&l, &dirfd, 0, 1, r == 0 ? crel : NULL) < 0 && !l.failed) {
 		reply_fs_errno(req, errno, p, plen, "list a directory", 0);
 		goto out;
 	}
@@ -511,6 +543,8 @@ out:
 	free(l.dents);
 	if (dirfd >= 0)
 		close(dirfd);
+	if (l.rootfd >= 0)
+		close(l.rootfd);
 	free(cursor);
 	free(p);
 }

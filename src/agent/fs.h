@@ -17,8 +17,10 @@ struct http_request;
 #define FS_LIST_LIMIT_DEFAULT 1000
 #define FS_LIST_LIMIT_MAX 10000
 /* A page ends once its JSON passed this many bytes: an entry is at most ~50 KB (a name, a
- * path and a link target, every byte escaped), so a page stays under 4 MiB + 64 KiB. */
-#define FS_LIST_PAGE_BYTES ((size_t)4 << 20)
+ * path and a link target, every byte escaped), so a page stays under 320 KiB. A page is sent
+ * whole (it is made before its first byte goes), so this is what one waits in a connection
+ * for a caller who does not read: a piece, as every reply's, a little larger. */
+#define FS_LIST_PAGE_BYTES ((size_t)256 * 1024)
 /* Levels a list descends (`depth`): each holds one directory open while the page is made. */
 #define FS_LIST_DEPTH_MAX 32
 /* Names a recursive removal's walk holds at once (walk.h): a directory of about a million. */

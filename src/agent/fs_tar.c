@@ -122,28 +122,30 @@ out:
 struct tar_recv {
 	struct http_request *req;
 	sk_untar *untar;
-	int parentfd, targetfd;
-	char last[PATHS_MAX];    /* the target's name in parentfd */
+	int targetfd;
+	char rel[PATHS_MAX];     /* the target, normalized */
 	int created;             /* the target did not exist: a failure removes it again */
 	char shown[REPLY_SHOWN_PATH_MAX];
 };
 
 /* A failed extraction leaves nothing of a target it made; in one that was there, what landed
- * before the failure stays (and the failure says so). */
+ * before the failure stays (and the failure says so). The target's parent is opened again for
+ * the removal, by its path, rather than held through the whole upload. */
 static void recv_free(struct tar_recv *r, int failed)
 {
 	sk_untar_free(r->untar);
 	if (r->targetfd >= 0)
 		close(r->targetfd);
-	if (failed && r->created) {
-		char where[PATHS_MAX];
-		if (sk_walk_remove(r->parentfd, r->last, fs_open_beneath, FS_WALK_NAMES_MAX, where,
-				   sizeof where) < 0)
-			log_info("an extraction into '%s' failed, and what it made could not all be removed: "
-				 "%s", r->shown, strerror(errno));
-	}
-	if (r->parentfd >= 0)
-		close(r->parentfd);
+	int parentfd = -1;
+	const char *last;
+	char where[PATHS_MAX];
+	if (failed && r->created &&
+	    (paths_walk(r->rel, 0, 1, &parentfd, &last) != PATH_OK ||
+	     sk_walk_remove(parentfd, last, fs_open_beneath, FS_WALK_NAMES_MAX, where, sizeof where) < 0))
+		log_info("an extraction into '%s' failed, and what it made could not all be removed: %s",
+			 r->shown, strerror(errno));
+	if (parentfd >= 0)
+		close(parentfd);
 	free(r);
 }
 
@@ -239,6 +241,7 @@ void fs_tar_put(struct http_request *req)
 	char rel[PATHS_MAX];
 	uint64_t max_entries, max_bytes;
 	struct tar_recv *r = NULL;
+	int parentfd = -1;
 	if (p == NULL)
 		return;
 	if (fs_normalize(req, p, plen, rel) < 0 ||
@@ -250,16 +253,16 @@ void fs_tar_put(struct http_request *req)
 		goto fail;
 	}
 	r->req = req;
-	r->parentfd = r->targetfd = -1;
+	r->targetfd = -1;
+	memcpy(r->rel, rel, strlen(rel) + 1);
 	util_printable(p, plen, r->shown, sizeof r->shown);
 	const char *last;
-	if (paths_walk(rel, 1, 1, &r->parentfd, &last) != PATH_OK) {
+	if (paths_walk(rel, 1, 1, &parentfd, &last) != PATH_OK) {
 		reply_fs_errno(req, errno, p, plen, "extract an archive", 1);
 		goto fail;
 	}
-	snprintf(r->last, sizeof r->last, "%s", last);
 	struct stat st;
-	if (fstatat(r->parentfd, r->last, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+	if (fstatat(parentfd, last, &st, AT_SYMLINK_NOFOLLOW) == 0) {
 		if (!S_ISDIR(st.st_mode)) {
 			reply_error(req, 400, "REQUEST_INVALID", "Request invalid: '%s' exists and is not a "
 				    "directory", r->shown);
@@ -268,17 +271,19 @@ void fs_tar_put(struct http_request *req)
 	} else if (errno != ENOENT) {
 		reply_fs_errno(req, errno, p, plen, "extract an archive", 1);
 		goto fail;
-	} else if (mkdirat(r->parentfd, r->last, 0777) < 0) {
+	} else if (mkdirat(parentfd, last, 0777) < 0) {
 		reply_fs_errno(req, errno, p, plen, "extract an archive", 1);
 		goto fail;
 	} else {
 		r->created = 1;
 	}
-	if (paths_open_at(r->parentfd, r->last, O_PATH | O_DIRECTORY, 0, &r->targetfd) != PATH_OK) {
+	if (paths_open_at(parentfd, last, O_PATH | O_DIRECTORY, 0, &r->targetfd) != PATH_OK) {
 		r->targetfd = -1;
 		reply_fs_errno(req, errno, p, plen, "extract an archive", 1);
 		goto fail;
 	}
+	close(parentfd);
+	parentfd = -1;
 	if ((r->untar = sk_untar_new(r->targetfd, fs_open_beneath, max_entries, max_bytes)) == NULL) {
 		reply_out_of_memory(req, "extract an archive");
 		goto fail;
@@ -287,6 +292,8 @@ void fs_tar_put(struct http_request *req)
 	http_body_stream(req, recv_data, recv_end, r);
 	return;
 fail:
+	if (parentfd >= 0)
+		close(parentfd);
 	if (r)
 		recv_free(r, 1);
 	free(p);

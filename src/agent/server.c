@@ -21,9 +21,9 @@
 #include <event2/buffer.h>
 
 /* Descriptors serving one request may hold at once: its socket, a command's two pipes and its
- * pidfd; or a directory's archive: its socket, the directory, two of its subdirectories while the
- * walk steps down, and a file. */
-#define FDS_PER_CONNECTION 5
+ * pidfd; or a directory's archive: its socket, the directory, the one being read, and a file
+ * (a walk stepping down opens the next directory a moment before it lets the last go). */
+#define FDS_PER_CONNECTION 4
 /* Descriptors kept out of the connections' budget: stdio, root, listener, event loop, signal
  * pipe, and what a request opens for a moment; and each job's pipes and pidfd. */
 #define FDS_RESERVED 16
@@ -52,11 +52,11 @@ static const struct route routes[] = {
 	{ "/v1/files/raw", HTTP_GET, 0, HTTP_BODY_NONE, files_raw_get },
 	{ "/v1/files/raw", HTTP_PUT, 0, HTTP_BODY_STREAMED, files_raw_put },
 	{ "/v1/mkdir", HTTP_POST, 0, HTTP_BODY_BUFFERED, files_mkdir },
-	{ "/v1/fs/list", HTTP_GET, 0, HTTP_BODY_BUFFERED, fs_list },
-	{ "/v1/fs/stat", HTTP_GET, 0, HTTP_BODY_BUFFERED, fs_stat },
+	{ "/v1/fs/list", HTTP_GET, 0, HTTP_BODY_NONE, fs_list },
+	{ "/v1/fs/stat", HTTP_GET, 0, HTTP_BODY_NONE, fs_stat },
 	{ "/v1/fs/remove", HTTP_POST, 0, HTTP_BODY_BUFFERED, fs_remove },
 	{ "/v1/fs/rename", HTTP_POST, 0, HTTP_BODY_BUFFERED, fs_rename },
-	{ "/v1/fs/tar", HTTP_GET, 0, HTTP_BODY_BUFFERED, fs_tar_get },
+	{ "/v1/fs/tar", HTTP_GET, 0, HTTP_BODY_NONE, fs_tar_get },
 	{ "/v1/fs/tar", HTTP_PUT, 0, HTTP_BODY_STREAMED, fs_tar_put },
 	{ "/v1/fs/watch", HTTP_POST, 0, HTTP_BODY_BUFFERED, fs_watch },
 	{ "/v1/preview", HTTP_POST, 0, HTTP_BODY_BUFFERED, preview_open },
