@@ -283,3 +283,41 @@ describe("a session whose agent does not offer the extensions", function()
     assert.equal(1, #server:requests_to("/v1/fs/list"))
   end)
 end)
+
+describe("a listing's page", function()
+  local function page(entries, next_cursor)
+    return '{"entries":[' .. table.concat(entries, ",") .. '],"next":' .. (next_cursor or "null") .. "}"
+  end
+  local FILE = '{"name":"a","path":"/d/a","type":"file","size":3,"mode":420,"mtime":1700000000.25}'
+
+  it("is read into entries with integers, a time in seconds, escapes undone and the cursor", function()
+    local entries = assert(core.list_page(page({ FILE,
+      '{"path":"/d/l\\u00e9","name":"l\\u00e9","type":"symlink","size":0,"mode":511,"mtime":17e8,"target":"\\/etc","x":[1]}' },
+      '"l\\u00e9"')))
+    assert.same({ name = "a", path = "/d/a", type = "file", size = 3, mode = 420, mtime = 1700000000.25 }, entries[1])
+    assert.same({ name = "l\u{e9}", path = "/d/l\u{e9}", type = "symlink", size = 0, mode = 511, mtime = 1.7e9,
+      target = "/etc" }, entries[2])
+    assert.equal("l\u{e9}", entries.next)
+    assert.equal(math.type and "integer" or "number", math.type and math.type(entries[1].size) or type(entries[1].size))
+    assert.is_nil(assert(core.list_page(page({}))).next)
+  end)
+
+  it("is refused when a member is given twice, an entry lacks one or has one of another type", function()
+    for _, text in ipairs{
+      '{"entries":[],"entries":[]}', '{"entries":[],"next":null,"next":"a"}',
+      page({ '{"name":"a","name":"b","path":"/a","type":"file","size":1,"mode":1,"mtime":1}' }),
+      page({ '{"path":"/a","type":"file","size":1,"mode":1,"mtime":1}' }),
+      page({ '{"name":"a","path":"/a","type":"pipe","size":1,"mode":1,"mtime":1}' }),
+      page({ '{"name":"a","path":"/a","type":"file","size":-1,"mode":1,"mtime":1}' }),
+      page({ '{"name":"a","path":"/a","type":"file","size":1.5,"mode":1,"mtime":1}' }),
+      page({ '{"name":"a","path":"/a","type":"file","size":1,"mode":1,"mtime":"1"}' }),
+      page({ '{"name":"a","path":"/a","type":"file","size":1,"mode":1,"mtime":1,"target":7}' }),
+      page({ FILE }, "7"), '{"next":null}', "[]", page({ FILE }) .. "x", page({ "[]" }),
+    } do
+      local entries, why, at = core.list_page(text)
+      assert.is_nil(entries, text)
+      assert.is_string(why, text)
+      assert.is_number(at, text)
+    end
+  end)
+end)

@@ -203,6 +203,7 @@ int luaopen_sandkit_core(lua_State *L)
 	skl_open_signals(L);
 	skl_open_ed25519(L);
 	skl_open_tar(L);
+	skl_open_fslist(L);
 	push_limits(L);
 	lua_setfield(L, -2, "LIMITS");
 	lua_pushliteral(L, SANDKIT_VERSION);

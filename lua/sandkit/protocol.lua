@@ -202,17 +202,25 @@ end
 -- Bytes of a repeated member name an error quotes: enough to recognise any protocol name.
 local MAX_QUOTED_NAME = 64
 
---- Reads and decodes a 2xx JSON body of at most `max_body` bytes; `unreadable` says what an
--- unreadable body means for this operation (the context of its errors.transport_failure). A
--- body that names a member twice in one object comes back as an unexpected format, with a
--- third result, true, saying so.
-local function read_json(conn, resp, operation, unreadable, max_body)
+--- Reads a 2xx body of at most `max_body` bytes whole, within body_timeout; `unreadable` says
+-- what an unreadable body means for this operation. The text, or nil and the error.
+function protocol.read_text(conn, resp, operation, unreadable, max_body)
   local text, bad = resp:read_all(core.now() + conn.body_timeout)
   if not text then
     bad.sent, bad.status = true, resp.status
     return nil, errors.transport_failure(operation, bad, nil, { peer = PEER,
       seconds = conn.body_timeout, bytes = max_body, context = unreadable })
   end
+  return text
+end
+
+--- Reads and decodes a 2xx JSON body of at most `max_body` bytes; `unreadable` says what an
+-- unreadable body means for this operation (the context of its errors.transport_failure). A
+-- body that names a member twice in one object comes back as an unexpected format, with a
+-- third result, true, saying so.
+local function read_json(conn, resp, operation, unreadable, max_body)
+  local text, bad = protocol.read_text(conn, resp, operation, unreadable, max_body)
+  if not text then return nil, bad end
   -- lua-cjson keeps a repeated member's last copy; the agent, the frame decoder and other
   -- readers refuse it or keep the first. A text read two ways is no answer, so it is checked
   -- by the frame decoder's JSON reader (names compared unescaped) before lua-cjson sees it.

@@ -28,8 +28,8 @@ fs.OPERATIONS = { list = LIST, stat = STAT, remove = REMOVE, rename = RENAME, wr
 
 --- The most entries the agent puts in one page of a listing (docs/protocol.md §6 fs).
 fs.PAGE_MAX = 10000
---- A page's body: the agent ends a page once it passed 256 KiB, and an entry is at most ~50 KB.
-local MAX_PAGE_BODY = 256 * 1024 + 64 * 1024
+--- A page's body: the agent ends a page once it passed 1 MiB, and an entry is at most ~50 KB.
+local MAX_PAGE_BODY = 1024 * 1024 + 64 * 1024
 --- A stat's answer is one entry.
 local MAX_STAT_BODY = 64 * 1024
 --- Removal and renaming answer 204.
@@ -81,22 +81,18 @@ function fs.list(conn, path, depth, limit, cursor)
     if cursor then target = target .. "&cursor=" .. query_escape(cursor) end
     local resp, err = send(conn, LIST, "GET", target, nil, MAX_PAGE_BODY)
     if not resp then return nil, err end
-    local page
-    page, err = read_json(conn, resp, LIST, "the listing's page could not be read", MAX_PAGE_BODY)
-    if not page then return nil, err end
-    if type(page.entries) ~= "table" or (page.next ~= json.null and type(page.next) ~= "string") then
-      return nil, errors.unexpected(LIST, "page", "it has no entries list, or a cursor that is no string")
+    local text
+    text, err = protocol.read_text(conn, resp, LIST, "the listing's page could not be read", MAX_PAGE_BODY)
+    if not text then return nil, err end
+    -- Read in C, by the rules of every JSON answer: a page can hold ten thousand entries.
+    local page, why, at = core.list_page(text)
+    if not page then
+      return nil, errors.unexpected(LIST, "page", string.format("%s (at byte %d)", why, at))
     end
-    for _, raw in ipairs(page.entries) do
-      local entry = entry_of(raw)
-      if not entry then
-        return nil, errors.unexpected(LIST, "entries", "an entry lacks a name, path, type, size, mode or mtime")
-      end
-      entries[#entries + 1] = entry
-    end
-    local after = page.next ~= json.null and page.next or nil
+    for i = 1, #page do entries[#entries + 1] = page[i] end
+    local after = page.next
     -- A cursor that does not move would page for ever.
-    if after and after == cursor and #page.entries == 0 then
+    if after and after == cursor and #page == 0 then
       return nil, errors.unexpected(LIST, "next", "the cursor did not move")
     end
     if #entries > limit then

@@ -470,6 +470,79 @@ static int list_level(struct lister *l, int *dirfd, size_t prefix_len, unsigned 
 	return r;
 }
 
+/* A page goes to its connection this much at a time, as the connection drains. */
+#define PAGE_PIECE (64 * 1024)
+
+/* Bytes of list pages made and not yet handed to their connections, all callers together. */
+static size_t pages_in_flight;
+
+/* A page on its way to its caller: moved to the connection a piece at a time as it drains. */
+struct page_send {
+	struct http_request *req;
+	struct evbuffer *page;
+	size_t charged;   /* what of pages_in_flight is this page's */
+};
+
+static void page_free(struct page_send *ps)
+{
+	pages_in_flight -= ps->charged;
+	evbuffer_free(ps->page);
+	free(ps);
+}
+
+static void page_gone(void *ctx)
+{
+	page_free(ctx);
+}
+
+static void page_pump(void *ctx)
+{
+	struct page_send *ps = ctx;
+	while (http_reply_queued(ps->req) < HTTP_OUTPUT_HIGH && evbuffer_get_length(ps->page) > 0) {
+		struct evbuffer *piece = evbuffer_new();
+		int moved = piece ? evbuffer_remove_buffer(ps->page, piece, PAGE_PIECE) : -1;
+		if (moved < 0 || http_reply_chunk(ps->req, piece) < 0) {
+			/* The length was announced: a page cut short is no page to its caller. */
+			if (piece)
+				evbuffer_free(piece);
+			http_reply_cut(ps->req);
+			http_reply_end(ps->req);
+			page_free(ps);
+			return;
+		}
+		evbuffer_free(piece);
+		size_t left = evbuffer_get_length(ps->page);
+		pages_in_flight -= ps->charged - left;
+		ps->charged = left;
+	}
+	if (evbuffer_get_length(ps->page) > 0)
+		return; /* the rest when the connection drains */
+	http_reply_end(ps->req);
+	page_free(ps);
+}
+
+/* Sends a made page (consumed) as the caller takes it. */
+static void send_page(struct http_request *req, struct evbuffer *page)
+{
+	struct page_send *ps = calloc(1, sizeof *ps);
+	if (ps == NULL) {
+		evbuffer_free(page);
+		reply_out_of_memory(req, "list a directory");
+		return;
+	}
+	ps->req = req;
+	ps->page = page;
+	ps->charged = evbuffer_get_length(page);
+	pages_in_flight += ps->charged;
+	if (http_reply_start(req, 200, "application/json", (int64_t)ps->charged) < 0) {
+		http_reply_end(req);
+		page_free(ps);
+		return;
+	}
+	http_reply_watch(req, page_pump, page_gone, ps);
+	page_pump(ps);
+}
+
 void fs_list(struct http_request *req)
 {
 	size_t plen, clen = 0;
@@ -496,6 +569,12 @@ void fs_list(struct http_request *req)
 	if (r == -2 || (r == 0 && (clen == 0 || cursor[0] == '/' ||
 				   paths_normalize(cursor, clen, crel) != NULL || strcmp(crel, ".") == 0))) {
 		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: the cursor is not one a page gave");
+		goto out;
+	}
+	/* Pages callers have not taken yet are bounded all together; past it, ask again later. */
+	if (pages_in_flight + FS_LIST_PAGE_BYTES + 65536 > FS_LIST_IN_FLIGHT) {
+		reply_error(req, 503, "AGENT_BUSY", "list pages waiting for their callers are over the "
+			    "agent's budget (%zu bytes); retry", FS_LIST_IN_FLIGHT);
 		goto out;
 	}
 	if (paths_open(rel, O_RDONLY | O_DIRECTORY | O_NOCTTY, 0, &dirfd) != PATH_OK) {
@@ -535,7 +614,7 @@ void fs_list(struct http_request *req)
 		reply_out_of_memory(req, "list a directory");
 		goto out;
 	}
-	reply_json(req, 200, l.out);
+	send_page(req, l.out);
 	l.out = NULL;
 out:
 	if (l.out)

@@ -17,10 +17,13 @@ struct http_request;
 #define FS_LIST_LIMIT_DEFAULT 1000
 #define FS_LIST_LIMIT_MAX 10000
 /* A page ends once its JSON passed this many bytes: an entry is at most ~50 KB (a name, a
- * path and a link target, every byte escaped), so a page stays under 320 KiB. A page is sent
- * whole (it is made before its first byte goes), so this is what one waits in a connection
- * for a caller who does not read: a piece, as every reply's, a little larger. */
-#define FS_LIST_PAGE_BYTES ((size_t)256 * 1024)
+ * path and a link target, every byte escaped), so a page stays under 1 MiB + 64 KiB; 10,000
+ * entries of short names fit one. */
+#define FS_LIST_PAGE_BYTES ((size_t)1 << 20)
+/* A page is made whole before its first byte goes, and waits for its caller as the connection
+ * drains. What pages wait for callers, all together, is bounded: a listing that would cross it
+ * is refused 503 AGENT_BUSY (ask again), so callers that do not read hold 16 MiB at most. */
+#define FS_LIST_IN_FLIGHT ((size_t)16 << 20)
 /* Levels a list descends (`depth`): each holds one directory open while the page is made. */
 #define FS_LIST_DEPTH_MAX 32
 /* Names a recursive removal's walk holds at once (walk.h): a directory of about a million. */
