@@ -292,7 +292,8 @@ describe("a listing's page", function()
 
   it("is read into entries with integers, a time in seconds, escapes undone and the cursor", function()
     local entries = assert(core.list_page(page({ FILE,
-      '{"path":"/d/l\\u00e9","name":"l\\u00e9","type":"symlink","size":0,"mode":511,"mtime":17e8,"target":"\\/etc","x":[1]}' },
+      '{"path":"/d/l\\u00e9","name":"l\\u00e9","type":"symlink","size":0,"mode":511,"mtime":17e8,'
+        .. '"target":"\\/etc","x":[1]}' },
       '"l\\u00e9"')))
     assert.same({ name = "a", path = "/d/a", type = "file", size = 3, mode = 420, mtime = 1700000000.25 }, entries[1])
     assert.same({ name = "l\u{e9}", path = "/d/l\u{e9}", type = "symlink", size = 0, mode = 511, mtime = 1.7e9,
