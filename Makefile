@@ -3,8 +3,9 @@
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
 #   make                     builds build/<lua>/sandkit/core.so (for Lua 5.4 and for LuaJIT),
 #                            build/sandkit-agent and build/sandkit-init
-#   make agent               builds build/sandkit-agent alone: a C compiler, libevent's and
-#                            libcrypto's headers, no Lua or libcurl (deploy/agent/Containerfile)
+#   make agent               builds build/sandkit-agent alone: a C compiler, libevent's,
+#                            libcrypto's and libarchive's headers, no Lua or libcurl
+#                            (deploy/agent/Containerfile)
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
 #                            under Lua 5.4 and, where the interpreter matters, under LuaJIT
 #                            (test and test-luajit)

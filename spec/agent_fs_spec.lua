@@ -475,7 +475,7 @@ time.sleep(120)
       repeat
         local f = next_frame()
         frames[#frames + 1] = f
-      until f == nil or f.t ~= "event"
+      until f == nil or (f.t ~= "event" and f.t ~= "keepalive")
       return frames
     end
 
@@ -553,6 +553,20 @@ time.sleep(120)
       repeat f = assert(next_frame()) until f.path == "/w6/last"
       c:close()
       sh("rm -rf " .. shell_quote(A.root .. "/w6"))
+    end)
+
+    it("sends keep-alives on a quiet watch that asks for them, and refuses an interval out of bounds", function()
+      sh("mkdir -p " .. shell_quote(A.root .. "/wk"))
+      local next_frame, c = watch({ path = "/wk", timeoutMs = 1000, keepaliveMs = 200 })
+      local frames = until_end(next_frame)
+      c:close()
+      local keepalives = 0
+      for _, f in ipairs(frames) do if f.t == "keepalive" then keepalives = keepalives + 1 end end
+      assert.is_true(keepalives >= 2, cjson.encode(frames))
+      assert.are.same({ t = "end", reason = "timeout" }, frames[#frames])
+      for _, ms in ipairs({ 99, 3600001 }) do
+        assert.are.equal(400, select(2, watch({ path = "/wk", timeoutMs = 1000, keepaliveMs = ms })))
+      end
     end)
 
     it("refuses a missing path, no timeout, and a watch past the agent's sixteen", function()

@@ -272,11 +272,15 @@ end
 function fs.watch(conn, path, recursive, timeout, timeout_ms)
   check_path(path)
   local started = core.now()
-  local resp, err = send(conn, WATCH, "POST", "/v1/fs/watch",
-    encode{ path = path, recursive = recursive == true, timeoutMs = timeout_ms })
+  local body = { path = path, recursive = recursive == true, timeoutMs = timeout_ms }
+  -- A quiet watch is a silent connection, which proxies cut as they cut a quiet command's.
+  local keepalive = protocol.wants_keepalive(conn)
+  if keepalive then body.keepaliveMs = to_integer(math.floor(conn.keepalive * 1000)) end
+  local resp, err = send(conn, WATCH, "POST", "/v1/fs/watch", encode(body))
   if not resp then return nil, err end
   local decoder = core.decoder()
   decoder:expect("event", "end", "error")
+  if keepalive then decoder:admit("keepalive") end
   return setmetatable({
     transfer = resp.transfer,
     decoder = decoder,

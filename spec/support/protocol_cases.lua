@@ -1257,6 +1257,26 @@ case("are watched by a stream that fails on a frame a watch does not carry, or w
   end,
 })
 
+case("are watched with keep-alives asked of an agent that offers them, consumed and never yielded", {
+  health = '{ features = { "fs", "fsTar", "fsWatch", "keepalive" } }',
+  options = { keepalive = 0.25 },
+  route = [[function(req, conn)
+    local body = require("cjson").decode(req.body)
+    respond.frames(conn, { '{"t":"keepalive"}\n', '{"t":"event","event":"create","path":"/k'
+      .. string.format("%d", body.keepaliveMs) .. '"}\n{"t":"keepalive"}\n', '{"t":"end","reason":"timeout"}\n' }, 0.02)
+  end]],
+  act = function(session)
+    local seen = {}
+    local events = session:watch("/", { timeout = 5 })
+    for event in events do seen[#seen + 1] = event.type .. " " .. event.path end
+    return { seen = seen, reason = events.reason }
+  end,
+  check = function(r)
+    assert.same({ "create /k250" }, r.seen)
+    assert.equal("timeout", r.reason)
+  end,
+})
+
 case("of a directory go out as one chunked tar PUT with their bounds, and come back from a GET", {
   health = FS,
   route = [[function(req, conn)

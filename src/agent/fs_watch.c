@@ -15,6 +15,7 @@
 #include "common/walk.h"
 #include "handler.h"
 #include "http.h"
+#include "keepalive.h"
 #include "log.h"
 #include "paths.h"
 #include "util.h"
@@ -57,6 +58,7 @@ struct watched {
 
 struct watch {
 	struct http_request *req;
+	struct keepalive *keepalive; /* NULL when the caller asked for none */
 	int ifd;
 	/* The watched path, opened again by it for each directory that joins: no descriptor is
 	 * held, which would keep a removed file's inode, and its removal unsaid. */
@@ -84,6 +86,7 @@ static unsigned streams;
 
 static void watch_free(struct watch *w)
 {
+	keepalive_stop(w->keepalive);
 	if (w->readable)
 		event_free(w->readable);
 	if (w->deadline)
@@ -219,6 +222,7 @@ static void deliver(struct watch *w, struct evbuffer *b)
 {
 	if (w->npending == 0 && !w->overflowed && http_reply_queued(w->req) < HTTP_OUTPUT_HIGH) {
 		http_reply_chunk(w->req, b);
+		keepalive_sent(w->keepalive);
 		return;
 	}
 	if (w->overflowed || w->npending >= WATCH_QUEUE_EVENTS ||
@@ -249,6 +253,7 @@ static void flush(struct watch *w, int all)
 	if (w->npending > 0) {
 		http_reply_chunk(w->req, w->pending);
 		w->npending = 0;
+		keepalive_sent(w->keepalive);
 	}
 	if (w->overflowed) {
 		struct evbuffer *b = evbuffer_new();
@@ -269,6 +274,8 @@ static void on_drained(void *ctx)
 static void finish(struct watch *w, const char *t, const char *code, const char *message)
 {
 	flush(w, 1);
+	keepalive_stop(w->keepalive);
+	w->keepalive = NULL;
 	struct evbuffer *b = evbuffer_new();
 	int ok = b != NULL;
 	if (ok && code)
@@ -484,18 +491,25 @@ void fs_watch(struct http_request *req)
 	char *p = NULL;
 	size_t plen = 0;
 	int recursive = 0;
-	uint64_t timeout_ms = 0;
+	uint64_t timeout_ms = 0, keepalive_ms = 0;
 	const struct fs_member members[] = {
 		{ "path", FS_STRING, 1, &p, &plen, NULL, NULL },
 		{ "recursive", FS_BOOL, 0, NULL, NULL, &recursive, NULL },
 		{ "timeoutMs", FS_UINT, 1, NULL, NULL, NULL, &timeout_ms },
+		{ "keepaliveMs", FS_UINT, 0, NULL, NULL, NULL, &keepalive_ms },
 	};
 	char rel[PATHS_MAX];
 	struct watch *w = NULL;
-	if (fs_read_body(req, members, 3) < 0 || fs_normalize(req, p, plen, rel) < 0)
+	if (fs_read_body(req, members, 4) < 0 || fs_normalize(req, p, plen, rel) < 0)
 		goto fail;
 	if (timeout_ms == 0) {
 		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: timeoutMs must be above 0");
+		goto fail;
+	}
+	/* keepaliveMs, when given, is the exec stream's (docs/protocol.md §6 keepalive). */
+	if (keepalive_ms != 0 && (keepalive_ms < KEEPALIVE_MIN_MS || keepalive_ms > KEEPALIVE_MAX_MS)) {
+		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: keepaliveMs must be from %d to %d",
+			    KEEPALIVE_MIN_MS, KEEPALIVE_MAX_MS);
 		goto fail;
 	}
 	if (timeout_ms > WATCH_TIMEOUT_MAX_MS)
@@ -578,6 +592,11 @@ void fs_watch(struct http_request *req)
 		goto fail;
 	}
 	if (http_reply_start(req, 200, "application/x-ndjson", -1) < 0) {
+		http_reply_end(req);
+		goto fail;
+	}
+	if (keepalive_ms && (w->keepalive = keepalive_start(req, keepalive_ms)) == NULL) {
+		http_reply_cut(req);
 		http_reply_end(req);
 		goto fail;
 	}
