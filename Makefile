@@ -88,12 +88,12 @@ CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c
             src/signals.c src/lua_ed25519.c src/lua_tar.c src/lua_fslist.c \
             src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
             src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c \
-            src/common/walk.c src/common/tarstream.c
+            src/common/walk.c src/common/tree_remove.c src/common/tarstream.c
 CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
 AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c \
-             src/common/regular_file.c src/common/walk.c src/common/tarstream.c
+             src/common/regular_file.c src/common/walk.c src/common/tree_remove.c src/common/tarstream.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 # Process 1 of a confined session (src/init/init.c), beside the agent, which looks for it there.

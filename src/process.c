@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "common/regular_file.h"
+#include "common/tree_remove.h"
 #include "sandkit_core.h"
 
 extern char **environ;
@@ -427,152 +428,10 @@ static int core_listdir(lua_State *L)
 	return 1;
 }
 
-/*
- * Tree removal holds a constant number of descriptors and no stack at any depth: a tenant's
- * commands can build a tree deeper than any path can name, and a removal that recursed (or kept
- * one descriptor per level) would fail on it every time. Instead the tree is flattened as it is
- * removed: the top directory is drained entry by entry, and every directory found one level
- * below it is emptied by deleting its files and moving its subdirectories up into the top
- * directory under fresh names (rename within one filesystem never copies), then removed. Each
- * directory is opened once and moved at most once, so the work is linear in the tree's size.
- */
-
-/* Name prefix of the directories moved up into the top one; a counter makes each fresh. */
-#define MOVED_PREFIX ".sandkit-removing-"
-
-/*
- * Makes the directory name in dirfd (dirfd itself when name is "") this process's to clear: its
- * owner where it may take it (root may: a confined local session's tree belongs to the sandbox
- * user's host uid, and root without the capabilities that override modes could not clear it
- * otherwise; anyone else keeps a directory of another's), then open to its owner (0700).
- */
-static int take_dir(int dirfd, const char *name)
-{
-	int at = name[0] ? AT_SYMLINK_NOFOLLOW : AT_EMPTY_PATH;
-	if (fchownat(dirfd, name, geteuid(), getegid(), at) < 0 && errno != EPERM)
-		return -1;
-	return name[0] ? fchmodat(dirfd, name, 0700, 0) : fchmod(dirfd, 0700);
-}
-
-/* Opens a directory of the tree; one a command left unreadable is still ours to clear. */
-static int open_dir_at(int dirfd, const char *name)
-{
-	int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0 && errno == EACCES && take_dir(dirfd, name) == 0)
-		fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	return fd;
-}
-
-/* Unlinks name in dir; a directory left read-only by a command is made writable first. */
-static int unlink_in(int dirfd, const char *name, int flags)
-{
-	if (unlinkat(dirfd, name, flags) == 0 || errno == ENOENT)
-		return 0;
-	if (errno == EACCES && take_dir(dirfd, "") == 0 && unlinkat(dirfd, name, flags) == 0)
-		return 0;
-	return errno == ENOENT ? 0 : -1;
-}
-
-/* Moves the directory name in dirfd up into top under a name of the MOVED_PREFIX series. */
-static int move_up(int dirfd, const char *name, int top, unsigned long long *moved)
-{
-	char fresh[sizeof MOVED_PREFIX + 24];
-	for (;;) {
-		snprintf(fresh, sizeof fresh, MOVED_PREFIX "%llu", (*moved)++);
-		if (renameat2(dirfd, name, top, fresh, RENAME_NOREPLACE) == 0)
-			return 0;
-		if (errno == EEXIST)
-			continue;
-		/* Moving a directory rewrites its "..", which needs write permission on it. */
-		if (errno == EACCES && take_dir(dirfd, name) == 0 && take_dir(dirfd, "") == 0 &&
-		    renameat2(dirfd, name, top, fresh, RENAME_NOREPLACE) == 0)
-			return 0;
-		return errno == ENOENT ? 0 : -1;
-	}
-}
-
-/* Empties the directory name in top (files deleted, subdirectories moved into top), then
- * removes it. */
-static int clear_child(int top, const char *name, unsigned long long *moved)
-{
-	int fd = open_dir_at(top, name);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -1;
-	DIR *d = fdopendir(fd);
-	if (d == NULL) {
-		close(fd);
-		return -1;
-	}
-	int rc = 0;
-	struct dirent *e;
-	while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (unlink_in(fd, e->d_name, 0) == 0)
-			continue;
-		rc = errno == EISDIR ? move_up(fd, e->d_name, top, moved) : -1;
-	}
-	if (rc == 0 && errno != 0)
-		rc = -1;
-	int saved = errno;
-	closedir(d);
-	errno = saved;
-	if (rc == 0)
-		rc = unlink_in(top, name, AT_REMOVEDIR);
-	return rc;
-}
-
-/* Removes path and everything under it; -1 with errno set. */
-static int remove_tree(const char *path)
-{
-	if (unlinkat(AT_FDCWD, path, 0) == 0 || errno == ENOENT)
-		return 0;
-	if (errno != EISDIR)
-		return -1;
-	int top = open_dir_at(AT_FDCWD, path);
-	if (top < 0)
-		return errno == ENOENT ? 0 : -1;
-	int dupfd = fcntl(top, F_DUPFD_CLOEXEC, 0);
-	DIR *d = dupfd < 0 ? NULL : fdopendir(dupfd);
-	if (d == NULL) {
-		int saved = errno;
-		if (dupfd >= 0)
-			close(dupfd);
-		close(top);
-		errno = saved;
-		return -1;
-	}
-	unsigned long long moved = 0;
-	int rc = 0, seen;
-	/* Directories moved up during a pass may or may not be listed by it: passes repeat
-	 * until one finds the directory empty. */
-	do {
-		seen = 0;
-		rewinddir(d);
-		struct dirent *e;
-		while (rc == 0 && (errno = 0, e = readdir(d)) != NULL) {
-			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-				continue;
-			seen = 1;
-			if (unlink_in(top, e->d_name, 0) < 0)
-				rc = errno == EISDIR ? clear_child(top, e->d_name, &moved) : -1;
-		}
-		if (rc == 0 && errno != 0)
-			rc = -1;
-	} while (rc == 0 && seen);
-	int saved = errno;
-	closedir(d);
-	close(top);
-	errno = saved;
-	if (rc == 0 && unlinkat(AT_FDCWD, path, AT_REMOVEDIR) < 0 && errno != ENOENT)
-		rc = -1;
-	return rc;
-}
-
 static int core_remove_tree(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
-	if (remove_tree(path) < 0)
+	if (sk_tree_remove(AT_FDCWD, path, NULL, 0) < 0)
 		return push_errno_named(L, path, errno);
 	lua_pushboolean(L, 1);
 	return 1;

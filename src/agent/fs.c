@@ -2,6 +2,7 @@
 #include "fs.h"
 
 #include "common/json.h"
+#include "common/tree_remove.h"
 #include "common/walk.h"
 #include "fserror.h"
 #include "handler.h"
@@ -12,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -731,19 +733,18 @@ void fs_remove(struct http_request *req)
 				    "remove it with recursive", shown);
 			goto out;
 		}
-		char where[PATHS_MAX];
-		if (sk_walk_remove(dirfd, last, fs_open_beneath, FS_WALK_NAMES_MAX, where, sizeof where) == 0) {
+		char stopped[NAME_MAX + 1];
+		if (sk_tree_remove(dirfd, last, stopped, sizeof stopped) == 0) {
 			reply_empty(req, 204);
 			goto out;
 		}
 		int err = errno;
 		char at[REPLY_SHOWN_PATH_MAX];
-		util_printable(where, strlen(where), at, sizeof at);
+		util_printable(stopped, strlen(stopped), at, sizeof at);
 		const struct fs_error *e = fs_error(err, 1);
 		if (e->status == 500)
 			reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation 'remove a tree' failed at "
-				    "'%s': %s", at, err == E2BIG ? "a directory holds more names than a removal "
-				    "reads at once" : strerror(err));
+				    "'%s': %s", at, strerror(err));
 		else
 			reply_error(req, e->status, e->code, "Removing '%s' stopped at '%s': %s", shown, at, e->why);
 		goto out;

@@ -26,7 +26,7 @@ struct http_request;
 #define FS_LIST_IN_FLIGHT ((size_t)16 << 20)
 /* Levels a list descends (`depth`): each holds one directory open while the page is made. */
 #define FS_LIST_DEPTH_MAX 32
-/* Names a recursive removal's walk holds at once (walk.h): a directory of about a million. */
+/* Names a recursive watch's walk holds at once (walk.h): a directory of about a million. */
 #define FS_WALK_NAMES_MAX ((size_t)32 << 20)
 
 /* GET /v1/fs/list?path=P[&depth=N][&limit=N][&cursor=C] */

@@ -9,6 +9,7 @@
 
 #include "agent.h"
 #include "common/tarstream.h"
+#include "common/tree_remove.h"
 #include "fserror.h"
 #include "handler.h"
 #include "http.h"
@@ -138,10 +139,9 @@ static void recv_free(struct tar_recv *r, int failed)
 		close(r->targetfd);
 	int parentfd = -1;
 	const char *last;
-	char where[PATHS_MAX];
 	if (failed && r->created &&
 	    (paths_walk(r->rel, 0, 1, &parentfd, &last) != PATH_OK ||
-	     sk_walk_remove(parentfd, last, fs_open_beneath, FS_WALK_NAMES_MAX, where, sizeof where) < 0))
+	     sk_tree_remove(parentfd, last, NULL, 0) < 0))
 		log_info("an extraction into '%s' failed, and what it made could not all be removed: %s",
 			 r->shown, strerror(errno));
 	if (parentfd >= 0)

@@ -10,8 +10,8 @@
  * it somewhere else. What the names of all the levels on the way down may take together is the
  * caller's bound (names_max).
  *
- * Plain C, no Lua: shared by sandkit-agent (removal, archives, watches) and the C core (a local
- * directory archived for an upload).
+ * Plain C, no Lua: shared by sandkit-agent (archives, watches) and the C core (a local
+ * directory archived for an upload). Removing a tree is tree_remove.h's, which reaches any depth.
  */
 #ifndef SANDKIT_WALK_H
 #define SANDKIT_WALK_H
@@ -60,13 +60,5 @@ int sk_walk_next(sk_walk *w, struct sk_walk_entry *e);
 void sk_walk_prune(sk_walk *w);
 
 void sk_walk_free(sk_walk *w);
-
-/*
- * Removes name (in dirfd) and everything beneath it, entries before their directory, never
- * following a link (unlinkat removes the link itself). 0; or -1 with errno, and in where the
- * path it stopped at, relative to dirfd. What vanished meanwhile counts as removed.
- */
-int sk_walk_remove(int dirfd, const char *name, sk_open_fn open_beneath, size_t names_max,
-		   char *where, size_t wsize);
 
 #endif
