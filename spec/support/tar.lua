@@ -16,10 +16,10 @@ local function field(s, width)
 end
 
 --- One 512-byte ustar header. h: name, type ("0" file, "1" hard link, "2" symlink, "3"/"4"
--- devices, "5" directory, "6" FIFO, "x" pax records), size, mode, mtime, linkname, devmajor,
--- devminor.
+-- devices, "5" directory, "6" FIFO, "x" pax records), size, mode, uid, gid, mtime, linkname,
+-- devmajor, devminor.
 function tar.header(h)
-  local head = field(h.name, 100) .. octal(h.mode or 420, 8) .. octal(0, 8) .. octal(0, 8)
+  local head = field(h.name, 100) .. octal(h.mode or 420, 8) .. octal(h.uid or 0, 8) .. octal(h.gid or 0, 8)
     .. octal(h.size or 0, 12) .. octal(h.mtime or 0, 12)
   local tail = (h.type or "0") .. field(h.linkname, 100) .. "ustar\0" .. "00" .. field("", 32)
     .. field("", 32) .. octal(h.devmajor or 0, 8) .. octal(h.devminor or 0, 8) .. field("", 155)
