@@ -121,10 +121,13 @@ describe("a confined local session's files", function()
     assert.is_nil(io.open(out .. "/through/secret"), "nothing came through the link")
 
     assert.equal("PATH_REFUSED", refusal(s:rename(HOME .. "/hostlink/secret", HOME .. "/stolen")))
+    assert.equal("PATH_REFUSED", refusal(s:rename(HOME .. "/rootlink/etc/passwd", HOME .. "/stolen")))
     assert.equal("PATH_REFUSED", refusal(s:rename(trap .. "/d", HOME .. "/hostlink/d")))
-    local ok, err = pcall(function() for _ in s:watch(HOME .. "/hostlink", { timeout = 1 }) do end end)
-    assert.is_false(ok)
-    assert.equal("PATH_REFUSED", err.reason)
+    for _, through in ipairs{ HOME .. "/hostlink", HOME .. "/rootlink", HOME .. "/rootlink/etc" } do
+      local ok, err = pcall(function() for _ in s:watch(through, { timeout = 1 }) do end end)
+      assert.is_false(ok, through)
+      assert.equal("PATH_REFUSED", err.reason, through)
+    end
 
     assert(s:remove(HOME .. "/hostlink", { recursive = true }))
     assert(s:remove(HOME .. "/rootlink", { recursive = true }))
