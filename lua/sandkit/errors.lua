@@ -4,6 +4,8 @@
 -- `code` is what callers branch on; `retryable` says whether sending the same operation
 -- again is safe; `failure` is a diagnostic label for SANDBOX_COMMAND_FAILED.
 
+local time = require "sandkit.time"
+
 local errors = {}
 
 local error_mt = {}
@@ -144,6 +146,18 @@ function errors.transport_failure(operation, failure, once, said)
   local reason = errors.transport_reason(failure, said)
   if said.context then reason = said.context .. ": " .. reason end
   return errors.unanswered(operation, reason, { sent = failure.sent, status = failure.status }, once)
+end
+
+--- An unanswered request's error once the session it went to reached the end of its lifetime
+-- (`ends`, Unix seconds): err.reason = "SESSION_EXPIRED" and err.expires_at say so, and the
+-- message names the lifetime. Its code, `sent` and `retryable` stand as the one rule above made
+-- them: a command cut by the end may have had effects, so its outcome stays unknown.
+function errors.session_ended(err, id, ends)
+  err.reason = "SESSION_EXPIRED"
+  err.expires_at = ends
+  err.message = err.message .. "; session " .. id .. " reached the end of its lifetime at "
+    .. time.rfc3339(ends) .. " (set_lifetime, or sandkit lifetime, gives it longer)"
+  return err
 end
 
 --- Seconds a Retry-After header asks for, or nil. Only the delta-seconds form is read: none of

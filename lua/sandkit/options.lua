@@ -166,6 +166,105 @@ for kind, rule in pairs(KINDS) do
   end
 end
 
+-- Lifetimes and labels ---------------------------------------------------------------------------
+
+--- 9999-12-31T23:59:59Z: the last second RFC 3339 can write with a four-digit year (a claim's
+-- shutdownTime) and the last end sandkit-agent's --lifetime-file takes. No session outlives it.
+options.LAST_TIME = 253402300799
+
+--- The Unix time a session asked to live `seconds` more from now ends at (whole seconds: the
+-- clocks that keep it count in seconds, so a fraction is a second more), or nil and
+-- INVALID_INPUT naming `name`: NaN, infinity, less than a second, or past options.LAST_TIME.
+function options.lifetime_end(operation, seconds, name)
+  local s, bad = options.lifetime(operation, { [name] = seconds }, name)
+  if bad then return nil, bad end
+  if s == nil then
+    return nil, errors.invalid_input(operation, name, name .. " is " .. KINDS.lifetime.says)
+  end
+  local ends = os.time() + math.ceil(s)
+  if ends > options.LAST_TIME then
+    return nil, errors.invalid_input(operation, name, name .. " ends after 9999-12-31T23:59:59Z, "
+      .. "the last time a session's lifetime can name")
+  end
+  return ends
+end
+
+--- Labels a session carries at most: enough to tag a session by team, run and purpose many
+-- times over, few enough that a record, a claim's metadata and a label selector stay small.
+options.MAX_LABELS = 32
+
+--- A label name, as Kubernetes has them (its rules are the strictest of the providers', so a
+-- label valid here is valid everywhere): 1 to 63 of [A-Za-z0-9._-], starting and ending
+-- alphanumeric. A value is the same, or empty.
+local MAX_LABEL_NAME = 63
+local function label_name(s)
+  return #s >= 1 and #s <= MAX_LABEL_NAME
+    and (s:match("^%w$") ~= nil or s:match("^%w[%w%._%-]*%w$") ~= nil)
+end
+
+--- A key's optional prefix is a DNS subdomain: at most 253 characters, dot-separated parts of
+-- [a-z0-9-] that start and end alphanumeric.
+local MAX_LABEL_PREFIX = 253
+local function dns_subdomain(s)
+  if #s < 1 or #s > MAX_LABEL_PREFIX then return false end
+  for part in (s .. "."):gmatch("([^.]*)%.") do
+    if not (part:match("^[a-z0-9]$") or part:match("^[a-z0-9][a-z0-9%-]*[a-z0-9]$")) then return false end
+  end
+  return true
+end
+
+--- Whether `key` is a label key: [PREFIX/]NAME, PREFIX a DNS subdomain, NAME a label name.
+local function label_key(key)
+  local prefix, name = key:match("^([^/]*)/([^/]*)$")
+  if prefix then return dns_subdomain(prefix) and label_name(name) end
+  return label_name(key)
+end
+
+--- What a refusal quotes of a key or value: enough to find it, bounded whatever was given.
+local function quoted(s)
+  return string.format("%q", #s > 64 and (s:sub(1, 64) .. "...") or s)
+end
+
+--- The one check of labels, for every provider and call: given[name] as a fresh table of
+-- key -> value, nil when absent, or nil and INVALID_INPUT naming the first bad key (in sorted
+-- order, so the same mistake always gets the same message).
+function options.labels(operation, given, name)
+  local labels = given and given[name]
+  if labels == nil then return nil end
+  local function bad(why) return nil, errors.invalid_input(operation, name, why) end
+  if type(labels) ~= "table" then return bad(name .. " maps label keys to values, not a " .. type(labels)) end
+  local keys = {}
+  for k in pairs(labels) do
+    if type(k) ~= "string" then return bad("a label key is a string, not a " .. type(k)) end
+    keys[#keys + 1] = k
+    if #keys > options.MAX_LABELS then return bad("at most " .. options.MAX_LABELS .. " labels") end
+  end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local v = labels[k]
+    if not label_key(k) then
+      return bad("label key " .. quoted(k) .. " is not [PREFIX/]NAME: NAME 1 to 63 of "
+        .. "[A-Za-z0-9._-] starting and ending alphanumeric, PREFIX a DNS subdomain of at most 253")
+    end
+    if type(v) ~= "string" then return bad("label " .. quoted(k) .. " has a " .. type(v) .. " value, not a string") end
+    if v ~= "" and not label_name(v) then
+      return bad("label " .. quoted(k) .. " has the value " .. quoted(v) .. ": a value is empty, or 1 to 63 "
+        .. "of [A-Za-z0-9._-] starting and ending alphanumeric")
+    end
+    out[k] = v
+  end
+  return out
+end
+
+--- Whether a session's `labels` hold every key of `wanted` with its value.
+function options.labels_match(labels, wanted)
+  for k, v in pairs(wanted or {}) do
+    if (labels or {})[k] ~= v then return false end
+  end
+  return true
+end
+
 -- Ids --------------------------------------------------------------------------------------------
 
 --- The ids sandkit checks, each as { max = characters, pattern = what it matches, valid = a

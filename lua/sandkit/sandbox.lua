@@ -10,7 +10,9 @@
 --                                                        watch= }
 --   provider:create(opts)                           -> record | nil, err
 --   provider:get(id)                                -> record | nil (absent) | nil, err
---   provider:list()                                 -> { record… } | nil, err
+--   provider:list(labels)                           -> { record… } | nil, err (labels, when
+--                                                        given, may narrow what it reads; this
+--                                                        file keeps only the records matching)
 --   provider:terminate(id)                          -> true | nil, err
 --   provider:connection(record)                     -> conn (see protocol.lua) | nil, err
 -- and optionally check_create(opts, operation) -> nil | err (what create refuses, asked of
@@ -18,12 +20,15 @@
 -- session made ready to hand back: one still starting waited for); get_or_create(opts) ->
 -- record, created (opts.id is set), for a provider whose needs the two do not cover;
 -- session_capabilities(record); preview(record, port); pause(record); resume(record);
--- snapshot(record); and refusals = { [capability] = "why not, and what to do instead" }.
+-- snapshot(record); set_lifetime(record, ends) -> true | nil, err (capability set_lifetime:
+-- the session now ends at `ends`, Unix seconds); expires_at(record) -> the end the session now
+-- has, when another process may have changed it; and refusals = { [capability] = "why not,
+-- and what to do instead" }. Capability `labels` says create{ labels } is stored.
 -- The provider's module exports OPTIONS (sandbox options besides the common ones) and may export
 -- CREATE_OPTIONS (create options besides id and env) and ID (what its session ids are, an
 -- options.id rule); unknown keys and ids that are none are refused before it is asked.
 -- A record is { id =, state =, generation = } plus whatever the provider keeps (boot_id,
--- created_at).
+-- created_at, expires_at = Unix seconds or nil for no end, labels = { key = value }).
 -- A connection may carry `ops`, replacing protocol functions for sessions without an agent.
 
 local errors = require "sandkit.errors"
@@ -56,6 +61,8 @@ local NEEDS = {
   snapshot = { "snapshot", "sandbox.snapshot" },
   list = { "list", "sandbox.list" },
   get = { "reconnect", "sandbox.get" },
+  set_lifetime = { "set_lifetime", "sandbox.setLifetime" },
+  labels = { "labels", "sandbox.create" },
 }
 -- A session's files as a filesystem (sandkit.session_fs): `fs`, and `watch` for a watch.
 for what, need in pairs(session_fs.NEEDS) do NEEDS[what] = need end
@@ -71,7 +78,8 @@ local function refuse(caps, what, provider)
 end
 
 --- Options each call knows (options.check refuses the rest, naming the nearest).
-local CREATE_OPTIONS = options_check.set{ "id", "env" }
+local CREATE_OPTIONS = options_check.set{ "id", "env", "labels" }
+local LIST_OPTIONS = options_check.set{ "labels" }
 local COMMAND_OPTIONS = options_check.set{ "timeout", "cwd", "env" }
 -- keep_base64 is a relay's (sandkit.ngx): stdout/stderr frames carry the wire's base64, checked,
 -- instead of decoded `data`. It cannot be cut into lines, which needs the bytes.
@@ -94,12 +102,16 @@ function sandbox_mt:capabilities()
 end
 
 local function new_session(sb, record)
+  local labels = {}
+  for k, v in pairs(record.labels or {}) do labels[k] = v end
   return setmetatable({
     id = record.id,
     state = record.state,
     generation = record.generation or 1,
     boot_id = record.boot_id,
     created_at = record.created_at,
+    expires_at = record.expires_at,
+    labels = labels,
     sandbox = sb,
     record = record,
   }, session_mt)
@@ -115,12 +127,33 @@ end
 local CREATE = "sandbox.create"
 local GET_OR_CREATE = "sandbox.getOrCreate"
 
+--- create's options with their labels checked (options.labels, the one check) and copied, or
+-- nil and the refusal; labels on a provider that cannot keep them are refused, not dropped: a
+-- session listed by a label it never got would go unfound.
+local function checked_labels(sb, opts, operation)
+  local labels, bad = options_check.labels(operation, opts, "labels")
+  if bad then return nil, bad end
+  if labels and next(labels) then
+    local refusal = refuse(sb.provider:capabilities(), "labels", sb.provider)
+    if refusal then
+      refusal.operation = operation
+      return nil, refusal
+    end
+  end
+  local copy = {}
+  for k, v in pairs(opts) do copy[k] = v end
+  copy.labels = labels
+  return copy
+end
+
 function sandbox_mt:create(opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("sandkit: create takes an options table", 2) end
   local refusal = opts.id ~= nil and refuse_id(self, opts.id, CREATE)
     or options_check.check(CREATE, opts, CREATE_OPTIONS, self.create_options)
   if refusal then return nil, refusal end
+  opts, refusal = checked_labels(self, opts, CREATE)
+  if not opts then return nil, refusal end
   local record, err = self.provider:create(opts)
   if not record then return nil, err end
   return new_session(self, record)
@@ -146,6 +179,8 @@ function sandbox_mt:get_or_create(opts)
   local refusal = opts.id ~= nil and refuse_id(self, opts.id, GET_OR_CREATE)
     or options_check.check(GET_OR_CREATE, opts, CREATE_OPTIONS, self.create_options)
   if refusal then return nil, refusal end
+  opts, refusal = checked_labels(self, opts, GET_OR_CREATE)
+  if not opts then return nil, refusal end
   if opts.id == nil then
     local session, err = self:create(opts)
     if not session then return nil, err end
@@ -169,13 +204,23 @@ function sandbox_mt:get_or_create(opts)
   return session, true
 end
 
-function sandbox_mt:list()
+--- Every session, or with opts.labels only those carrying each of those labels.
+function sandbox_mt:list(opts)
+  if opts ~= nil and type(opts) ~= "table" then error("sandkit: list takes an options table", 2) end
   local refusal = refuse(self.provider:capabilities(), "list", self.provider)
+    or options_check.check("sandbox.list", opts, LIST_OPTIONS)
   if refusal then return nil, refusal end
-  local records, err = self.provider:list()
+  local wanted
+  wanted, refusal = options_check.labels("sandbox.list", opts, "labels")
+  if refusal then return nil, refusal end
+  local records, err = self.provider:list(wanted)
   if not records then return nil, err end
   local sessions = {}
-  for i, record in ipairs(records) do sessions[i] = new_session(self, record) end
+  for _, record in ipairs(records) do
+    if options_check.labels_match(record.labels, wanted) then
+      sessions[#sessions + 1] = new_session(self, record)
+    end
+  end
   return sessions
 end
 
@@ -200,6 +245,37 @@ end
 
 local function gate(session, what)
   return refuse(session:capabilities(), what, session.sandbox.provider)
+end
+
+--- Failures that may be the session's lifetime ending: a request the agent never answered.
+local UNANSWERED = { SANDBOX_OUTCOME_UNKNOWN = true, SANDBOX_UNREACHABLE = true }
+
+--- The one place a failure is read as the end of the session's lifetime: an unanswered request
+-- once the session's end has passed (the provider's word on it when it has one, since another
+-- process may have moved it) is errors.session_ended's. Anything else comes back as it was.
+local function explain_end(session, err)
+  if not errors.is_error(err) or not UNANSWERED[err.code] then return err end
+  local provider = session.sandbox.provider
+  local ends = provider.expires_at and provider:expires_at(session.record) or session.record.expires_at
+  if ends == nil or os.time() < ends then return err end
+  return errors.session_ended(err, session.id, ends)
+end
+
+--- `...` as a call returned it, with its error (nil, err) read by explain_end.
+local function ended(session, value, err, ...)
+  if value == nil and err ~= nil then return nil, explain_end(session, err) end
+  return value, err, ...
+end
+
+--- A command's stream whose failures are read by explain_end.
+local function ending_stream(session, stream)
+  local inner = stream.next
+  stream.next = function(st)
+    local frame, err = inner(st)
+    if frame == nil and err ~= nil then err = explain_end(session, err) end
+    return frame, err
+  end
+  return stream
 end
 
 --- The protocol connection to this session's agent, made on first use and kept.
@@ -249,8 +325,10 @@ local function open_stream(session, argv, opts)
   if not conn then return nil, err end
   local stream
   stream, err = ops(conn).exec(conn, argv, command_options(session, opts, conn))
-  if stream and opts and opts.lines then return lines.wrap(stream) end
-  return stream, err
+  if not stream then return nil, explain_end(session, err) end
+  stream = ending_stream(session, stream)
+  if opts and opts.lines then return lines.wrap(stream) end
+  return stream
 end
 
 --- Starts a command and returns its output stream: stream:next() -> frame | nil (ended with
@@ -373,7 +451,7 @@ function session_mt:start_job(argv, opts)
   if not conn then return nil, err end
   local id
   id, err = ops(conn).job_start(conn, argv, command_options(self, opts, conn))
-  if not id then return nil, err end
+  if not id then return nil, explain_end(self, err) end
   return setmetatable({ id = id, session = self }, job_mt)
 end
 
@@ -390,7 +468,7 @@ function session_mt:read_file(path)
   if refusal then return nil, refusal end
   local conn, err = connection(self)
   if not conn then return nil, err end
-  return ops(conn).read_file(conn, path)
+  return ended(self, ops(conn).read_file(conn, path))
 end
 
 function session_mt:write_files(files)
@@ -398,7 +476,7 @@ function session_mt:write_files(files)
   if refusal then return nil, refusal end
   local conn, err = connection(self)
   if not conn then return nil, err end
-  return ops(conn).write_files(conn, files)
+  return ended(self, ops(conn).write_files(conn, files))
 end
 
 --- Why a file over 32 MiB cannot move to or from this session.
@@ -514,7 +592,7 @@ function session_mt:mkdir(path)
   if refusal then return nil, refusal end
   local conn, err = connection(self)
   if not conn then return nil, err end
-  return ops(conn).mkdir(conn, path)
+  return ended(self, ops(conn).mkdir(conn, path))
 end
 
 session_fs.install(session_mt, { gate = gate, connection = connection })
@@ -557,6 +635,20 @@ function session_mt:snapshot()
   return provider_call(self, "snapshot")
 end
 
+--- Makes the session end `seconds` from now (longer or shorter than before), where the
+-- provider can (capabilities().set_lifetime; elsewhere OPERATION_NOT_SUPPORTED, sending
+-- nothing): true, with session.expires_at the new end (Unix seconds), or nil and an error.
+function session_mt:set_lifetime(seconds)
+  local refusal = gate(self, "set_lifetime")
+  if refusal then return nil, refusal end
+  local ends, bad = options_check.lifetime_end(NEEDS.set_lifetime[2], seconds, "seconds")
+  if not ends then return nil, bad end
+  local ok, err = provider_call(self, "set_lifetime", ends)
+  if not ok then return nil, err end
+  self.expires_at, self.record.expires_at = ends, ends
+  return true
+end
+
 function session_mt:terminate()
   local ok, err = self.sandbox.provider:terminate(self.id)
   if ok then self.state = "terminated" end
@@ -571,13 +663,13 @@ end
 function job_mt:poll(since)
   local conn, err = connection(self.session)
   if not conn then return nil, err end
-  return ops(conn).job_poll(conn, self.id, since)
+  return ended(self.session, ops(conn).job_poll(conn, self.id, since))
 end
 
 function job_mt:cancel()
   local conn, err = connection(self.session)
   if not conn then return nil, err end
-  return ops(conn).job_cancel(conn, self.id)
+  return ended(self.session, ops(conn).job_cancel(conn, self.id))
 end
 
 --- for frame in job:frames{ since = nil, interval = 0.2 } do … end

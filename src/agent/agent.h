@@ -51,6 +51,7 @@ struct agent_config {
 	int require_activation;
 	int ready_fd;               /* -1 when not asked */
 	const char *ready_file;     /* NULL when not asked */
+	const char *lifetime_file;  /* the session's end (lifetime.h); NULL: none */
 	int isolate_bwrap;          /* commands run confined in the session (confine.h) */
 	int network_outbound;       /* confined sessions reach out through a stack (network.h) */
 	const char *bwrap_path;     /* bubblewrap */

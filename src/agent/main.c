@@ -15,6 +15,7 @@
 #include "exec.h"
 #include "http.h"
 #include "jobs.h"
+#include "lifetime.h"
 #include "log.h"
 #include "network.h"
 #include "preview.h"
@@ -120,6 +121,10 @@ static void usage(FILE *out)
 		"                                                 sandkit-init beside the agent)\n"
 		"  --pasta PATH           SANDKIT_AGENT_PASTA     (default /usr/bin/pasta)\n"
 		"  --slirp4netns PATH     SANDKIT_AGENT_SLIRP4NETNS  (default /usr/bin/slirp4netns)\n"
+		"  --lifetime-file PATH   SANDKIT_AGENT_LIFETIME_FILE  the Unix time (seconds) the\n"
+		"                                                 session ends at, as on SIGTERM; read\n"
+		"                                                 at start and on every SIGHUP (empty:\n"
+		"                                                 no end)\n"
 		"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
 		"  --help                                         this text\n"
 		"\n"
@@ -166,6 +171,7 @@ struct raw_options {
 	const char *body_timeout, *stall_timeout;
 	const char *auth, *session_id, *public_keys;
 	const char *network, *host_uid, *bwrap, *init, *pasta, *slirp4netns;
+	const char *lifetime_file;
 };
 
 static int env_flag(const char *name, const char *v)
@@ -316,6 +322,7 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_NETWORK"), getenv("SANDKIT_AGENT_HOST_UID"),
 		getenv("SANDKIT_AGENT_BWRAP"), getenv("SANDKIT_AGENT_INIT"),
 		getenv("SANDKIT_AGENT_PASTA"), getenv("SANDKIT_AGENT_SLIRP4NETNS"),
+		getenv("SANDKIT_AGENT_LIFETIME_FILE"),
 	};
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
@@ -344,6 +351,7 @@ static void configure(int argc, char **argv)
 		{ "init", required_argument, NULL, 'I' },
 		{ "pasta", required_argument, NULL, 'P' },
 		{ "slirp4netns", required_argument, NULL, 'Z' },
+		{ "lifetime-file", required_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -373,6 +381,7 @@ static void configure(int argc, char **argv)
 		case 'I': o.init = optarg; break;
 		case 'P': o.pasta = optarg; break;
 		case 'Z': o.slirp4netns = optarg; break;
+		case 'T': o.lifetime_file = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -438,6 +447,7 @@ static void configure(int argc, char **argv)
 		fcntl(c->ready_fd, F_SETFD, FD_CLOEXEC);
 	}
 	c->ready_file = o.ready_file;
+	c->lifetime_file = o.lifetime_file && o.lifetime_file[0] ? o.lifetime_file : NULL;
 	configure_confinement(&o);
 }
 
@@ -557,6 +567,9 @@ int main(int argc, char **argv)
 	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
 	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
 		die("cannot watch SIGTERM and SIGINT");
+	char lifetime_why[512];
+	if (lifetime_start(agent.cfg.lifetime_file, lifetime_why, sizeof lifetime_why) < 0)
+		die("%s", lifetime_why);
 	if (contain_watch() < 0 || confine_watch() < 0)
 		die("cannot watch the process whose end ends the commands");
 	/* Logged before the ready line, so whoever reads that line finds this one. */
@@ -578,6 +591,7 @@ int main(int argc, char **argv)
 	server_stop();
 	jobs_free_all();
 	command_free_all();
+	lifetime_stop();
 	event_free(term);
 	event_free(intr);
 	event_base_free(agent.base);

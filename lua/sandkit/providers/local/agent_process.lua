@@ -38,27 +38,14 @@ function agent_process.find(options)
   return nil, "sandkit-agent was not found (set agent_path, $SANDKIT_AGENT, or put it on $PATH)"
 end
 
---- A lifetime is kept by coreutils' timeout(1) in front of the agent: at the end it sends the
--- agent SIGTERM, which the agent answers by killing its commands' process groups and leaving,
--- and SIGKILL if it has not left STOP_TIMEOUT seconds later. A SIGTERM from terminate reaches
--- the agent through it the same way.
-local TIMEOUT_PROGRAM = "timeout"
-
 --- The command line of the agent of the session folder `dir` (sandkit/providers/local/init.lua
--- has the layout): its files, token and log there; `fields` as start_agent's: ending at
--- expires_at (os.time seconds) if given, confined or not, with its network and host uid, and
--- bubblewrap at `bwrap`.
+-- has the layout): its files, token, log and lifetime file there (the agent's own clock ends the
+-- session at the time that file names, read again on SIGHUP: agent_process.set_end); confined
+-- or not as `fields` say, with its network and host uid, and bubblewrap at `bwrap`.
 function agent_process.argv(agent, dir, fields, options, bwrap)
   local argv = { agent, "--root", dir .. "/files", "--token-file", dir .. "/token",
-    "--listen", "127.0.0.1:0", "--ready-fd", "3", "--log", "info" }
-  local expires_at = fields.expires_at
-  if expires_at then
-    local left = expires_at - os.time()
-    if left < 1 then left = 1 end
-    table.insert(argv, 1, TIMEOUT_PROGRAM)
-    table.insert(argv, 2, "--kill-after=" .. STOP_TIMEOUT)
-    table.insert(argv, 3, tostring(math.floor(left)))
-  end
+    "--listen", "127.0.0.1:0", "--ready-fd", "3", "--log", "info",
+    "--lifetime-file", dir .. "/lifetime" }
   for _, word in ipairs{ "--isolate", fields.isolate } do argv[#argv + 1] = word end
   if fields.isolate == "bwrap" then
     for _, word in ipairs{ "--network", fields.network, "--bwrap", bwrap } do argv[#argv + 1] = word end
@@ -127,6 +114,24 @@ end
 function agent_process.is_agent_of(pid, dir)
   local cmdline = read_file("/proc/" .. pid .. "/cmdline")
   return cmdline ~= nil and cmdline:find(dir .. "/files", 1, true) ~= nil
+end
+
+--- Writes the end of the session in `dir` (Unix seconds, or nil for none) where its agent
+-- reads it: true, or nil and why. Written beside it and renamed, so the agent never reads half.
+function agent_process.write_end(dir, ends)
+  local tmp = dir .. "/lifetime.tmp"
+  os.remove(tmp)
+  local ok, err = core.write_private(tmp, ends and string.format("%d\n", ends) or "")
+  if not ok then return nil, err end
+  local renamed, rerr = os.rename(tmp, dir .. "/lifetime")
+  if not renamed then return nil, rerr end
+  return true
+end
+
+--- Tells the running agent `pid` of `dir` to read its end again (SIGHUP); nothing when it is
+-- not running: a revived agent reads the file at its start.
+function agent_process.reread_end(pid, dir)
+  if core.alive(pid) and agent_process.is_agent_of(pid, dir) then core.kill(pid, core.SIGHUP) end
 end
 
 --- Stops the agent `pid` of `dir` and its commands: SIGTERM, then SIGKILL after STOP_TIMEOUT.

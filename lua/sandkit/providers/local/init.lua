@@ -4,7 +4,8 @@
 --   sandkit.sandbox{ provider = "local", root = nil, isolate = "bwrap", network = "none",
 --                    bwrap = nil, agent_path = nil, output_cap = nil, ready_timeout = 10,
 --                    header_timeout = 60, grace = 60, command_timeout = nil }
---   sandbox:create{ id = nil, env = nil, lifetime = nil }
+--   sandbox:create{ id = nil, env = nil, lifetime = nil, labels = nil }
+--   session:set_lifetime(seconds)
 --
 -- root      the state folder; default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit
 -- isolate   "bwrap" (the default): each session is confined — its own namespaces built once by
@@ -15,12 +16,16 @@
 -- bwrap     where bubblewrap is (default /usr/bin/bwrap)
 -- env       variables every command of the session starts with, under the command's own
 -- lifetime  seconds after which the session's agent exits (its commands with it) and the
---           session reads as absent; the next get, list or prune removes its files
+--           session reads as absent; the next get, list or prune removes its files.
+--           set_lifetime moves the end, in the record and on the agent's own clock
+-- labels    kept in the record; list{ labels } reads every record and keeps those matching
 --
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
 --   record.json  { id, pid, port, boot_id, generation, isolate, network, host_uid, env,
---                  created_at, expires_at }
+--                  created_at, expires_at, labels }
 --   token        the agent's bearer token, mode 0600
+--   lifetime     the session's end as the agent reads it (--lifetime-file): Unix seconds, or
+--                empty for none
 --   files/       the sandbox root the agent serves: a confined session's /, else where its
 --                commands run
 --   agent.log    the agent's stderr
@@ -118,6 +123,7 @@ function provider_mt:capabilities()
     pause_resume = false, snapshot = false,
     isolation = self.isolate,
     bwrap = state.file_exists(self.bwrap),
+    set_lifetime = true, labels = true,
   }
 end
 
@@ -170,6 +176,7 @@ function provider_mt:start_agent(id, dir, fields)
   os.remove(token_path)
   local token = core.b64encode(core.random(32))
   local ok, err = core.write_private(token_path, token)
+  if ok then ok, err = agent_process.write_end(dir, fields.expires_at) end
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
   local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap)
   local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
@@ -188,7 +195,7 @@ function provider_mt:start_agent(id, dir, fields)
   end
   if not record then
     reader:close()
-    -- SIGTERM first: under timeout(1) a SIGKILL would end timeout alone and orphan the agent.
+    -- SIGTERM first: the agent kills its commands' process groups before it goes.
     agent_process.stop(pid, dir)
     return nil, failure
   end
@@ -215,7 +222,7 @@ function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
     generation = fields.generation, isolate = fields.isolate, network = fields.network,
     host_uid = fields.host_uid, env = fields.env, created_at = os.time(),
-    expires_at = fields.expires_at }
+    expires_at = fields.expires_at, labels = fields.labels }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
   local health, herr = readiness.wait(conn, { timeout = self.ready_timeout })
   if not health then return nil, herr end
@@ -234,8 +241,11 @@ function provider_mt:create(opts)
   local id = opts.id or new_id()
   -- A second at least: the wall clock the record keeps counts in seconds. An endless one is no
   -- lifetime: the record (JSON) cannot hold it, and no lifetime is what nil says.
-  local lifetime, bad = options_check.lifetime("sandbox.create", opts, "lifetime")
-  if bad then return nil, bad end
+  local expires_at, bad
+  if opts.lifetime ~= nil then
+    expires_at, bad = options_check.lifetime_end("sandbox.create", opts.lifetime, "lifetime")
+    if bad then return nil, bad end
+  end
   local bad_env = check_env(opts.env)
   if bad_env then return nil, bad_env end
   local made, err = state.mkdirs(self.sessions)
@@ -255,8 +265,8 @@ function provider_mt:create(opts)
   core.mkdir(dir .. "/files", 493)
   local confined = self.isolate == "bwrap"
   local record
-  record, err = self:start_agent(id, dir, { generation = 1, env = opts.env,
-    expires_at = lifetime and os.time() + math.ceil(lifetime), isolate = self.isolate,
+  record, err = self:start_agent(id, dir, { generation = 1, env = opts.env, labels = opts.labels,
+    expires_at = expires_at, isolate = self.isolate,
     network = confined and self.network or nil,
     host_uid = confined and agent_process.host_uid() or nil })
   if not record then
@@ -307,7 +317,7 @@ function provider_mt:get_or_create(opts)
   if record then
     local revived
     revived, err = self:start_agent(opts.id, self:dir(opts.id), { generation = record.generation + 1,
-      env = record.env, expires_at = record.expires_at, isolate = record.isolate,
+      env = record.env, expires_at = record.expires_at, labels = record.labels, isolate = record.isolate,
       network = record.isolate == "bwrap" and (record.network or "none") or nil,
       host_uid = record.host_uid })
     if not revived then return nil, err end
@@ -325,6 +335,7 @@ function provider_mt:get_or_create(opts)
   return record, true
 end
 
+--- Every session; the labels asked for are matched by sandbox.lua, from each record's.
 function provider_mt:list()
   local names, err, code = core.listdir(self.sessions)
   local records = {}
@@ -362,6 +373,32 @@ function provider_mt:terminate(id)
       .. tostring(err), { retryable = REMOVAL_MAY_SUCCEED[errno] == true })
   end
   return true
+end
+
+--- Moves the session's end to `ends` (Unix seconds): in its record, which get, list and the
+-- next agent read, and on its running agent's clock (the lifetime file, read again on SIGHUP).
+function provider_mt:set_lifetime(record, ends)
+  local op = "sandbox.setLifetime"
+  local dir = self:dir(record.id)
+  local current = state.load_record(dir)
+  if not current or (current.expires_at and os.time() >= current.expires_at) then
+    return nil, errors.unreachable(op, "session " .. record.id .. " no longer exists",
+      { retryable = false })
+  end
+  current.expires_at = ends
+  local ok, err = agent_process.write_end(dir, ends)
+  if ok then ok, err = state.write_record(dir, current) end
+  if not ok then return nil, errors.invalid_input(op, "root", tostring(err) .. ROOT_ADVICE) end
+  agent_process.reread_end(current.pid, dir)
+  return true
+end
+
+--- The session's end as its record now says (another process may have moved it), else as
+-- `record` had it.
+function provider_mt:expires_at(record)
+  local current = state.load_record(self:dir(record.id))
+  if current then return current.expires_at end
+  return record.expires_at
 end
 
 function provider_mt:connection(record)

@@ -83,6 +83,14 @@ function state.load_record(dir)
   -- A record this provider did not write whole is not a session it can serve.
   if not (record.pid and record.port and record.generation) then return nil end
   if record.env == json.null then record.env = nil end
+  -- Labels are what this provider wrote: strings to strings; anything else is none.
+  local labels = {}
+  if type(record.labels) == "table" then
+    for k, v in pairs(record.labels) do
+      if type(k) == "string" and type(v) == "string" then labels[k] = v end
+    end
+  end
+  record.labels = labels
   return record
 end
 
