@@ -247,10 +247,11 @@ describe("a kubernetes sandbox", function()
     end
   end)
 
-  it("offers files, jobs, reconnect, list, pause/resume, fs and watch, and refuses preview and snapshot", function()
+  it("offers files, jobs, reconnect, list, pause/resume, fs, watch, lifetimes and labels, and refuses preview and snapshot", function()
     local sb = assert(cluster:sandbox{})
     assert.same({ files = true, jobs = true, reconnect = true, list = true, fs = true, watch = true,
-      preview = false, pause_resume = true, snapshot = false }, sb:capabilities())
+      preview = false, pause_resume = true, snapshot = false, set_lifetime = true, labels = true },
+      sb:capabilities())
     local session = assert(sb:create{ id = "caps-1" })
     local before = #cluster:requests()
     for _, call in ipairs{ function() return session:preview(8080) end,
@@ -285,6 +286,62 @@ describe("a kubernetes sandbox", function()
     assert(session:terminate())
     local _, err = sb:create{ id = "bad-life", lifetime = 1.5 }
     assert.equal("lifetime", err.field)
+  end)
+
+  it("shows a claim's shutdownTime as expires_at and moves it with set_lifetime, a merge patch of the claim", function()
+    local sb = assert(cluster:sandbox{ lifetime = 600 })
+    assert.is_true(sb:capabilities().set_lifetime)
+    local session = assert(sb:create{ id = "moved-life" })
+    local time = require "sandkit.time"
+    assert.equal(time.parse_rfc3339(claim_of(cluster, "moved-life").spec.lifecycle.shutdownTime), session.expires_at)
+    assert(session:set_lifetime(7200))
+    assert.is_true(math.abs(session.expires_at - (os.time() + 7200)) <= 1)
+    local claim = claim_of(cluster, "moved-life")
+    assert.equal(session.expires_at, time.parse_rfc3339(claim.spec.lifecycle.shutdownTime))
+    assert.equal("Delete", claim.spec.lifecycle.shutdownPolicy, "the patch leaves the rest of the claim")
+    assert.same({ name = "py-pool" }, claim.spec.warmPoolRef)
+    local patches = cluster:api_requests("PATCH", CLAIMS .. "/moved%-life$")
+    assert.equal(1, #patches)
+    assert.matches("^application/merge%-patch%+json", patches[1].headers["content-type"])
+    local fresh = assert(cluster:sandbox{})
+    assert.equal(session.expires_at, assert(fresh:get("moved-life")).expires_at)
+    local ok, err = session:set_lifetime(0 / 0)
+    assert.is_nil(ok)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.equal(1, #cluster:api_requests("PATCH", CLAIMS .. "/moved%-life$"), "a refusal sends nothing")
+    assert(session:terminate())
+    ok, err = session:set_lifetime(60)
+    assert.is_nil(ok)
+    assert.is_true(err.not_ours, tostring(err))
+  end)
+
+  it("keeps a session's labels on its claim under label.sandkit.dev/ and lists by them with a selector", function()
+    local sb = assert(cluster:sandbox{})
+    local a = assert(sb:create{ id = "lab-a", labels = { team = "ml", run = "42" } })
+    assert(sb:create{ id = "lab-b", labels = { team = "ml", run = "43" } })
+    assert(sb:create{ id = "lab-c", labels = { team = "web" } })
+    assert.same({ team = "ml", run = "42" }, a.labels)
+    local claim = claim_of(cluster, "lab-a")
+    assert.equal("ml", claim.metadata.labels["label.sandkit.dev/team"])
+    assert.equal("sandkit", claim.metadata.labels["app.kubernetes.io/managed-by"])
+    assert.same({ team = "web" }, assert(sb:get("lab-c")).labels)
+    local function ids(labels)
+      local out = {}
+      for _, s in ipairs(assert(sb:list{ labels = labels })) do out[#out + 1] = s.id end
+      table.sort(out)
+      return out
+    end
+    assert.same({ "lab-a", "lab-b" }, ids{ team = "ml" })
+    assert.same({ "lab-b" }, ids{ team = "ml", run = "43" })
+    local lists = cluster:api_requests("GET", CLAIMS .. "$")
+    assert.matches("labelSelector=app.kubernetes.io%%2Fmanaged%-by%%3Dsandkit%%2Clabel.sandkit.dev%%2Frun%%3D43"
+      .. "%%2Clabel.sandkit.dev%%2Fteam%%3Dml", lists[#lists].query)
+    local made, err = sb:create{ id = "lab-d", labels = { ["example.com/team"] = "ml" } }
+    assert.is_nil(made)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.matches('"example.com/team"', err.message, 1, true)
+    assert.is_nil(claim_of(cluster, "lab-d"), "nothing was sent")
+    for _, id in ipairs{ "lab-a", "lab-b", "lab-c" } do assert(sb:terminate(id)) end
   end)
 
   it("reaches the agent through the API server's pods proxy, which drops Authorization", function()

@@ -3,7 +3,7 @@
 -- spec/support/kube_cluster.lua starts. It speaks what sandkit and python-kubernetes read: real
 -- Status bodies, chunked watches with resource versions (410 once compacted), label and field
 -- selectors, list pages with continue tokens (which expire, 410, once compacted), delete
--- preconditions, merge patches of Sandboxes with a resourceVersion precondition, API group
+-- preconditions, merge patches of Sandboxes and claims with a resourceVersion precondition, API group
 -- discovery, and the pods proxy and agent-sandbox's router (spec/support/kube_relay.lua).
 -- agent-sandbox's controllers are spec/support/kube_controller.lua, whose pods are real
 -- sandkit-agents.
@@ -485,24 +485,56 @@ function kube_api.scenario(config)
     end
   end
 
-  --- A merge patch of a Sandbox: its metadata.resourceVersion, when given, must be the
-  -- object's (409 otherwise, as the API server's optimistic concurrency answers), and
-  -- spec.operatingMode is Running or Suspended.
-  local function patch_sandbox(req, conn, ns, name)
-    local sandbox = store("sandboxes", ns)[name]
-    if not sandbox then return not_found(conn, "sandboxes", name) end
+  --- The patch a PATCH of `resource`'s object `obj` carries, or nil once its refusal was
+  -- answered: a JSON merge patch (415 for any other type, as the API server answers a CRD's
+  -- strategic merge patch), whose metadata.resourceVersion, when given, must be the object's
+  -- (409 otherwise, as the API server's optimistic concurrency answers).
+  local function merge_patch(req, conn, resource, obj)
     if not (req.headers["content-type"] or ""):find("application/merge-patch+json", 1, true) then
       return status(conn, 415, "UnsupportedMediaType", "the body of the request was in an unknown format")
     end
     local ok, patch = pcall(cjson.decode, req.body)
     if not ok or type(patch) ~= "table" then return status(conn, 400, "BadRequest", "the body is not JSON") end
     local rv = type(patch.metadata) == "table" and patch.metadata.resourceVersion
-    if (rv and rv ~= sandbox.metadata.resourceVersion) or count("patch") <= (faults.patch_conflict or 0) then
+    if (rv and rv ~= obj.metadata.resourceVersion) or count("patch") <= (faults.patch_conflict or 0) then
       return status(conn, 409, "Conflict", string.format('Operation cannot be fulfilled on '
-        .. 'sandboxes.agents.x-k8s.io "%s": the object has been modified; please apply your changes to '
-        .. "the latest version and try again", name), { name = name, group = KINDS.sandboxes.group,
-          kind = "sandboxes" })
+        .. '%s "%s": the object has been modified; please apply your changes to '
+        .. "the latest version and try again", qualified(resource), obj.metadata.name),
+        { name = obj.metadata.name, group = KINDS[resource].group, kind = resource })
     end
+    return patch
+  end
+
+  --- A merge patch of a claim: its spec.lifecycle.shutdownTime (what sandkit patches) must stay
+  -- a date-time, as the CRD's schema holds it.
+  local function patch_claim(req, conn, ns, name)
+    local claim = store("sandboxclaims", ns)[name]
+    if not claim then return not_found(conn, "sandboxclaims", name) end
+    local patch = merge_patch(req, conn, "sandboxclaims", claim)
+    if not patch then return end
+    local updated = copy(claim)
+    merge(updated, patch)
+    local lifecycle = type(updated.spec) == "table" and updated.spec.lifecycle
+    local shutdown = type(lifecycle) == "table" and lifecycle.shutdownTime
+    if shutdown ~= nil and not (type(shutdown) == "string"
+        and shutdown:match("^%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%dZ$")) then
+      return status(conn, 422, "Invalid", string.format('SandboxClaim.extensions.agents.x-k8s.io "%s" is '
+        .. 'invalid: spec.lifecycle.shutdownTime: Invalid value: "%s": must be a date-time', name,
+        tostring(shutdown)))
+    end
+    updated.metadata.uid, updated.metadata.name = claim.metadata.uid, claim.metadata.name
+    for k, v in pairs(updated) do claim[k] = v end
+    record_log{ patched = name, shutdown_time = shutdown }
+    put("sandboxclaims", claim, "MODIFIED")
+    send(conn, 200, cjson.encode(claim))
+  end
+
+  --- A merge patch of a Sandbox: spec.operatingMode is Running or Suspended.
+  local function patch_sandbox(req, conn, ns, name)
+    local sandbox = store("sandboxes", ns)[name]
+    if not sandbox then return not_found(conn, "sandboxes", name) end
+    local patch = merge_patch(req, conn, "sandboxes", sandbox)
+    if not patch then return end
     local before = cjson.encode(sandbox.spec)
     local updated = copy(sandbox)
     merge(updated, patch)
@@ -658,6 +690,7 @@ function kube_api.scenario(config)
       if resource ~= "sandboxclaims" then return status(conn, 405, "MethodNotAllowed", "not served") end
       return delete_claim(req, conn, ns, name)
     elseif verb == "patch" then
+      if resource == "sandboxclaims" then return patch_claim(req, conn, ns, name) end
       if resource ~= "sandboxes" then return status(conn, 405, "MethodNotAllowed", "not served") end
       return patch_sandbox(req, conn, ns, name)
     elseif verb == "get" then

@@ -5,6 +5,7 @@
 -- parts share.
 
 local errors = require "sandkit.errors"
+local session_labels = require "sandkit.labels"
 local time = require "sandkit.time"
 local api = require "sandkit.providers.kubernetes.api"
 
@@ -13,6 +14,27 @@ local methods = claims.methods
 
 claims.MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 claims.MANAGED_BY = "sandkit"
+--- The claim labels of a session's labels (sandkit.labels), with sandkit's own managed-by.
+function claims.claim_labels(labels)
+  return session_labels.stored(labels, { [claims.MANAGED_BY_LABEL] = claims.MANAGED_BY })
+end
+
+--- The label selector of the claims sandkit made carrying every one of `labels`. Keys and
+-- values were checked (options.labels): neither holds a selector's , = or !.
+function claims.selector(labels)
+  local terms = { claims.MANAGED_BY_LABEL .. "=" .. claims.MANAGED_BY }
+  local keys = {}
+  for k in pairs(labels or {}) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _, k in ipairs(keys) do terms[#terms + 1] = session_labels.PREFIX .. k .. "=" .. labels[k] end
+  return table.concat(terms, ",")
+end
+
+--- nil, or INVALID_INPUT naming the first key with a prefix of its own.
+function claims.label_refusal(labels, operation)
+  return session_labels.refuse_prefixed(labels, operation, "Kubernetes")
+end
+
 --- agent-sandbox names a Sandbox's pod here when it is not the Sandbox's own name.
 claims.POD_NAME_ANNOTATION = "agents.x-k8s.io/pod-name"
 
@@ -250,6 +272,16 @@ function methods:chain(claim, operation, lookup)
   return { name = pod_name, uid = meta(pod).uid, ip = ip, sandbox = sb_name }
 end
 
+--- What a claim says of its session, its chain aside: id, state, when it was made and ends
+-- (its shutdownTime), and its labels.
+function claims.session_record(claim)
+  local spec = type(claim.spec) == "table" and claim.spec or {}
+  local lifecycle = type(spec.lifecycle) == "table" and spec.lifecycle or {}
+  return { id = meta(claim).name, state = claim_state(claim), generation = 1,
+    claim_uid = meta(claim).uid, created_at = time.parse_rfc3339(meta(claim).creationTimestamp),
+    expires_at = time.parse_rfc3339(lifecycle.shutdownTime), labels = session_labels.of(meta(claim).labels) }
+end
+
 --- The session a claim of this sandbox stands for, once its chain is checked: the record |
 -- nil (the chain does not hold: not ours, read as absent) | nil, err. A claim Ready whose
 -- pod is not in view yet is still starting; only a running session carries its pod, so
@@ -260,8 +292,7 @@ function methods:record(claim, operation, lookup)
     if why.not_ours then return nil end
     return nil, why
   end
-  local record = { id = meta(claim).name, state = claim_state(claim), generation = 1,
-    claim_uid = meta(claim).uid, created_at = time.parse_rfc3339(meta(claim).creationTimestamp) }
+  local record = claims.session_record(claim)
   if record.state == "running" then
     if pod then record.pod = pod else record.state = "starting" end
   end

@@ -17,7 +17,10 @@ local methods = lifecycle.methods
 --- The annotation a create writes its nonce to, by which it knows its claim read back.
 lifecycle.NONCE_ANNOTATION = "sandkit.dev/nonce"
 --- 9999-12-31T23:59:59Z, the last time RFC 3339 (a claim's shutdownTime) can write.
-local LAST_SHUTDOWN_TIME = 253402300799
+local LAST_SHUTDOWN_TIME = options_check.LAST_TIME
+--- A few conflicts in a row are the controller writing an object as it is read; more say
+-- something else writes it all the time.
+local MAX_CONFLICTS = 5
 
 local meta, ready_condition, describe = claims.meta, claims.ready_condition, claims.describe
 
@@ -115,12 +118,14 @@ function methods:await(claim, operation, resuming)
       return "again", seen .. "; " .. why
     end)
   if not pod then return nil, ready_claim end
-  return self:await_agent(id, meta(ready_claim).uid, pod, operation, deadline)
+  return self:await_agent(ready_claim, pod, operation, deadline)
 end
 
 --- Waits for the pod's agent to answer health (protocol version 1, ready).
-function methods:await_agent(id, claim_uid, pod, operation, deadline)
-  local record = { id = id, state = "running", generation = 1, claim_uid = claim_uid, pod = pod }
+function methods:await_agent(claim, pod, operation, deadline)
+  local record = claims.session_record(claim)
+  local id = record.id
+  record.state, record.pod = "running", pod
   local conn = self:connection(record)
   local health, err = readiness.wait(conn, { timeout = math.max(0.001, deadline - wait.now()),
     interval = self.times.ready_interval, operation = operation })
@@ -153,11 +158,11 @@ end
 
 --- POSTs the claim. An answer lost, a 5xx or a 409 is settled by reading the claim back and
 -- comparing its nonce — never by sending the create again.
-function methods:post_claim(id, lifetime, operation)
+function methods:post_claim(id, lifetime, labels, operation)
   local nonce = hex(16)
   local body = {
     apiVersion = "extensions.agents.x-k8s.io/v1beta1", kind = "SandboxClaim",
-    metadata = { name = id, labels = { [claims.MANAGED_BY_LABEL] = claims.MANAGED_BY },
+    metadata = { name = id, labels = claims.claim_labels(labels),
       annotations = { [lifecycle.NONCE_ANNOTATION] = nonce } },
     spec = { warmPoolRef = { name = self.warm_pool },
       lifecycle = { shutdownTime = time.rfc3339(os.time() + lifetime),
@@ -194,6 +199,7 @@ local function refuse_env(opts, operation)
     return errors.invalid_input(operation, "env", "kubernetes sessions take no session env "
       .. "(a claim's env forces a cold start); give env per command")
   end
+  return claims.label_refusal(opts.labels, operation)
 end
 
 function methods:create(opts)
@@ -207,7 +213,7 @@ function methods:create(opts)
     return nil, bad or errors.invalid_input(op, "lifetime", "lifetime is a whole number of seconds, "
       .. "ending before the year 10000")
   end
-  local claim, err = self:post_claim(id, lifetime, op)
+  local claim, err = self:post_claim(id, lifetime, opts.labels, op)
   if not claim then return nil, err end
   local record
   record, err = self:await(claim, op)
@@ -232,19 +238,23 @@ function methods:serve(record, operation)
   return self:await(claim, operation)
 end
 
---- Session env is refused by get_or_create before it looks, as create refuses it.
+--- Session env and prefixed label keys are refused by get_or_create before it looks, as
+-- create refuses them.
 function methods:check_create(opts, operation)
   return refuse_env(opts, operation)
 end
 
 --- Every session of this sandbox: its claims, page by page, each with its chain checked as
 -- `get` checks it — a session whose chain does not hold is not listed. The Sandboxes and
--- pods are read with one list each (only when some claim names a Sandbox).
-function methods:list()
+-- pods are read with one list each (only when some claim names a Sandbox). With `labels`, the
+-- API server selects the claims carrying them.
+function methods:list(labels)
   local op = "sandbox.list"
+  local refusal = claims.label_refusal(labels, op)
+  if refusal then return nil, refusal end
   local listed, wanted = {}, {}
   local ok, err = self:each_listed(op, "sandboxclaims",
-    { { "labelSelector", claims.MANAGED_BY_LABEL .. "=" .. claims.MANAGED_BY } },
+    { { "labelSelector", claims.selector(labels) } },
     function(claim)
       if self:owns(claim) and claims.dns_label(meta(claim).name) then
         listed[#listed + 1] = claim
@@ -287,11 +297,32 @@ function methods:terminate(id)
   return true
 end
 
+--- Moves the session's end to `ends` (Unix seconds): its claim's spec.lifecycle.shutdownTime, by
+-- a merge patch carrying the resourceVersion just read, so that only the claim whose ownership
+-- was checked changes; a 409 (written since) reads it again. Setting an end twice is setting it
+-- once: a patch whose answer was lost may go again.
+function methods:set_lifetime(record, ends)
+  local op = "sandbox.setLifetime"
+  for _ = 1, MAX_CONFLICTS do
+    local claim, err = self:read_claim(record.id, op)
+    if err then return nil, err end
+    if not claim or not self:owns(claim) then return nil, errors.not_ours(op, record.id) end
+    local _, perr = self.api:call{ operation = op, verb = "patch", resource = "sandboxclaims",
+      namespace = self.namespace, name = record.id, method = "PATCH", path = self:claims_path(record.id),
+      content_type = "application/merge-patch+json",
+      body = { metadata = { resourceVersion = meta(claim).resourceVersion },
+        spec = { lifecycle = { shutdownTime = time.rfc3339(ends) } } } }
+    if not perr then return true end
+    if perr.status ~= 409 then
+      return nil, errors.wrap(op, "the lifetime of session '" .. record.id .. "' could not be set", perr)
+    end
+  end
+  return nil, errors.unreachable(op, "the claim of session '" .. record.id .. "' changed under each of "
+    .. MAX_CONFLICTS .. " patches of its lifetime")
+end
+
 -- Pause and resume ------------------------------------------------------------------------------
 
---- A few conflicts in a row are the controller writing the Sandbox as it is read; more say
--- something else writes it all the time.
-local MAX_CONFLICTS = 5
 
 --- The Sandbox of a session of this sandbox, read now, and its claim: sandbox, claim | nil, err.
 function methods:owned_sandbox(id, operation)
