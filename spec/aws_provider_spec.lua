@@ -80,10 +80,16 @@ describe("the aws provider", function()
     local caps = sandbox_for(cp):capabilities()
     assert.is_false(caps.preview, "no declared ports, no preview")
     assert.same({ files = true, jobs = true, reconnect = true, pause_resume = true,
-      preview = false, list = false, snapshot = false, fs = true, watch = true }, caps)
+      preview = false, list = false, snapshot = false, fs = true, watch = true, set_lifetime = false,
+      labels = false }, caps)
     assert.is_true(sandbox_for(cp, { preview_ports = { 8080 } }):capabilities().preview,
       "a declared port makes preview real")
     assert.same({}, cp:calls(), "capabilities ask AWS nothing")
+    local session, err = sandbox_for(cp):create{ labels = { team = "ml" } }
+    assert.is_nil(session)
+    assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+    assert.matches("RunMicrovm keeps no labels", err.message)
+    assert.same({}, cp:calls(), "labels it cannot keep are refused before anything is sent")
   end)
 
   -- RunMicrovm has nowhere to put a session-level env or a tenant key; a value that silently

@@ -498,6 +498,38 @@ describe("a fetched route", function()
 end)
 
 describe("a session record", function()
+  it("keeps a session's labels under label.sandkit.dev/ and reads back only those", function()
+    local stored
+    local dp = azure_dataplane.new()
+      :expect("create_sandbox", 1):on("create_sandbox", function(_, _, spec)
+        stored = spec.labels
+        return { id = "labelled", state = "Creating" }
+      end)
+      :on("get_sandbox", function(_, _, id)
+        local labels = { team = "someone else's" }
+        for k, v in pairs(stored) do labels[k] = v end
+        return record(id, { labels = labels })
+      end)
+      :expect("agent_port_url", 0)
+    local sb = agents.sandbox(dp)
+    assert.is_true(sb:capabilities().labels)
+    local session = assert(sb:create{ labels = { team = "ml", run = "" } })
+    assert.same({ ["label.sandkit.dev/team"] = "ml", ["label.sandkit.dev/run"] = "" }, stored)
+    assert.same({ team = "ml", run = "" }, session.labels)
+    assert.same({ team = "ml", run = "" }, assert(sb:get("labelled")).labels)
+    local made, err = sb:create{ labels = { ["example.com/team"] = "ml" } }
+    assert.is_nil(made)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.matches('"example.com/team"', err.message, 1, true)
+    assert.is_false(sb:capabilities().set_lifetime)
+    local ok
+    ok, err = session:set_lifetime(60)
+    assert.is_nil(ok)
+    assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+    assert.is_nil(session.expires_at)
+    dp:verify()
+  end)
+
   it("with an unknown transport label is refused, never read as native", function()
     local dp = azure_dataplane.new()
       :on("get_sandbox", function(_, _, id)

@@ -136,6 +136,10 @@ local REFUSALS = {
   list = "enumerating MicroVMs would need an account-wide lambda:ListMicrovms grant; reach a "
     .. "session whose id you hold with get, and Lambda terminates one nobody reaches",
   snapshot = "Lambda MicroVMs expose no snapshot API",
+  -- A MicroVM's maximumDurationInSeconds is fixed by RunMicrovm, and GetMicrovm reports no
+  -- end: expires_at is nil here.
+  set_lifetime = "a MicroVM's maximum duration is fixed when it starts (max_lifetime_seconds)",
+  labels = "RunMicrovm keeps no labels, and without a listing nothing could select by them",
 }
 
 function aws.new(options)
@@ -170,7 +174,8 @@ end
 -- otherwise, and callers branch on this flag rather than call and fail.
 function provider_mt:capabilities()
   return { files = true, jobs = true, reconnect = true, pause_resume = true, fs = true, watch = true,
-    preview = #self.preview_ports > 0, list = false, snapshot = false }
+    preview = #self.preview_ports > 0, list = false, snapshot = false, set_lifetime = false,
+    labels = false }
 end
 
 -- Errors -------------------------------------------------------------------------------------

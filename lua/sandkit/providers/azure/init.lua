@@ -23,6 +23,7 @@
 -- (commands and files of a session without an agent), dataplane.lua (the REST client).
 
 local errors = require "sandkit.errors"
+local session_labels = require "sandkit.labels"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
@@ -74,7 +75,8 @@ end
 -- what the data plane's single-file calls and shell commands give.
 local function capabilities(agent)
   return { files = true, jobs = agent, reconnect = true, preview = false, pause_resume = true,
-    snapshot = false, list = false, fs = agent, watch = agent, isolation = "none" }
+    snapshot = false, list = false, fs = agent, watch = agent, isolation = "none",
+    set_lifetime = false, labels = true }
 end
 
 --- Why a session without an agent lacks what it lacks (sandbox.lua's refusals).
@@ -83,6 +85,9 @@ local REFUSALS = {
     .. "list, stat, remove, rename or carry directories; create the sandbox with agent = true",
   watch = "an Azure session without an agent has no way to watch its files; create the sandbox "
     .. "with agent = true",
+  -- The data plane's sandboxes have an idle auto-suspend and no end: expires_at is nil here.
+  set_lifetime = "an Azure sandbox has no lifetime to set; it runs until terminated "
+    .. "(auto_suspend pauses an idle one)",
 }
 
 -- The provider -------------------------------------------------------------------------------
@@ -208,10 +213,13 @@ function provider_mt:create(opts)
       error("sandkit: create env must map strings to strings", 3)
     end
   end
+  local refusal = session_labels.refuse_prefixed(opts.labels, op, "Azure")
+  if refusal then return nil, refusal end
   local raw, err = self.dataplane:create_sandbox(self.group, {
     image = self.image, cpu = self.cpu, memory = self.memory,
     egress_policy = self.egress_policy,
-    labels = self.agent and { [sessions.TRANSPORT_LABEL] = sessions.TRANSPORT_VERSION } or {},
+    labels = session_labels.stored(opts.labels,
+      self.agent and { [sessions.TRANSPORT_LABEL] = sessions.TRANSPORT_VERSION } or {}),
     environment = opts.env, auto_suspend = self.options.auto_suspend,
   })
   if not raw then

@@ -4,6 +4,7 @@
 -- provider's other parts share.
 
 local errors = require "sandkit.errors"
+local session_labels = require "sandkit.labels"
 local wait = require "sandkit.wait"
 local egress = require "sandkit.providers.azure.egress"
 
@@ -69,7 +70,7 @@ function methods:judge(raw, operation)
   local refusal = self:egress_refusal(raw, operation)
   if refusal then return nil, refusal end
   return { id = raw.id, state = STATES[raw.state] or "starting", azure_state = raw.state,
-    generation = 1, transport = kind, labels = raw.labels }
+    generation = 1, transport = kind, labels = session_labels.of(raw.labels) }
 end
 
 --- Reads and judges a session that must exist.
