@@ -97,6 +97,8 @@ local OPTIONS = {
     help = "the command's deadline in seconds (default a day)" },
   cwd = { arg = "DIR", help = "the working directory, inside the session" },
   env = { arg = "K=V", list = true, convert = env_pair, help = "an environment variable for the command (repeatable)" },
+  label = { arg = "K=V", list = true, convert = env_pair,
+    help = "a label: create gives the session it, ls lists only sessions with it (repeatable)" },
   ["output-cap"] = { arg = "BYTES", convert = options_check.flag.whole_number,
     help = "keep at most BYTES of each stream (default: everything, where the agent allows)" },
   lines = { help = "write the output a whole line at a time" },
@@ -381,10 +383,32 @@ local function run(ctx)
   return status
 end
 
+--- The labels of the --label pairs, the last of a key winning (sandbox.lua checks them).
+local function label_map(pairs_list)
+  return pairs_list and env_map(pairs_list) or nil
+end
+
+--- A session's labels for --json: an object ({} when there are none).
+local function labels_json(labels)
+  local out = {}
+  for k, v in pairs(labels or {}) do out[k] = v end
+  return out
+end
+
+--- A session's labels as ls prints them: K=V,K=V in key order, or "-".
+local function labels_text(labels)
+  local keys = {}
+  for k in pairs(labels or {}) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for i, k in ipairs(keys) do keys[i] = k .. "=" .. labels[k] end
+  return #keys > 0 and table.concat(keys, ",") or "-"
+end
+
 local function create(ctx)
   -- --env here is the session's: every command of it starts with these, under its own.
   local env = ctx.opts.env and next(ctx.opts.env) and env_map(ctx.opts.env) or nil
-  local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = ctx.opts.lifetime, env = env }
+  local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = ctx.opts.lifetime, env = env,
+    labels = label_map(ctx.opts.label) }
   if interrupt.pending then
     if session then remove_throwaway(ctx.sandbox, session.id) end
     return interrupted_status()
@@ -392,7 +416,8 @@ local function create(ctx)
   if not session then return fail(EXIT_FAILED, one_line(err)) end
   if ctx.opts.json then
     print_json{ id = session.id, state = session.state, generation = session.generation,
-      created_at = iso_time(session.created_at) or json.null, boot_id = session.boot_id or json.null }
+      created_at = iso_time(session.created_at) or json.null, boot_id = session.boot_id or json.null,
+      expires_at = iso_time(session.expires_at) or json.null, labels = labels_json(session.labels) }
   else
     io.stdout:write(session.id, "\n")
   end
@@ -400,20 +425,22 @@ local function create(ctx)
 end
 
 local function ls(ctx)
-  local sessions, err = ctx.sandbox:list()
+  local sessions, err = ctx.sandbox:list{ labels = label_map(ctx.opts.label) }
   if not sessions then return fail(EXIT_FAILED, one_line(err)) end
   if ctx.opts.json then
     local list = json.array{}
     for i, s in ipairs(sessions) do
       list[i] = { id = s.id, state = s.state, generation = s.generation,
-        created_at = iso_time(s.created_at) or json.null }
+        created_at = iso_time(s.created_at) or json.null,
+        expires_at = iso_time(s.expires_at) or json.null, labels = labels_json(s.labels) }
     end
     print_json{ sessions = list }
     return 0
   end
-  local rows = { { "NAME", "STATE", "GENERATION", "CREATED" } }
+  local rows = { { "NAME", "STATE", "GENERATION", "CREATED", "EXPIRES", "LABELS" } }
   for _, s in ipairs(sessions) do
-    rows[#rows + 1] = { s.id, s.state, tostring(s.generation), iso_time(s.created_at) or "-" }
+    rows[#rows + 1] = { s.id, s.state, tostring(s.generation), iso_time(s.created_at) or "-",
+      iso_time(s.expires_at) or "-", labels_text(s.labels) }
   end
   local widths = {}
   for _, row in ipairs(rows) do
@@ -421,7 +448,27 @@ local function ls(ctx)
   end
   for _, row in ipairs(rows) do
     io.stdout:write(string.format("%-" .. widths[1] .. "s  %-" .. widths[2] .. "s  %" .. widths[3]
-      .. "s  %s\n", row[1], row[2], row[3], row[4]))
+      .. "s  %-" .. widths[4] .. "s  %-" .. widths[5] .. "s  %s\n", unpack(row, 1, 6)))
+  end
+  return 0
+end
+
+--- sandkit lifetime NAME S: the session ends S seconds from now, sooner or later than before.
+local function lifetime(ctx)
+  local name = ctx.args[1]
+  local seconds, why = options_check.flag.lifetime(ctx.args[2])
+  if not seconds then return fail(EXIT_USAGE, "lifetime: SECONDS is " .. why .. ", not " .. ctx.args[2]) end
+  local session, err = ctx.sandbox:get(name)
+  if not session then
+    return no_session(err and (name .. ": " .. one_line(err)) or ("no session named " .. name))
+  end
+  local ok
+  ok, err = session:set_lifetime(seconds)
+  if not ok then return fail(EXIT_FAILED, one_line(err)) end
+  if ctx.opts.json then
+    print_json{ id = session.id, expires_at = iso_time(session.expires_at) }
+  else
+    io.stdout:write(iso_time(session.expires_at), "\n")
   end
   return 0
 end
@@ -572,12 +619,17 @@ local COMMANDS = {
       .. "      [--output-cap BYTES] [--lines] [--lifetime S] -- ARGV...",
     summary = "run ARGV in a session (a throwaway one without --session), streaming its\n"
       .. "output as it comes; exits with its status" },
-  { name = "create", handler = create, args = { "[NAME]" }, options = { "lifetime", "env", "json" },
-    synopsis = "create [NAME] [--lifetime S] [--env K=V]... [--json]",
+  { name = "create", handler = create, args = { "[NAME]" }, options = { "lifetime", "env", "label", "json" },
+    synopsis = "create [NAME] [--lifetime S] [--env K=V]... [--label K=V]... [--json]",
     summary = "make a session and print its name; --env sets what every command of it\n"
-      .. "starts with" },
-  { name = "ls", handler = ls, options = { "json" }, synopsis = "ls [--json]",
-    summary = "list sessions: name, state, generation, creation time" },
+      .. "starts with, --label what ls --label finds it by" },
+  { name = "ls", handler = ls, options = { "label", "json" }, synopsis = "ls [--label K=V]... [--json]",
+    summary = "list sessions: name, state, generation, creation time, end of lifetime\n"
+      .. "(- for none) and labels; with --label only those carrying every one" },
+  { name = "lifetime", handler = lifetime, args = { "NAME", "SECONDS" }, options = { "json" },
+    synopsis = "lifetime NAME SECONDS [--json]",
+    summary = "make the session end SECONDS from now (sooner or later than before) and\n"
+      .. "print the new end; a command cut by the end fails naming the lifetime" },
   { name = "rm", handler = rm, args = { "NAME..." }, options = { "force" }, synopsis = "rm [-f] NAME...",
     summary = "terminate sessions and remove their files; one that does not exist is\n"
       .. "status 125, and with -f no error" },

@@ -1,7 +1,10 @@
 /*
  * lifetime.c — the session's end on the agent's own clock (lifetime.h). The end is wall-clock
  * time, as the file names it; the timer that waits for it is checked against the wall clock
- * when it fires, and armed again if the clock says the end is not there yet.
+ * when it fires, and armed again if the clock says the end is not there yet. The file is opened
+ * once, at start: a confined agent may no longer open it by its name afterwards (its user
+ * namespace no longer maps the file's owner), so it is read again through that descriptor, and
+ * whoever moves the end writes it in place (lifetime.h).
  */
 #include "lifetime.h"
 
@@ -21,6 +24,7 @@
 #define LIFETIME_FILE_MAX 32
 
 static const char *lifetime_path;
+static int lifetime_fd = -1;
 static long long lifetime_end = -1; /* -1: no end */
 static struct event *end_timer, *hup_watch;
 
@@ -28,29 +32,32 @@ static struct event *end_timer, *hup_watch;
 static int read_end(long long *end, char *why, size_t why_len)
 {
 	char buf[LIFETIME_FILE_MAX + 1];
-	int fd = open(lifetime_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0) {
-		snprintf(why, why_len, "cannot open --lifetime-file %s: %s", lifetime_path, strerror(errno));
-		return -1;
-	}
 	size_t got = 0;
 	for (;;) {
-		ssize_t n = read(fd, buf + got, sizeof buf - 1 - got);
+		ssize_t n = pread(lifetime_fd, buf + got, sizeof buf - 1 - got, (off_t)got);
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0 || (got += (size_t)n) == sizeof buf - 1)
+		if (n < 0) {
+			snprintf(why, why_len, "cannot read --lifetime-file %s: %s", lifetime_path,
+				 strerror(errno));
+			return -1;
+		}
+		if (n == 0 || (got += (size_t)n) == sizeof buf - 1)
 			break;
 	}
-	close(fd);
 	buf[got] = '\0';
 	if (got == sizeof buf - 1) {
 		snprintf(why, why_len, "--lifetime-file %s holds more than %d bytes", lifetime_path,
 			 LIFETIME_FILE_MAX - 1);
 		return -1;
 	}
-	/* One line of digits, its newline optional; nothing after it, a NUL included. */
-	size_t len = strcspn(buf, "\n");
-	int bad = !(len == got || (buf[len] == '\n' && len + 1 == got));
+	/* One line: digits, then spaces (a writer pads to a fixed width, so that it need never
+	 * truncate), its newline optional; nothing after it, a NUL included. */
+	size_t line = strcspn(buf, "\n");
+	int bad = !(line == got || (buf[line] == '\n' && line + 1 == got));
+	size_t len = line;
+	while (len > 0 && buf[len - 1] == ' ')
+		len--;
 	long long n = 0;
 	for (size_t i = 0; i < len && !bad; i++) {
 		int digit = buf[i] - '0';
@@ -127,6 +134,11 @@ int lifetime_start(const char *path, char *why, size_t why_len)
 		return 0;
 	}
 	lifetime_path = path;
+	lifetime_fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (lifetime_fd < 0) {
+		snprintf(why, why_len, "cannot open --lifetime-file %s: %s", path, strerror(errno));
+		return -1;
+	}
 	if (read_end(&lifetime_end, why, why_len) < 0)
 		return -1;
 	end_timer = evtimer_new(agent.base, on_end, NULL);
@@ -148,4 +160,7 @@ void lifetime_stop(void)
 	if (hup_watch)
 		event_free(hup_watch);
 	end_timer = hup_watch = NULL;
+	if (lifetime_fd >= 0)
+		close(lifetime_fd);
+	lifetime_fd = -1;
 }

@@ -2,7 +2,9 @@
  * lifetime.h — the session's end on the agent's own clock (--lifetime-file): a file holding the
  * Unix time, in seconds, at which the agent stops as on SIGTERM (its commands killed, then it
  * exits 0). It is read at start and again on every SIGHUP, so whoever wrote it can move the end
- * either way while commands run. An empty file is no end.
+ * either way while commands run. An empty file (or spaces) is no end. The agent keeps the file
+ * open and reads it again through that descriptor: a new end is written into the same file
+ * (padded with spaces to a fixed width, never truncated first), not a file renamed over it.
  */
 #ifndef SANDKIT_AGENT_LIFETIME_H
 #define SANDKIT_AGENT_LIFETIME_H

@@ -116,15 +116,23 @@ function agent_process.is_agent_of(pid, dir)
   return cmdline ~= nil and cmdline:find(dir .. "/files", 1, true) ~= nil
 end
 
+--- Bytes of the lifetime file: the end's twelve digits (options.LAST_TIME has twelve) padded
+-- with spaces, and a newline. A new end overwrites the old in place, one write of this fixed
+-- width, never truncating first: the agent holds the file open and reads it again through that
+-- descriptor (a confined agent could not open a new one), and never sees it shorter.
+local END_WIDTH = 20
+
 --- Writes the end of the session in `dir` (Unix seconds, or nil for none) where its agent
--- reads it: true, or nil and why. Written beside it and renamed, so the agent never reads half.
+-- reads it: true, or nil and why. The first write creates the file, private to this user.
 function agent_process.write_end(dir, ends)
-  local tmp = dir .. "/lifetime.tmp"
-  os.remove(tmp)
-  local ok, err = core.write_private(tmp, ends and string.format("%d\n", ends) or "")
+  local path = dir .. "/lifetime"
+  local text = string.format("%-" .. (END_WIDTH - 1) .. "s\n", ends and string.format("%d", ends) or "")
+  local f = io.open(path, "r+b")
+  if not f then return core.write_private(path, text) end
+  local ok, err = f:write(text)
+  if ok then ok, err = f:flush() end
+  f:close()
   if not ok then return nil, err end
-  local renamed, rerr = os.rename(tmp, dir .. "/lifetime")
-  if not renamed then return nil, rerr end
   return true
 end
 
