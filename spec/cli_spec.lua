@@ -418,6 +418,7 @@ describe("the sandkit command", function()
   end)
 
   it("gives sessions labels with create --label and lists by them with ls --label", function()
+    local _
     local out, err, status = sandkit_cmd("create ml-1 --label team=ml --label run=42 --json")
     assert.equal(0, status, err)
     assert.same({ team = "ml", run = "42" }, cjson.decode(out).labels)
@@ -444,8 +445,9 @@ describe("the sandkit command", function()
     assert.matches("label", err)
   end)
 
-  it("moves a session's end with sandkit lifetime, shows it in ls, and names the lifetime that cut a command", function()
+  it("moves a session's end with sandkit lifetime, lists it, and names the lifetime that cut a command", function()
     sandkit_cmd("create timed --lifetime 600")
+    local _
     local out, err, status = sandkit_cmd("lifetime timed 3600 --json")
     assert.equal(0, status, err)
     local doc = cjson.decode(out)

@@ -247,7 +247,8 @@ describe("a kubernetes sandbox", function()
     end
   end)
 
-  it("offers files, jobs, reconnect, list, pause/resume, fs, watch, lifetimes and labels, and refuses preview and snapshot", function()
+  it("offers files, jobs, reconnect, list, pause/resume, fs, watch, lifetimes and labels, "
+      .. "and refuses preview and snapshot", function()
     local sb = assert(cluster:sandbox{})
     assert.same({ files = true, jobs = true, reconnect = true, list = true, fs = true, watch = true,
       preview = false, pause_resume = true, snapshot = false, set_lifetime = true, labels = true },

@@ -46,8 +46,9 @@ exit status:
   2    the command line is wrong
   124  the command outlived --timeout (default a day)
   125  no such session (whichever command names it; rm -f takes it as removed), or
-       sandkit could not run the command (none could be made) or lost its outcome,
-       or could not remove the throwaway session of a run whose command succeeded
+       sandkit could not run the command (none could be made) or lost its outcome
+       (the message says when the session's lifetime ended it), or could not remove
+       the throwaway session of a run whose command succeeded
   127  the command could not be started: its program or --cwd is missing, or the agent
        refused it (a --cwd outside the session, a bad --env)
   129, 130, 141, 143
