@@ -162,7 +162,7 @@ test:
 #   packaging_spec.lua: builds and installs for Lua 5.4 and for the 5.1 ABI by name.
 ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agent_confine_spec.lua \
               spec/agent_containment_spec.lua spec/agent_errors_spec.lua spec/agent_extensions_spec.lua \
-              spec/agent_fs_spec.lua spec/agent_http_spec.lua spec/agent_spec.lua \
+              spec/agent_fs_spec.lua spec/agent_http_spec.lua spec/agent_lifetime_spec.lua spec/agent_spec.lua \
               spec/nginx_handle_spec.lua spec/nginx_kubernetes_spec.lua spec/nginx_protocol_spec.lua \
               spec/nginx_providers_spec.lua spec/nginx_text_stream_spec.lua spec/nginx_transport_spec.lua \
               spec/nginx_worker_spec.lua spec/openresty_example_spec.lua \
