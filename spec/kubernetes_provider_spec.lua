@@ -618,6 +618,31 @@ describe("a kubernetes sandbox under faults", function()
     assert.is_nil(claim_of(cluster, "rbac-1"))
   end)
 
+  it("says SESSION_EXPIRED of a request after agent-sandbox deleted a claim at its shutdownTime", function()
+    local sb = start{}
+    local session = assert(sb:create{ id = "ended-1" })
+    assert(session:set_lifetime(1))
+    -- The end itself is what is waited for: agent-sandbox acts at shutdownTime, not before.
+    local deadline = wait.now() + 10
+    while os.time() < session.expires_at do
+      assert(wait.now() < deadline, "the lifetime did not end")
+      wait.sleep(0.05)
+    end
+    -- What agent-sandbox does at shutdownTime with shutdownPolicy Delete.
+    assert(assert(cluster:sandbox{}):terminate("ended-1"))
+    while next(cluster:state().objects.pods[NS] or {}) do
+      assert(wait.now() < deadline, "the pod was not collected")
+      wait.sleep(0.02)
+    end
+    local result, err = session:exec({ "true" }, { timeout = 5 })
+    assert.is_nil(result)
+    assert.equal("SESSION_EXPIRED", err.reason, tostring(err))
+    assert.equal(session.expires_at, err.expires_at)
+    assert.matches("reached the end of its lifetime", err.message)
+    assert.equal("SANDBOX_UNREACHABLE", err.code, "the code the request's failure had stands")
+    assert.matches("does not belong to this sandbox", err.message)
+  end)
+
   it("never sends to a session deleted under it: the next request finds its claim gone", function()
     local sb = start{}
     local session = assert(sb:create{ id = "gone-1" })
