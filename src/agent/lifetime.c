@@ -19,8 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Bytes the file may hold: twelve digits and a newline, with room to spare; a longer file is
- * not one this agent wrote the end into. */
+/* Bytes the file may hold, one less than this: an end has at most twelve digits, and the local
+ * provider's line is twenty bytes with its padding; a longer file is no end anyone wrote. */
 #define LIFETIME_FILE_MAX 32
 
 static const char *lifetime_path;
