@@ -32,12 +32,15 @@ describe("the sandkit command with --provider kubernetes", function()
   end)
 
   it("creates, lists, moves files through and removes a named session", function()
-    local out, err, status = sandkit("create cli-1")
+    local out, err, status = sandkit("create cli-1 --label team=ml")
     assert.equal(0, status, err)
     assert.equal("cli-1\n", out)
     out = sandkit("ls")
-    assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED\n"
-      .. "cli%-1%s+running%s+1%s+%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%dZ\n$", out)
+    local stamp = "%d%d%d%d%-%d%d%-%d%dT%d%d:%d%d:%d%dZ"
+    assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED%s+EXPIRES%s+LABELS\n"
+      .. "cli%-1%s+running%s+1%s+" .. stamp .. "%s+" .. stamp .. "%s+team=ml\n$", out)
+    assert.equal(out, sandkit("ls --label team=ml"))
+    assert.matches("^NAME[^\n]*\n$", sandkit("ls --label team=web"))
     local local_file = cluster.dir .. "/up.txt"
     local f = assert(io.open(local_file, "w"))
     f:write("up")
@@ -45,7 +48,7 @@ describe("the sandkit command with --provider kubernetes", function()
     assert.equal(0, select(3, sandkit("put cli-1 " .. q(local_file) .. " /up.txt")))
     assert.equal("up", (sandkit("get cli-1 /up.txt -")))
     assert.equal(0, select(3, sandkit("rm cli-1")))
-    assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED\n$", (sandkit("ls")), "no session is left")
+    assert.matches("^NAME%s+STATE%s+GENERATION%s+CREATED%s+EXPIRES%s+LABELS\n$", (sandkit("ls")), "no session is left")
   end)
 
   local function claims()
