@@ -72,6 +72,19 @@ describe("a local session's lifetime", function()
     end)
     assert.is_false(ok)
     assert.equal("SESSION_EXPIRED", raised.reason, tostring(raised))
+    -- Files, jobs and the filesystem calls say it too, each keeping its own code.
+    for what, call in pairs{
+      read_file = function() return session:read_file("/x") end,
+      write_files = function() return session:write_files{ ["/x"] = "x" } end,
+      start_job = function() return session:start_job({ "true" }, { timeout = 5 }) end,
+      stat = function() return session:stat("/") end,
+      list = function() return session:list("/") end,
+    } do
+      local value, failure = call()
+      assert.is_nil(value, what)
+      assert.equal("SESSION_EXPIRED", failure.reason, what .. ": " .. tostring(failure))
+      assert.equal(what == "start_job" and "SANDBOX_OUTCOME_UNKNOWN" or "SANDBOX_UNREACHABLE", failure.code, what)
+    end
   end)
 
   it("reports a cut command on a session still alive without SESSION_EXPIRED", function()

@@ -543,7 +543,7 @@ function session_mt:write_file_from(path, source, opts)
     end
   end
   src.close()
-  if not sent then return nil, err end
+  if not sent then return nil, explain_end(self, err) end
   return sent
 end
 
@@ -578,7 +578,7 @@ function session_mt:read_file_to(path, sink, opts)
   end
   if not done then
     dst.abort()
-    return nil, err
+    return nil, explain_end(self, err)
   end
   local ok, cerr = dst.commit()
   if not ok then
@@ -595,7 +595,8 @@ function session_mt:mkdir(path)
   return ended(self, ops(conn).mkdir(conn, path))
 end
 
-session_fs.install(session_mt, { gate = gate, connection = connection })
+session_fs.install(session_mt, { gate = gate, connection = connection, ended = ended,
+  ending_stream = ending_stream })
 
 local function provider_call(session, what, ...)
   local refusal = gate(session, what)

@@ -53,8 +53,9 @@ local function check_flag(opts, name)
   end
 end
 
---- Installs the methods on the session metatable; `h` is sandbox.lua's: gate(session, what)
--- and connection(session).
+--- Installs the methods on the session metatable; `h` is sandbox.lua's: gate(session, what),
+-- connection(session), ended(session, …) (a call's results, its error read for the end of the
+-- session's lifetime) and ending_stream(session, stream) (the same for a stream's failures).
 function session_fs.install(session_mt, h)
   --- The options (a table), the connection; or nil and the refusal.
   local function start(session, what, opts)
@@ -87,7 +88,7 @@ function session_fs.install(session_mt, h)
     limit, err = bounded(OPS.list, o, "limit", DEFAULT_LIST_LIMIT, 1, options_check.MAX_WHOLE)
     if not limit then return nil, err end
     if o.cursor ~= nil and type(o.cursor) ~= "string" then error("sandkit: cursor is a string", 2) end
-    return protocol_fs.list(conn, path, depth, limit, o.cursor)
+    return h.ended(self, protocol_fs.list(conn, path, depth, limit, o.cursor))
   end
 
   --- The entry at path (as list gives them), nil (and no error) when nothing is there, or nil
@@ -95,7 +96,7 @@ function session_fs.install(session_mt, h)
   function session_mt:stat(path)
     local o, conn = start(self, "stat", nil)
     if not o then return nil, conn end
-    return protocol_fs.stat(conn, path)
+    return h.ended(self, protocol_fs.stat(conn, path))
   end
 
   --- Removes a file, a symbolic link (never what it names) or an empty directory; a directory
@@ -104,7 +105,7 @@ function session_fs.install(session_mt, h)
     local o, conn = start(self, "remove", opts)
     if not o then return nil, conn end
     check_flag(o, "recursive")
-    return protocol_fs.remove(conn, path, o.recursive)
+    return h.ended(self, protocol_fs.remove(conn, path, o.recursive))
   end
 
   --- Renames within the session, making the new name's directories; something at `to` is
@@ -113,7 +114,7 @@ function session_fs.install(session_mt, h)
     local o, conn = start(self, "rename", opts)
     if not o then return nil, conn end
     check_flag(o, "overwrite")
-    return protocol_fs.rename(conn, from, to, o.overwrite)
+    return h.ended(self, protocol_fs.rename(conn, from, to, o.overwrite))
   end
 
   local function transfer_options(operation, o)
@@ -154,7 +155,7 @@ function session_fs.install(session_mt, h)
     end
     local sent, err = protocol_fs.write_dir(conn, remote, read, o.progress, max_entries, max_bytes)
     close()
-    return sent, err
+    return h.ended(self, sent, err)
   end
 
   --- Copies the session's directory `remote` out as one tar stream. `sink` is a local
@@ -170,7 +171,7 @@ function session_fs.install(session_mt, h)
     if not max_entries then return nil, max_bytes end
     if type(sink) ~= "string" then
       local dst = localfile.sink(sink, OPS.read_dir)
-      return protocol_fs.read_dir(conn, remote, dst.write, o.progress)
+      return h.ended(self, protocol_fs.read_dir(conn, remote, dst.write, o.progress))
     end
     local created = false
     if not localfile.is_directory(sink) then
@@ -189,7 +190,7 @@ function session_fs.install(session_mt, h)
     local done, err = protocol_fs.read_dir(conn, remote, unpack, o.progress)
     unpack:close()
     if not done and created then core.remove_tree(sink) end
-    return done, err
+    return h.ended(self, done, err)
   end
 
   local watch_mt = {}
@@ -234,7 +235,11 @@ function session_fs.install(session_mt, h)
       ms, err = protocol.timeout_ms(timeout, OPS.watch)
     end
     if ms then iter.stream, err = protocol_fs.watch(conn, path, o.recursive, timeout, ms) end
-    if not iter.stream then iter.failed = err end
+    if iter.stream then
+      h.ending_stream(self, iter.stream)
+    else
+      iter.failed = select(2, h.ended(self, nil, err))
+    end
     return iter, nil, nil, iter
   end
 end
