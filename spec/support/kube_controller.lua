@@ -18,6 +18,8 @@
 --   Sandbox; Running makes a new pod named after the Sandbox, with a new UID and address.
 -- * No finalizers: a deleted claim's Sandbox goes at once, its pods after lingering
 --   Terminating for `terminating_seconds`.
+-- * A claim whose spec.lifecycle.shutdownTime has passed, with shutdownPolicy Delete, is
+--   deleted so, the time read again at each look (a patch moves it).
 --
 -- The pod of a Sandbox is a real sandkit-agent in capability mode, the pod's UID its session
 -- id, listening on 127.a.b.c:8971 (the pod IP), a and b from the fake's process id so that
@@ -32,6 +34,7 @@
 
 local cqueues = require "cqueues"
 local core = require "sandkit.core"
+local time = require "sandkit.time"
 local files = require "support.files"
 
 local kube_controller = {}
@@ -492,10 +495,34 @@ function ctl_mt:bind(ref)
   end
 end
 
+--- Seconds between looks at a claim's shutdownTime: the end is whole seconds.
+local SHUTDOWN_EVERY = 0.1
+
+--- Deletes the claim once its shutdownTime has passed (policy Delete), for as long as it is
+-- the same claim.
+function ctl_mt:watch_shutdown(ref)
+  spawn(self, function()
+    while true do
+      local claim = self.objects.get("sandboxclaims", ref.ns, ref.name)
+      if not claim or claim.metadata.uid ~= ref.uid then return end
+      local lifecycle = type(claim.spec) == "table" and claim.spec.lifecycle or {}
+      local ends = time.parse_rfc3339(lifecycle.shutdownTime)
+      if ends and lifecycle.shutdownPolicy == "Delete" and os.time() >= ends then
+        self.log{ shutdown = ref.name }
+        self.objects.remove("sandboxclaims", claim)
+        self:claim_deleted(ref.uid, ref.ns)
+        return
+      end
+      cqueues.sleep(SHUTDOWN_EVERY)
+    end
+  end)
+end
+
 function ctl_mt:claim_added(claim)
   local ref = { ns = claim.metadata.namespace, name = claim.metadata.name, uid = claim.metadata.uid,
     pool = claim.spec.warmPoolRef.name }
   spawn(self, function() self:bind(ref) end)
+  self:watch_shutdown(ref)
 end
 
 --- What Background propagation does once a claim is gone: its Sandboxes at once, their pods
