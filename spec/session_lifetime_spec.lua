@@ -96,6 +96,36 @@ describe("a local session's lifetime", function()
     assert.is_nil(err.reason)
   end)
 
+  it("refuses to move the end of an agent started without a lifetime file, leaving it running", function()
+    local session = assert(sandbox:create{ id = "older", lifetime = 600 })
+    local dir = root .. "/sessions/older"
+    -- An agent an older sandkit started: the session's files on its command line, no lifetime
+    -- file, and SIGHUP would end it.
+    core.kill(session.record.pid, core.SIGKILL)
+    core.reap(session.record.pid, true)
+    local older = assert(core.spawn({ "sh", "-c", "sleep 30", "sandkit-agent", dir .. "/files" }, {}))
+    finally(function()
+      core.kill(older, core.SIGKILL)
+      core.reap(older, true)
+    end)
+    local agent_process = require "sandkit.providers.local.agent_process"
+    local deadline = core.now() + 10
+    while not agent_process.is_agent_of(older, dir) do
+      assert(core.now() < deadline, "the stand-in did not start")
+      wait.sleep(0.01)
+    end
+    local record = require("support.files").read(dir .. "/record.json"):gsub('"pid":%d+', '"pid":' .. older)
+    local f = assert(io.open(dir .. "/record.json", "wb"))
+    f:write(record)
+    f:close()
+    local ok, err = session:set_lifetime(60)
+    assert.is_nil(ok)
+    assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+    assert.matches("without a lifetime file", err.message)
+    assert.is_true(core.alive(older), "no SIGHUP was sent")
+    assert.equal(session.expires_at, assert(sandbox.provider:expires_at(session.record)))
+  end)
+
   it("refuses a lifetime that is no number of seconds, or ends past 9999, sending nothing", function()
     local session = assert(sandbox:create{ id = "bounded", lifetime = 600 })
     local ends = session.expires_at

@@ -136,6 +136,15 @@ function agent_process.write_end(dir, ends)
   return true
 end
 
+--- Whether the agent `pid` of `dir` can be given a new end: it is not running (the next one
+-- reads the file at its start), or it was started with the lifetime file. One an older sandkit
+-- started has none, and SIGHUP would end it.
+function agent_process.takes_end(pid, dir)
+  if not (core.alive(pid) and agent_process.is_agent_of(pid, dir)) then return true end
+  local cmdline = read_file("/proc/" .. pid .. "/cmdline") or ""
+  return cmdline:find("\0--lifetime-file\0" .. dir .. "/lifetime\0", 1, true) ~= nil
+end
+
 --- Tells the running agent `pid` of `dir` to read its end again (SIGHUP); nothing when it is
 -- not running: a revived agent reads the file at its start.
 function agent_process.reread_end(pid, dir)

@@ -385,6 +385,11 @@ function provider_mt:set_lifetime(record, ends)
     return nil, errors.unreachable(op, "session " .. record.id .. " no longer exists",
       { retryable = false })
   end
+  if not agent_process.takes_end(current.pid, dir) then
+    return nil, errors.not_supported(op, "the agent of session " .. record.id .. " was started "
+      .. "without a lifetime file (by an older sandkit), so its end cannot move; a session "
+      .. "created now can")
+  end
   current.expires_at = ends
   local ok, err = agent_process.write_end(dir, ends)
   if ok then ok, err = state.write_record(dir, current) end
