@@ -40,7 +40,7 @@ end
 
 --- The command line of the agent of the session folder `dir` (sandkit/providers/local/init.lua
 -- has the layout): its files, token, log and lifetime file there (the agent's own clock ends the
--- session at the time that file names, read again on SIGHUP: agent_process.set_end); confined
+-- session at the time that file names, read again on SIGHUP: write_end, reread_end); confined
 -- or not as `fields` say, with its network and host uid, and bubblewrap at `bwrap`.
 function agent_process.argv(agent, dir, fields, options, bwrap)
   local argv = { agent, "--root", dir .. "/files", "--token-file", dir .. "/token",

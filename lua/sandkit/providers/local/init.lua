@@ -25,7 +25,7 @@
 --                  created_at, expires_at, labels }
 --   token        the agent's bearer token, mode 0600
 --   lifetime     the session's end as the agent reads it (--lifetime-file): Unix seconds, or
---                empty for none
+--                none, padded with spaces to a fixed width
 --   files/       the sandbox root the agent serves: a confined session's /, else where its
 --                commands run
 --   agent.log    the agent's stderr
