@@ -4,6 +4,8 @@
  *   local dec = core.decoder([max_line [, keep_base64]])
  *                              -- keep_base64: output frames carry `base64` (the wire's text,
  *                                 checked) instead of `data` (see sk_frames_keep_base64)
+ *   dec:binary()               -- the body is in the binary syntax (docs/protocol.md §6
+ *                                 binaryFrames), not NDJSON; before the first feed()
  *   dec:admit(kind)            -- the stream also takes frames of this kind: "keepalive" (asked
  *                                 of the agent, consumed here and never returned; without
  *                                 it a keep-alive fails the stream as an unknown kind does)
@@ -31,6 +33,7 @@
 #define DECODER_MT "sandkit.decoder"
 
 /*
+ * (Said of lines, as NDJSON has them; a binary frame still arriving is treated alike.)
  * A chunk's unterminated last line is left in the chunk (anchored until the next feed()) and
  * gathered into the decoder's line buffer only then, with the rest of the line; the frame it
  * makes is taken at once and the buffer released (sk_frames_release). So between frames, when
@@ -153,6 +156,16 @@ static int decoder_new(lua_State *L)
 	return 1;
 }
 
+static int decoder_binary(lua_State *L)
+{
+	struct decoder *u = check(L, 1);
+	/* A syntax changed mid-body would read what came under one as the other. */
+	luaL_argcheck(L, u->input_len == 0 && sk_frames_pending(u->d) == 0, 1,
+		      "the syntax is chosen before the first feed()");
+	sk_frames_binary(u->d);
+	return 0;
+}
+
 static int decoder_admit(lua_State *L)
 {
 	struct decoder *u = check(L, 1);
@@ -199,8 +212,7 @@ static int decoder_feed(lua_State *L)
 	skc_setuservalue(L, 1);
 	u->input = s;
 	u->input_len = len;
-	const char *nl = len > 0 ? memrchr(s, '\n', len) : NULL;
-	u->tail = nl ? nl + 1 : s;
+	u->tail = s + sk_frames_whole(u->d, s, len, 0, 0);
 	return 0;
 }
 
@@ -311,6 +323,7 @@ static int json_unique(lua_State *L)
 void skl_open_frames(lua_State *L)
 {
 	static const luaL_Reg methods[] = {
+		{ "binary", decoder_binary },
 		{ "admit", decoder_admit },
 		{ "expect", decoder_expect },
 		{ "feed", decoder_feed },

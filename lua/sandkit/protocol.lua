@@ -294,7 +294,25 @@ local function command_body(operation, argv, opts, conn)
   if operation == RUN and protocol.wants_keepalive(conn) then
     body.keepaliveMs = to_integer(math.floor(conn.keepalive * 1000))
   end
+  if operation == RUN and protocol.wants_binary(conn) then body.framing = "binary" end
   return encode(body)
+end
+
+--- Whether a stream over `conn` asks for binary frames (§6 binaryFrames): only an agent that
+-- said it writes them is asked; every other one is read as NDJSON, the protocol's default.
+function protocol.wants_binary(conn)
+  return conn ~= nil and conn.features ~= nil and conn.features.binaryFrames == true
+end
+
+--- The media type of a body of binary frames (§6 binaryFrames).
+local BINARY_FRAMES = "application/vnd.sandkit.frames"
+
+--- Whether a stream's answer is binary frames: it was asked for, and the answer says it is one
+-- (an agent answers a request it refuses in NDJSON, whatever it asked for).
+local function answered_binary(conn, resp)
+  if not protocol.wants_binary(conn) then return false end
+  local media = (resp:headers()["content-type"] or ""):match("^%s*([^;%s]*)")
+  return media:lower() == BINARY_FRAMES
 end
 
 --- Whether a stream over `conn` asks for keep-alives (§6 keepalive): the connection wants them
@@ -382,6 +400,7 @@ function protocol.exec(conn, argv, opts)
   resp, err = send(conn, RUN, "POST", "/v1/exec", body)
   if not resp then return nil, err end
   local decoder = core.decoder(nil, opts.keep_base64 == true)
+  if answered_binary(conn, resp) then decoder:binary() end
   -- Keep-alives are consumed by the decoder, never yielded; one that comes unasked fails the
   -- stream as any frame it cannot read does.
   if protocol.wants_keepalive(conn) then decoder:admit("keepalive") end

@@ -595,7 +595,7 @@ void fs_watch(struct http_request *req)
 		http_reply_end(req);
 		goto fail;
 	}
-	if (keepalive_ms && (w->keepalive = keepalive_start(req, keepalive_ms)) == NULL) {
+	if (keepalive_ms && (w->keepalive = keepalive_start(req, keepalive_ms, FRAMING_NDJSON)) == NULL) {
 		http_reply_cut(req);
 		http_reply_end(req);
 		goto fail;

@@ -13,10 +13,11 @@ struct keepalive {
 	struct http_request *req;
 	struct event *timer;
 	struct timeval interval;
+	enum framing framing;
 };
 
-/* One line, the frame's whole text. */
-static const char LINE[] = "{\"t\":\"keepalive\"}\n";
+/* The frame's whole text. */
+static const char TEXT[] = "{\"t\":\"keepalive\"}";
 
 static void on_silence(evutil_socket_t fd, short what, void *arg)
 {
@@ -31,7 +32,7 @@ static void on_silence(evutil_socket_t fd, short what, void *arg)
 		struct evbuffer *b = evbuffer_new();
 		/* A reply that cannot take the line is cut (http_reply_chunk), which the caller
 		 * sees as a failed stream, never as a quiet one. */
-		if (b == NULL || evbuffer_add(b, LINE, sizeof LINE - 1) < 0)
+		if (b == NULL || framing_json(b, k->framing, TEXT, sizeof TEXT - 1) < 0)
 			http_reply_cut(k->req);
 		else
 			http_reply_chunk(k->req, b);
@@ -40,12 +41,14 @@ static void on_silence(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-struct keepalive *keepalive_start(struct http_request *req, uint64_t interval_ms)
+struct keepalive *keepalive_start(struct http_request *req, uint64_t interval_ms,
+				  enum framing framing)
 {
 	struct keepalive *k = calloc(1, sizeof *k);
 	if (k == NULL)
 		return NULL;
 	k->req = req;
+	k->framing = framing;
 	k->interval.tv_sec = (time_t)(interval_ms / 1000);
 	k->interval.tv_usec = (suseconds_t)(interval_ms % 1000) * 1000;
 	k->timer = evtimer_new(agent.base, on_silence, k);

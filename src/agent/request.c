@@ -253,8 +253,23 @@ static int read_keepalive(sk_json *j, struct cmd_request *r)
 	return sk_json_skip(j);
 }
 
+static int read_framing(sk_json *j, struct cmd_request *r)
+{
+	sk_json_str v;
+	if (sk_json_peek(j) == SK_JSON_STRING) {
+		sk_json saved = *j;
+		if (sk_json_string(j, &v) == 0 && (sk_json_str_is(&v, "binary") || sk_json_str_is(&v, "ndjson"))) {
+			r->framing = sk_json_str_is(&v, "binary") ? FRAMING_BINARY : FRAMING_NDJSON;
+			return 0;
+		}
+		*j = saved;
+	}
+	set_invalid(r, "framing must be \"ndjson\" or \"binary\"");
+	return sk_json_skip(j);
+}
+
 enum { F_COMMAND = 1, F_TIMEOUT = 2, F_DEADLINE = 4, F_CWD = 8, F_WORKDIR = 16, F_ENV = 32, F_JOB = 64,
-       F_CAP = 128, F_KEEPALIVE = 256 };
+       F_CAP = 128, F_KEEPALIVE = 256, F_FRAMING = 512 };
 
 int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 {
@@ -285,7 +300,8 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			: sk_json_str_is(&key, "env") ? F_ENV
 			: sk_json_str_is(&key, "jobId") ? F_JOB
 			: sk_json_str_is(&key, "outputCap") ? F_CAP
-			: sk_json_str_is(&key, "keepaliveMs") ? F_KEEPALIVE : 0;
+			: sk_json_str_is(&key, "keepaliveMs") ? F_KEEPALIVE
+			: sk_json_str_is(&key, "framing") ? F_FRAMING : 0;
 		int step;
 		if (bit == 0 || (seen & bit)) {
 			/* Unknown members are skipped like any JSON reader would; a repeated one is
@@ -304,6 +320,7 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			case F_ENV: step = read_env(&j, r, &env); break;
 			case F_CAP: step = read_output_cap(&j, r); break;
 			case F_KEEPALIVE: step = read_keepalive(&j, r); break;
+			case F_FRAMING: step = read_framing(&j, r); break;
 			default: step = read_job_id(&j, r); break;
 			}
 		}

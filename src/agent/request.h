@@ -1,13 +1,15 @@
 /*
  * request.h — the body shared by POST /v1/exec and POST /v1/jobs/start (docs/protocol.md §3.3, §6):
  * {"command": [...], "timeoutMs"|"deadlineMs": N, "cwd"|"workingDirectory": "...",
- *  "env": {...}, "jobId": "...", "outputCap": N, "keepaliveMs": N}. The newer field names win when both spellings are present.
+ *  "env": {...}, "jobId": "...", "outputCap": N, "keepaliveMs": N, "framing": "binary"}. The newer field names win when both spellings are present.
  */
 #ifndef SANDKIT_AGENT_REQUEST_H
 #define SANDKIT_AGENT_REQUEST_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "framing.h"
 
 /* Caller-chosen job ids: 1-64 of [A-Za-z0-9_-] (docs/protocol.md §6). */
 #define REQUEST_JOB_ID_MAX 64
@@ -27,6 +29,9 @@ struct cmd_request {
 	/* keepaliveMs (docs/protocol.md §6 keepalive), within keepalive.h's bounds; 0 when not
 	 * asked. Streams of frames take it; a job start has no stream and ignores it. */
 	uint64_t keepalive_ms;
+	/* framing (docs/protocol.md §6 binaryFrames): "ndjson", the default, or "binary". A job
+	 * start has no stream and ignores it. */
+	enum framing framing;
 	/* Set when the body is JSON but says something the protocol refuses: for exec this
 	 * becomes a requestInvalid frame after the 200, for jobs a 400. Static or in reason_buf. */
 	const char *invalid;

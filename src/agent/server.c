@@ -93,7 +93,7 @@ static void health(struct http_request *req)
 	if (b == NULL ||
 	    evbuffer_add_printf(b,
 				"{\"protocolVersion\":%d,\"bootId\":\"%s\",\"status\":\"%s\","
-				"\"features\":[\"jobIdempotency\",\"keepalive\",\"outputCap\",\"rawFiles\","
+				"\"features\":[\"binaryFrames\",\"jobIdempotency\",\"keepalive\",\"outputCap\",\"rawFiles\","
 				"\"fs\",\"fsTar\",\"fsWatch\"%s%s]}",
 				AGENT_PROTOCOL_VERSION, agent.boot_id,
 				agent.activated ? "ready" : "awaiting-network-verification",

@@ -2,6 +2,7 @@
 #include "stream.h"
 
 #include "exec.h"
+#include "framing.h"
 #include "handler.h"
 #include "http.h"
 #include "keepalive.h"
@@ -25,6 +26,7 @@ struct stream {
 	struct http_request *req;
 	struct command *cmd;      /* NULL once the command ended or was abandoned */
 	struct keepalive *keepalive; /* NULL when the caller asked for none */
+	enum framing framing;     /* what the caller asked for (docs/protocol.md §6 binaryFrames) */
 };
 
 /* Sends the terminal frame and ends the body. If even that cannot be allocated the body ends
@@ -33,7 +35,7 @@ static void finish(struct stream *s, const struct outcome *o)
 {
 	keepalive_stop(s->keepalive);
 	struct evbuffer *b = evbuffer_new();
-	if (b && frame_terminal(b, o) == 0 && evbuffer_add(b, "\n", 1) == 0)
+	if (b && framing_terminal(b, s->framing, o) == 0)
 		http_reply_chunk(s->req, b);
 	if (b)
 		evbuffer_free(b);
@@ -52,7 +54,7 @@ static void on_frame(void *ctx, int stream, uint64_t seq, const unsigned char *d
 {
 	struct stream *s = ctx;
 	struct evbuffer *b = evbuffer_new();
-	if (b == NULL || frame_data(b, stream, seq, data, len) < 0 || evbuffer_add(b, "\n", 1) < 0 ||
+	if (b == NULL || framing_output(b, s->framing, stream, seq, data, len) < 0 ||
 	    http_reply_chunk(s->req, b) < 0) {
 		/* Dropping a frame silently would corrupt the stream: kill and say so instead. */
 		if (b)
@@ -121,7 +123,10 @@ void stream_exec(struct http_request *req)
 		return;
 	}
 	s->req = req;
-	if (http_reply_start(req, 200, "application/x-ndjson", -1) < 0) {
+	/* A request the agent refuses is answered as NDJSON, which every caller reads: its
+	 * framing may be the very member that was refused. */
+	s->framing = r.invalid ? FRAMING_NDJSON : r.framing;
+	if (http_reply_start(req, 200, framing_content_type(s->framing), -1) < 0) {
 		if (cwd_fd >= 0)
 			close(cwd_fd);
 		cmd_request_free(&r);
@@ -141,7 +146,7 @@ void stream_exec(struct http_request *req)
 		outcome_error(&early, "spawnFailed", "cannot enter the working directory '%s': %s",
 			      shown, why);
 		finish(s, &early);
-	} else if (r.keepalive_ms && (s->keepalive = keepalive_start(req, r.keepalive_ms)) == NULL) {
+	} else if (r.keepalive_ms && (s->keepalive = keepalive_start(req, r.keepalive_ms, s->framing)) == NULL) {
 		outcome_error(&early, "spawnFailed", "the agent ran out of memory for the stream's "
 			      "keep-alives");
 		finish(s, &early);

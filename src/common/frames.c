@@ -22,6 +22,7 @@ struct sk_frames {
 	enum sk_frames_failure failure;
 	char error[160];
 	int keep_base64;
+	int binary;        /* the binary syntax (sk_frames_binary) rather than NDJSON */
 	unsigned admitted; /* SK_FRAMES_KIND bits of the kinds this stream takes */
 };
 
@@ -38,6 +39,11 @@ sk_frames *sk_frames_new(size_t max_line)
 void sk_frames_keep_base64(sk_frames *d)
 {
 	d->keep_base64 = 1;
+}
+
+void sk_frames_binary(sk_frames *d)
+{
+	d->binary = 1;
 }
 
 void sk_frames_admit(sk_frames *d, unsigned kinds)
@@ -362,6 +368,180 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 	return SK_FRAMES_FRAME;
 }
 
+static uint64_t big_endian(const unsigned char *p, size_t n)
+{
+	uint64_t v = 0;
+	for (size_t i = 0; i < n; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/* One binary frame whose body is whole at body (docs/protocol.md §6 binaryFrames). */
+static int parse_binary(sk_frames *d, unsigned char kind, const unsigned char *body, size_t len,
+			sk_frame *out)
+{
+	if (kind == SK_FRAMES_BINARY_JSON) {
+		int r = parse_line(d, (const char *)body, len, out);
+		/* Output has one form in a binary stream, so that no reader meets two. */
+		if (r == SK_FRAMES_FRAME && (out->type == SK_FRAME_STDOUT || out->type == SK_FRAME_STDERR))
+			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+			            "output in a JSON frame of a binary stream", -1);
+		return r;
+	}
+	if (kind != SK_FRAMES_BINARY_STDOUT && kind != SK_FRAMES_BINARY_STDERR)
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s (byte %ld)",
+		            "unknown binary frame kind", (long)kind);
+	if (len < SK_FRAMES_BINARY_SEQ)
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+		            "an output frame's body is shorter than its seq", -1);
+	memset(out, 0, sizeof *out);
+	out->type = kind == SK_FRAMES_BINARY_STDOUT ? SK_FRAME_STDOUT : SK_FRAME_STDERR;
+	out->seq = big_endian(body, SK_FRAMES_BINARY_SEQ);
+	/* The NDJSON syntax's range: a Lua integer holds it exactly. */
+	if (out->seq > (uint64_t)INT64_MAX)
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
+		            "seq out of range", -1);
+	if (!(d->admitted & SK_FRAMES_KIND(out->type)))
+		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s frame, "
+		            "which this stream did not ask for", kind_names[out->type], -1);
+	const unsigned char *data = body + SK_FRAMES_BINARY_SEQ;
+	size_t n = len - SK_FRAMES_BINARY_SEQ;
+	if (d->keep_base64) {
+		/* A relay writes base64 on: it is made here, once, in room bounded by the frame's. */
+		if (reserve((void **)&d->scratch, &d->scratch_cap, SK_B64_ENCODED_LEN(n), 0) < 0)
+			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+		sk_b64_encode(data, n, (char *)d->scratch);
+		out->data = d->scratch;
+		out->data_len = SK_B64_ENCODED_LEN(n);
+		out->data_is_base64 = 1;
+	} else {
+		out->data = data; /* the bytes as they came: no copy, no decoding */
+		out->data_len = n;
+	}
+	return SK_FRAMES_FRAME;
+}
+
+/* The whole frame's length from its header, or 0 past the bound (the header alone is 5). */
+static size_t binary_total(const sk_frames *d, const unsigned char *head)
+{
+	uint64_t body = big_endian(head + 1, 4);
+	return body > d->max_line ? 0 : SK_FRAMES_BINARY_HEAD + (size_t)body;
+}
+
+static int too_long(sk_frames *d)
+{
+	return fail(d, SK_FRAMES_TOO_LONG, "an output frame did not parse: %s (%ld bytes)",
+	            "a frame exceeded the decoder's limit", (long)d->max_line);
+}
+
+/* After a frame the line buffer held: it holds nothing now, and remembers about how long the
+ * frames it gathered were. Shrinking by an eighth lets one long frame be forgotten after a
+ * dozen or so, and a short one (a test runner's line between full frames) not forget the long
+ * ones. */
+static void gathered(sk_frames *d)
+{
+	size_t kept = d->line_hint - d->line_hint / 8;
+	d->line_hint = kept > d->line_len ? kept : d->line_len;
+	d->line_len = 0;
+}
+
+static int decode_binary(sk_frames *d, const char **in, size_t *in_len, sk_frame *out)
+{
+	while (*in_len > 0) {
+		const unsigned char *p = (const unsigned char *)*in;
+		const unsigned char *frame;
+		size_t total = 0;
+		int held = 0;
+		if (d->line_len == 0 && *in_len >= SK_FRAMES_BINARY_HEAD) {
+			if ((total = binary_total(d, p)) == 0)
+				return too_long(d);
+		}
+		if (d->line_len == 0 && *in_len >= SK_FRAMES_BINARY_HEAD && *in_len >= total) {
+			frame = p; /* the whole frame is in the caller's buffer: no copy */
+		} else {
+			/* The header first, then (its length known) the rest, into room for all. */
+			size_t want = d->line_len < SK_FRAMES_BINARY_HEAD
+				? SK_FRAMES_BINARY_HEAD
+				: binary_total(d, (const unsigned char *)d->line);
+			size_t take = want - d->line_len < *in_len ? want - d->line_len : *in_len;
+			if (reserve((void **)&d->line, &d->line_cap, want, d->line_hint) < 0)
+				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+			memcpy(d->line + d->line_len, p, take);
+			d->line_len += take;
+			*in += take;
+			*in_len -= take;
+			if (d->line_len < want)
+				return SK_FRAMES_AGAIN;
+			if (want == SK_FRAMES_BINARY_HEAD) {
+				if ((total = binary_total(d, (const unsigned char *)d->line)) == 0)
+					return too_long(d);
+				if (total > want)
+					continue; /* the body follows */
+			}
+			frame = (const unsigned char *)d->line;
+			total = d->line_len;
+			held = 1;
+		}
+		if (!held) {
+			*in += total;
+			*in_len -= total;
+		}
+		int r = parse_binary(d, frame[0], frame + SK_FRAMES_BINARY_HEAD,
+				     total - SK_FRAMES_BINARY_HEAD, out);
+		if (r == SK_FRAMES_FRAME && out->type == SK_FRAME_KEEPALIVE)
+			r = SK_FRAMES_AGAIN;
+		if (held && r != SK_FRAMES_FAILED)
+			gathered(d);
+		if (r != SK_FRAMES_AGAIN)
+			return r;
+	}
+	return SK_FRAMES_AGAIN;
+}
+
+size_t sk_frames_whole(const sk_frames *d, const char *in, size_t len, size_t known, int first)
+{
+	if (!d->binary) {
+		if (known >= len)
+			return 0;
+		const char *nl = first ? memchr(in + known, '\n', len - known)
+				       : memrchr(in + known, '\n', len - known);
+		return nl ? (size_t)(nl - in) + 1 : 0;
+	}
+	const unsigned char *p = (const unsigned char *)in;
+	size_t at = 0, whole = 0;
+	if (d->line_len > 0) {
+		/* The frame being gathered: its header, from what is held and what follows. */
+		unsigned char head[SK_FRAMES_BINARY_HEAD];
+		size_t have = d->line_len < sizeof head ? d->line_len : sizeof head;
+		size_t more = sizeof head - have;
+		if (more > len)
+			return 0;
+		memcpy(head, d->line, have);
+		memcpy(head + have, p, more);
+		size_t total = binary_total(d, head);
+		if (total == 0)
+			return more;
+		at = total - d->line_len;
+		if (at > len)
+			return 0;
+		whole = at;
+		if (first)
+			return whole;
+	}
+	while (len - at >= SK_FRAMES_BINARY_HEAD) {
+		size_t total = binary_total(d, p + at);
+		if (total == 0)
+			return at + SK_FRAMES_BINARY_HEAD;
+		if (len - at < total)
+			break;
+		at += total;
+		whole = at;
+		if (first)
+			break;
+	}
+	return whole;
+}
+
 static int blank(const char *p, size_t len)
 {
 	for (size_t i = 0; i < len; i++)
@@ -374,6 +554,8 @@ int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *ou
 {
 	if (d->failure)
 		return SK_FRAMES_FAILED;
+	if (d->binary)
+		return decode_binary(d, in, in_len, out);
 	while (*in_len > 0) {
 		const char *nl = memchr(*in, '\n', *in_len);
 		size_t take = nl ? (size_t)(nl - *in) + 1 : *in_len;
@@ -405,14 +587,8 @@ int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *ou
 		/* An admitted keep-alive did its work by arriving: the next line is read. */
 		if (r == SK_FRAMES_FRAME && out->type == SK_FRAME_KEEPALIVE)
 			r = SK_FRAMES_AGAIN;
-		if (held && r != SK_FRAMES_FAILED) {
-			/* Shrinking by an eighth lets one long line be forgotten after a dozen or so,
-			 * and a short one (a test runner's line between full frames) not forget the
-			 * long ones. */
-			size_t kept = d->line_hint - d->line_hint / 8;
-			d->line_hint = kept > d->line_len ? kept : d->line_len;
-			d->line_len = 0;
-		}
+		if (held && r != SK_FRAMES_FAILED)
+			gathered(d);
 		if (r != SK_FRAMES_AGAIN)
 			return r;
 	}

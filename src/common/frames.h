@@ -1,10 +1,12 @@
 /*
- * frames.h — incremental decoder for the agent's NDJSON output stream (docs/protocol.md §3.3, §4).
+ * frames.h — incremental decoder for the agent's output stream (docs/protocol.md §3.3, §4), in
+ * either of its two syntaxes: NDJSON lines, or the binary frames of §6 binaryFrames. One set of
+ * rules for both: the same kinds, seq range, bounds and failures.
  * Sans-I/O with a plain C ABI, so the Lua C module and an FFI binding can share it:
  * hand it bytes as they arrive, take frames out.
  *
- * Input is consumed straight from the caller's buffer when a whole line is in it; only a line
- * split across reads is copied, into a buffer that never holds more than one line.
+ * Input is consumed straight from the caller's buffer when a whole frame is in it; only a frame
+ * split across reads is copied, into a buffer that never holds more than one frame.
  *
  * After the first failure the decoder delivers nothing more: a frame buffered behind a line
  * that did not parse must not answer the question that failure left open.
@@ -21,6 +23,18 @@
  * error messages, and still bounds what one peer can make this process hold.
  */
 #define SK_FRAMES_MAX_LINE ((size_t)1 << 20)
+
+/*
+ * The binary syntax (docs/protocol.md §6 binaryFrames): a frame is one kind byte, its body's
+ * length as 4 bytes big-endian, then the body, whose length is bounded as a line is (the
+ * decoder's max_line). An output frame's body is its seq as 8 bytes big-endian and then the
+ * output's bytes as they are; a JSON frame's body is the text of any other frame (exit, error,
+ * keepalive, event, end) as an NDJSON line holds it, without the newline.
+ */
+#define SK_FRAMES_BINARY_HEAD 5
+#define SK_FRAMES_BINARY_SEQ 8
+enum sk_frames_binary_kind { SK_FRAMES_BINARY_STDOUT = 'o', SK_FRAMES_BINARY_STDERR = 'e',
+			     SK_FRAMES_BINARY_JSON = 'j' };
 
 /*
  * The kinds of frame a stream may carry, told apart by `t`. A keep-alive ({"t":"keepalive"},
@@ -90,6 +104,11 @@ sk_frames *sk_frames_new(size_t max_line);
  */
 void sk_frames_keep_base64(sk_frames *d);
 /*
+ * Reads the binary syntax from now on, in place of NDJSON; called before any input. (With
+ * sk_frames_keep_base64 too, output is encoded to base64 here, where the relay needs it.)
+ */
+void sk_frames_binary(sk_frames *d);
+/*
  * Adds kinds (SK_FRAMES_KIND bits) to what this stream takes; a frame of a kind it does not
  * take fails it, as a frame of an unknown kind does. Only kinds beyond the default need adding
  * (a keep-alive, for a stream that asked the agent for them).
@@ -128,7 +147,18 @@ void sk_frames_release(sk_frames *d);
 enum sk_frames_failure sk_frames_failure(const sk_frames *d);
 /* A sentence naming the failure, e.g. "an output frame did not parse: expected ':' at byte 9". */
 const char *sk_frames_error(const sk_frames *d);
-/* Bytes of an unterminated line held back; a body that ends with some left ended mid-frame. */
+/* Bytes of an unfinished frame held back; a body that ends with some left ended mid-frame. */
 size_t sk_frames_pending(const sk_frames *d);
+
+/*
+ * How many of the len bytes at in, from the first, end frames, with what the decoder holds back
+ * before them: the length up to the end of the last whole frame there (with first, of the
+ * first one: enough for a caller asking whether any ends), 0 when none ends in them. A frame
+ * whose header is over the bound counts as ended, since decoding it fails at once. known: how
+ * many leading bytes of in the caller already found to end no frame (0 if unknown), which an
+ * NDJSON scan skips. A caller that keeps a frame still arriving in its own buffer, rather than
+ * handing it over to be copied, asks this first.
+ */
+size_t sk_frames_whole(const sk_frames *d, const char *in, size_t len, size_t known, int first);
 
 #endif
