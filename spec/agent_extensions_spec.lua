@@ -32,10 +32,81 @@ describe("sandkit-agent extensions", function()
     assert.are.equal(0, A:stop())
   end)
 
-  it("advertises keepalive, outputCap, rawFiles, fs, fsTar and fsWatch in health", function()
+  it("advertises binaryFrames, keepalive, outputCap, rawFiles, fs, fsTar and fsWatch in health", function()
     local _, health = A:json("GET", "/v1/health", nil, false)
-    assert.are.same({ "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch" },
+    assert.are.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch" },
       health.features)
+  end)
+
+  describe("binaryFrames", function()
+    -- Output with NULs, newlines and every byte value, on both streams, then a non-zero exit.
+    local noisy = { "sh", "-c", "printf 'a\\000b\\n'; head -c 200000 /dev/urandom > /tmp/r.$$; "
+      .. "cat /tmp/r.$$; printf 'err\\377' >&2; cat /tmp/r.$$ >&2; rm /tmp/r.$$; exit 3" }
+
+    --- Every frame of a binary body, through the client's decoder, and how it ended.
+    local function decode_binary(body, admit)
+      local d = core.decoder()
+      d:binary()
+      if admit then d:admit(admit) end
+      d:feed(body)
+      local frames = {}
+      while true do
+        local frame, kind, message = d:next()
+        if not frame then
+          assert.is_nil(kind, message)
+          break
+        end
+        frames[#frames + 1] = frame
+      end
+      assert.equal(0, d:pending())
+      return frames
+    end
+
+    it("writes a stream that asks for them as binary frames, the bytes, seqs and ending NDJSON carries", function()
+      local res = A:req("POST", "/v1/exec", { command = noisy, timeoutMs = 20000, outputCap = 0, framing = "binary" })
+      assert.are.equal(200, res.status)
+      assert.are.equal("application/vnd.sandkit.frames", res.headers["content-type"])
+      local frames = decode_binary(res.body)
+      local out, err, seq = {}, {}, -1
+      for i, f in ipairs(frames) do
+        if i < #frames then
+          assert.is_true(f.seq > seq, "seq rises")
+          seq = f.seq
+          local into = f.type == "stdout" and out or err
+          into[#into + 1] = f.data
+        end
+      end
+      assert.same({ type = "exit", code = 3, truncated = false }, frames[#frames])
+      out, err = table.concat(out), table.concat(err)
+      assert.are.equal(200004, #out)
+      assert.are.equal("a\0b\n", out:sub(1, 4))
+      assert.are.equal("err\255" .. out:sub(5), err)
+      local ndjson, lines = A:exec({ command = { "sh", "-c", "printf 'a\\000b\\n'; exit 3" }, timeoutMs = 20000,
+        framing = "ndjson" })
+      assert.are.equal("application/x-ndjson", ndjson.headers["content-type"])
+      assert.are.equal(3, lines[#lines].code)
+    end)
+
+    it("refuses a framing it does not know with requestInvalid, written as NDJSON", function()
+      for _, framing in ipairs({ '"json"', '"BINARY"', "1", "true", "null" }) do
+        local res, frames = A:exec('{"command":["touch","framed"],"timeoutMs":1000,"framing":' .. framing .. "}")
+        assert.are.equal("application/x-ndjson", res.headers["content-type"], framing)
+        assert.are.equal(1, #frames, framing)
+        assert.are.equal("requestInvalid", frames[1].code, framing)
+        assert.matches('framing must be "ndjson" or "binary"', frames[1].message, 1, true)
+      end
+      assert.is_false(exists(A.root .. "/framed"))
+    end)
+
+    it("writes keep-alives and the terminal error in the stream's framing", function()
+      local res = A:req("POST", "/v1/exec", { command = { "sh", "-c", "sleep 0.5" }, timeoutMs = 200,
+        keepaliveMs = 100, framing = "binary" })
+      assert.truthy(res.body:find('j\0\0\0\17{"t":"keepalive"}', 1, true), "a keep-alive frame")
+      local frames = decode_binary(res.body, "keepalive")
+      assert.are.equal(1, #frames)
+      assert.are.equal("error", frames[1].type)
+      assert.are.equal("timeoutExceeded", frames[1].code)
+    end)
   end)
 
   describe("outputCap", function()

@@ -324,6 +324,153 @@ describe("the frame decoder", function()
   end)
 end)
 
+--- n as width bytes, big-endian (string.pack is not LuaJIT's).
+local function big_endian(n, width)
+  local bytes = {}
+  for i = width, 1, -1 do
+    bytes[i] = string.char(n % 256)
+    n = (n - n % 256) / 256
+  end
+  return table.concat(bytes)
+end
+
+--- A binary frame (docs/protocol.md §6 binaryFrames): its kind, its body's length, its body.
+local function binary(kind, body)
+  return kind .. big_endian(#body, 4) .. body
+end
+
+local function output(kind, seq, data)
+  return binary(kind, big_endian(seq, 8) .. data)
+end
+
+--- As decode, for a binary body; `keep` keeps payloads as base64.
+local function decode_binary(chunks, max_line, admit, keep)
+  local d = core.decoder(max_line, keep)
+  d:binary()
+  for _, kind in ipairs(admit or {}) do d:admit(kind) end
+  local out = {}
+  for _, chunk in ipairs(chunks) do
+    d:feed(chunk)
+    while true do
+      local frame, kind, message = d:next()
+      if frame then
+        out[#out + 1] = frame
+      elseif frame == false then
+        break
+      else
+        out[#out + 1] = { failed = kind, message = message }
+        return out, d
+      end
+    end
+  end
+  return out, d
+end
+
+describe("binary frames", function()
+  local body = output("o", 0, "a\0b\n") .. output("e", 1, "") .. output("o", 7, string.rep("\255", 300))
+    .. binary("j", '{"t":"exit","code":3,"signal":9}')
+
+  it("carry output as its bytes, and every other frame as its JSON", function()
+    assert.same({ { type = "stdout", seq = 0, data = "a\0b\n" }, { type = "stderr", seq = 1, data = "" },
+      { type = "stdout", seq = 7, data = string.rep("\255", 300) },
+      { type = "exit", code = 3, truncated = false, signal = 9 } }, decode_binary{ body })
+    assert.same({ { type = "error", code = "timeoutExceeded", message = "late" } },
+      decode_binary{ binary("j", '{"t":"error","code":"timeoutExceeded","message":"late"}') })
+  end)
+
+  it("decode the same from a body cut anywhere into two or three chunks", function()
+    local whole = decode_binary{ body }
+    for i = 0, #body do
+      assert.same(whole, decode_binary{ body:sub(1, i), body:sub(i + 1) }, "cut at " .. i)
+      for j = i, #body, 29 do
+        assert.same(whole, decode_binary{ body:sub(1, i), body:sub(i + 1, j), body:sub(j + 1) },
+          "cut at " .. i .. " and " .. j)
+      end
+    end
+  end)
+
+  it("hand over long and short payloads alike, in whatever pieces they come, kept as base64 or not", function()
+    local payloads, frames = {}, {}
+    for i, n in ipairs({ 70000, 5, 65536, 1, 9000, 300000, 12, 65536 }) do
+      local bytes = {}
+      for k = 1, n do bytes[k] = string.char((k * 7 + i) % 256) end
+      payloads[i] = table.concat(bytes)
+      frames[i] = output("o", i, payloads[i])
+    end
+    local all = table.concat(frames) .. binary("j", '{"t":"exit","code":0}')
+    for _, size in ipairs({ 1000, 4096, 65536, 131072 }) do
+      for _, keep in ipairs({ false, true }) do
+        local chunks = {}
+        for at = 1, #all, size do chunks[#chunks + 1] = all:sub(at, at + size - 1) end
+        local got = decode_binary(chunks, nil, nil, keep)
+        assert.equal(#payloads + 1, #got)
+        for i, payload in ipairs(payloads) do
+          assert.equal(payload, keep and core.b64decode(got[i].base64) or got[i].data, size .. " " .. i)
+        end
+      end
+    end
+  end)
+
+  it("take a frame whose body is at the limit, and refuse one over it as soon as its header arrives", function()
+    local at_limit = output("o", 0, string.rep("x", 92))
+    assert.same({ { type = "stdout", seq = 0, data = string.rep("x", 92) } }, decode_binary({ at_limit }, 100))
+    local out = decode_binary({ "o" .. big_endian(101, 4) }, 100)
+    assert.equal("too_long", out[1].failed)
+    assert.matches("a frame exceeded the decoder's limit", out[1].message, 1, true)
+    -- Four gigabytes declared: refused on the header, nothing gathered for it.
+    out = decode_binary{ "j\255\255", "\255\255" }
+    assert.equal("too_long", out[1].failed)
+  end)
+
+  it("count a frame still arriving as pending, which a body that ends there leaves unfinished", function()
+    local out, d = decode_binary{ output("o", 0, "abc"), output("o", 1, "defgh"):sub(1, 9) }
+    assert.same({ { type = "stdout", seq = 0, data = "abc" } }, out)
+    assert.equal(9, d:pending())
+    out, d = decode_binary{ "o\0\0" }
+    assert.same({}, out)
+    assert.equal(3, d:pending())
+  end)
+
+  for _, case in ipairs({
+    { "a kind it does not know", binary("x", "{}"), "unknown binary frame kind" },
+    { "output shorter than its seq", binary("o", "1234567"), "shorter than its seq" },
+    { "a seq past a signed 64-bit integer", binary("o", "\128" .. string.rep("\0", 7) .. "x"), "seq out of range" },
+    { "output in a JSON frame", binary("j", '{"t":"stdout","seq":0,"data":"YQ=="}'), "output in a JSON frame" },
+    { "a JSON frame that is no JSON", binary("j", '{"t":"exit",'), "did not parse" },
+    { "an empty JSON frame", binary("j", ""), "did not parse" },
+    { "a keep-alive the stream did not ask for", binary("j", '{"t":"keepalive"}'), "did not ask for" },
+    { "a watch's event on an exec stream", binary("j", '{"t":"event","event":"create","path":"/a"}'), "did not ask for" },
+  }) do
+    it("refuse " .. case[1] .. " as a frame that does not parse, and nothing after it", function()
+      local out = decode_binary{ case[2] .. binary("j", '{"t":"exit","code":0}') }
+      assert.equal(1, #out)
+      assert.equal("unparsable", out[1].failed)
+      assert.matches(case[3], out[1].message, 1, true)
+    end)
+  end
+
+  it("fail at once on an NDJSON body, whose first bytes read as a frame far over the limit", function()
+    local out = decode_binary{ '{"t":"exit","code":0}\n' }
+    assert.same({ { failed = "too_long", message = out[1].message } }, out)
+  end)
+
+  it("consume the keep-alives a stream asked for, in whatever pieces they come", function()
+    local ka = binary("j", '{"t":"keepalive"}')
+    local all = ka .. output("o", 0, "x") .. ka .. ka .. binary("j", '{"t":"exit","code":0}')
+    for i = 0, #all do
+      local out = decode_binary({ all:sub(1, i), all:sub(i + 1) }, nil, { "keepalive" })
+      assert.same({ "stdout", "exit" }, { out[1].type, out[2] and out[2].type }, "cut at " .. i)
+      assert.equal(2, #out)
+    end
+  end)
+
+  it("are chosen before the first bytes, never in the middle of a body", function()
+    local d = core.decoder()
+    d:feed('{"t":"exit"')
+    assert.has_error(function() d:binary() end)
+  end)
+end)
+
 describe("a watch's frames", function()
   --- The frames a watch's stream decodes to (the kinds it takes: event, end, error).
   local function watch_frames(body)

@@ -476,6 +476,111 @@ case("fail the stream when one carries a seq", {
   end,
 })
 
+-- Binary frames (docs/protocol.md §6 binaryFrames) ----------------------------------------------
+
+group = "binary frames"
+
+local BINARY = [[{ features = { "binaryFrames" } }]]
+
+--- Output with a NUL, a newline and a byte past ASCII, the exec body the agent got as a second
+-- output frame, and an exit, cut across frames and inside them, with pauses between.
+local BINARY_ROUTE = [[function(req, conn)
+  local f = respond.binary_frame
+  local body = f("o", 0, "a\0\n\255") .. f("e", 1, req.body) .. f("j", '{"t":"exit","code":4}')
+  respond.binary_frames(conn, { body:sub(1, 3), body:sub(4, 20), body:sub(21) }, 0.02)
+end]]
+
+case("are asked of an agent that offers them, and carry output as its bytes", {
+  route = BINARY_ROUTE,
+  health = BINARY,
+  act = function(session) return collect(session) end,
+  check = function(items)
+    assert.equal(3, #items)
+    assert.same({ type = "stdout", seq = 0, data = "a\0\n\255" }, items[1])
+    assert.equal("binary", cjson.decode(items[2].data).framing)
+    assert.same({ type = "exit", code = 4, truncated = false }, items[3])
+  end,
+})
+
+case("are never asked of an agent that does not offer them, whose NDJSON is read as ever", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"stdout","seq":0,"data":"' .. require("sandkit.core").b64encode(req.body)
+      .. '"}\n', '{"t":"exit","code":0}\n' })
+  end]],
+  act = function(session) return collect(session) end,
+  check = function(items)
+    assert.equal(2, #items)
+    assert.is_nil(cjson.decode(items[1].data).framing)
+    assert.equal("exit", items[2].type)
+  end,
+})
+
+case("are read as NDJSON when the answer says it is NDJSON, as an agent refusing the request writes it", {
+  route = [[function(req, conn)
+    respond.frames(conn, { '{"t":"error","code":"requestInvalid","message":"no"}\n' })
+  end]],
+  health = BINARY,
+  act = function(session) return collect(session) end,
+  check = function(items)
+    assert.equal(1, #items)
+    assert.equal("SANDBOX_COMMAND_FAILED", items[1].code)
+    assert.equal("requestInvalid", items[1].failure)
+  end,
+})
+
+case("take the keep-alives a stream asked for as frames of their own", {
+  route = [[function(req, conn)
+    local f = respond.binary_frame
+    local ka = f("j", '{"t":"keepalive"}')
+    respond.binary_frames(conn, { ka .. f("o", 0, "x") .. ka:sub(1, 7), ka:sub(8) .. ka,
+      f("j", '{"t":"exit","code":0}') }, 0.02)
+  end]],
+  health = [[{ features = { "binaryFrames", "keepalive" } }]],
+  options = { keepalive = 0.25 },
+  act = function(session) return collect(session) end,
+  check = function(items)
+    assert.same({ { type = "stdout", seq = 0, data = "x" }, { type = "exit", code = 0, truncated = false } },
+      items)
+  end,
+})
+
+for _, bad in ipairs({
+  { "a frame whose length is over the decoder's limit", [["o\0\16\0\1" .. string.rep("x", 64)]],
+    "a frame exceeded the decoder's limit" },
+  { "a frame of a kind it does not know", [[respond.binary_frame("x", "{}")]], "unknown binary frame kind" },
+  { "output in a JSON frame", [[respond.binary_frame("j", '{"t":"stdout","seq":0,"data":"YQ=="}')]],
+    "output in a JSON frame" },
+}) do
+  case("fail the stream on " .. bad[1] .. ", the outcome unknown and nothing after it", {
+    route = [[function(req, conn)
+      respond.binary_frames(conn, { respond.binary_frame("o", 0, "ok") .. ]] .. bad[2] .. [[,
+        respond.binary_frame("j", '{"t":"exit","code":0}') })
+    end]],
+    health = BINARY,
+    act = function(session) return collect(session) end,
+    check = function(items)
+      assert.equal(2, #items)
+      assert.same({ type = "stdout", seq = 0, data = "ok" }, items[1])
+      assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[2].code)
+      assert.matches(bad[3], items[2].text, 1, true)
+    end,
+  })
+end
+
+case("fail the stream when the body ends inside a frame, the outcome unknown", {
+  route = [[function(req, conn)
+    respond.binary_frames(conn, { respond.binary_frame("o", 0, "ok") .. respond.binary_frame("j",
+      '{"t":"exit","code":0}'):sub(1, 12) })
+  end]],
+  health = BINARY,
+  act = function(session) return collect(session) end,
+  check = function(items)
+    assert.equal(2, #items)
+    assert.equal("SANDBOX_OUTCOME_UNKNOWN", items[2].code)
+    assert.matches("ended without a terminal frame", items[2].text, 1, true)
+  end,
+})
+
 -- An exec answer --------------------------------------------------------------------------------
 
 group = "an exec answer"

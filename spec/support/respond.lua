@@ -41,6 +41,33 @@ function respond.frames(conn, chunks, pause)
   respond.chunked_end(conn)
 end
 
+--- n as width bytes, big-endian (string.pack is not LuaJIT's).
+local function big_endian(n, width)
+  local bytes = {}
+  for i = width, 1, -1 do
+    bytes[i] = string.char(n % 256)
+    n = (n - n % 256) / 256
+  end
+  return table.concat(bytes)
+end
+
+--- One binary frame (docs/protocol.md §6 binaryFrames): kind "o"/"e" with seq and the output's
+-- bytes, or "j" (or any other kind byte, for a malformed one) with its JSON text as `seq_or_text`.
+function respond.binary_frame(kind, seq_or_text, data)
+  local body = type(seq_or_text) == "number" and big_endian(seq_or_text, 8) .. data or seq_or_text
+  return kind .. big_endian(#body, 4) .. body
+end
+
+--- An exec body of binary frames: each element of chunks is written as one chunk, in order.
+function respond.binary_frames(conn, chunks, pause)
+  respond.chunked_start(conn, "200 OK", "application/vnd.sandkit.frames")
+  for _, c in ipairs(chunks) do
+    if pause then conn:sleep(pause) end
+    respond.chunk(conn, c)
+  end
+  respond.chunked_end(conn)
+end
+
 --- The health answer of a ready agent.
 function respond.health(conn, fields)
   local body = { protocolVersion = 1, bootId = "boot-1", status = "ready", features = { "jobIdempotency" } }
