@@ -109,7 +109,7 @@ describe("sandkit-agent in capability mode", function()
     assert.is_false(exists("d"))
     local health = assert(raw.request(agent.port, "GET", "/v1/health?version=1"))
     assert.equal(200, health.status)
-    assert.same({ "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch",
+    assert.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch",
       "capability" },
       cjson.decode(health.body).features)
   end)

@@ -34,7 +34,8 @@ describe("sandkit-agent extensions", function()
 
   it("advertises binaryFrames, keepalive, outputCap, rawFiles, fs, fsTar and fsWatch in health", function()
     local _, health = A:json("GET", "/v1/health", nil, false)
-    assert.are.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch" },
+    assert.are.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar",
+      "fsWatch" },
       health.features)
   end)
 

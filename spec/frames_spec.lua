@@ -434,8 +434,10 @@ describe("binary frames", function()
   for _, case in ipairs({
     { "a kind it does not know", binary("x", "{}"), "unknown binary frame kind" },
     { "output shorter than its seq", binary("o", "1234567"), "shorter than its seq" },
-    { "a seq past a signed 64-bit integer", binary("o", "\128" .. string.rep("\0", 7) .. "x"), "seq out of range" },
-    { "output in a JSON frame", binary("j", '{"t":"stdout","seq":0,"data":"YQ=="}'), "output in a JSON frame" },
+    { "a seq past a signed 64-bit integer", binary("o", "\128" .. string.rep("\0", 7) .. "x"),
+      "seq out of range" },
+    { "output in a JSON frame", binary("j", '{"t":"stdout","seq":0,"data":"YQ=="}'),
+      "output in a JSON frame" },
     { "a JSON frame that is no JSON", binary("j", '{"t":"exit",'), "did not parse" },
     { "an empty JSON frame", binary("j", ""), "did not parse" },
     { "a keep-alive the stream did not ask for", binary("j", '{"t":"keepalive"}'), "did not ask for" },

@@ -9,7 +9,8 @@
  * possible place, whether (bit 0, shared with the size) the stream admits keep-alives, whether
  * (bit 5) it is a watch's (taking events and ends, not output), whether (bit 6) the decoder is told to give back its room after every frame and every
  * chunk, mid-line included, and (its top bit) whether payloads are kept as base64; the rest is
- * fed as the body. Checked on top of the sanitizers: the decoder never hands back more payload
+ * fed as the body. A body that starts with a binary frame's kind byte ('o', 'e', 'j', which as
+ * NDJSON fails at once) is read in the binary syntax of docs/protocol.md §6 binaryFrames. Checked on top of the sanitizers: the decoder never hands back more payload
  * than the line could encode, never a frame after a failure, never holds back more than one
  * line, base64 it kept as checked is base64 the decoder would decode, and the frames (and
  * whether it failed) are those of the same body fed in one piece.
@@ -39,12 +40,20 @@ static void mix(uint64_t *h, const void *p, size_t n)
 
 /* Feeds body in pieces of chunk bytes, checking every frame as it comes. */
 static struct outcome run(const char *body, size_t left, size_t chunk, int keep, int release,
-                          int keepalive, int watch)
+                          int keepalive, int watch, int binary)
 {
 	struct outcome o = { 0xcbf29ce484222325ULL, 0, 0 };
 	sk_frames *d = sk_frames_new(FUZZ_MAX_LINE);
 	if (d == NULL)
 		abort();
+	if (binary)
+		sk_frames_binary(d);
+	/* The most payload a frame carries: a line's base64 decoded, or a binary body's bytes
+	 * (base64 of them when kept); and the most held back: a line, or a frame and its header. */
+	size_t max_data = binary ? (keep ? SK_B64_ENCODED_LEN(FUZZ_MAX_LINE - SK_FRAMES_BINARY_SEQ)
+					 : FUZZ_MAX_LINE - SK_FRAMES_BINARY_SEQ)
+				 : (keep ? FUZZ_MAX_LINE : FUZZ_MAX_LINE / 4 * 3);
+	size_t max_pending = binary ? FUZZ_MAX_LINE + SK_FRAMES_BINARY_HEAD : FUZZ_MAX_LINE;
 	if (keep)
 		sk_frames_keep_base64(d);
 	if (keepalive)
@@ -56,6 +65,13 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 		size_t n = left < chunk ? left : chunk;
 		const char *in = body;
 		size_t in_len = n;
+		/* What the decoder says ends frames here ends exactly where decoding them does:
+		 * what it holds back afterwards is what lies past that (checked below). */
+		size_t held = sk_frames_pending(d);
+		size_t whole = sk_frames_whole(d, in, n, 0, 0);
+		size_t first = sk_frames_whole(d, in, n, 0, 1);
+		if (whole > n || first > whole || (whole > 0) != (first > 0))
+			abort();
 		body += n;
 		left -= n;
 		for (;;) {
@@ -67,10 +83,10 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 				if (f.type == SK_FRAME_KEEPALIVE)
 					abort(); /* consumed, never handed out */
 				int output = f.type == SK_FRAME_STDOUT || f.type == SK_FRAME_STDERR;
-				if (output && f.data_len > (keep ? FUZZ_MAX_LINE : FUZZ_MAX_LINE / 4 * 3))
+				if (output && f.data_len > max_data)
 					abort();
 				if (output && keep) {
-					static unsigned char decoded[FUZZ_MAX_LINE];
+					static unsigned char decoded[SK_B64_DECODED_MAX(SK_B64_ENCODED_LEN(FUZZ_MAX_LINE))];
 					size_t m;
 					if (!f.data_is_base64 ||
 					    sk_b64_decode((const char *)f.data, f.data_len, decoded, &m) < 0)
@@ -112,7 +128,9 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 			}
 			break;
 		}
-		if (sk_frames_pending(d) > FUZZ_MAX_LINE)
+		if (sk_frames_pending(d) > max_pending)
+			abort();
+		if (!o.failed && sk_frames_pending(d) != (whole ? n - whole : held + n))
 			abort();
 		if (release)
 			sk_frames_release(d);
@@ -133,10 +151,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int release = data[0] & 0x40;
 	/* Shares its bit with the chunk size's parity: both still take every value. */
 	int keepalive = data[0] & 0x01;
-	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release, keepalive, watch);
+	int binary = size > 1 && (data[1] == SK_FRAMES_BINARY_STDOUT || data[1] == SK_FRAMES_BINARY_STDERR ||
+				  data[1] == SK_FRAMES_BINARY_JSON);
+	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release, keepalive, watch,
+				   binary);
 	/* However the body was cut and whenever room was given back, it decodes as it does
 	 * in one piece. */
-	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0, keepalive, watch);
+	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0, keepalive, watch, binary);
 	if (split.digest != whole.digest || split.frames != whole.frames || split.failed != whole.failed)
 		abort();
 	return 0;
