@@ -441,7 +441,8 @@ describe("binary frames", function()
     { "a JSON frame that is no JSON", binary("j", '{"t":"exit",'), "did not parse" },
     { "an empty JSON frame", binary("j", ""), "did not parse" },
     { "a keep-alive the stream did not ask for", binary("j", '{"t":"keepalive"}'), "did not ask for" },
-    { "a watch's event on an exec stream", binary("j", '{"t":"event","event":"create","path":"/a"}'), "did not ask for" },
+    { "a watch's event on an exec stream", binary("j", '{"t":"event","event":"create","path":"/a"}'),
+      "did not ask for" },
   }) do
     it("refuse " .. case[1] .. " as a frame that does not parse, and nothing after it", function()
       local out = decode_binary{ case[2] .. binary("j", '{"t":"exit","code":0}') }
