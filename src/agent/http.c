@@ -37,6 +37,9 @@
 /* A refused request's body up to this size is read and dropped so the connection can carry the
  * next request; a longer one closes the connection instead of costing the agent its transfer. */
 #define DISCARD_MAX (64 * 1024)
+/* Bytes one read or write call on a connection moves at most: a stream's queue at its high
+ * watermark and a whole frame behind it, or an upload's input up to INPUT_HIGH. */
+#define SINGLE_IO_MAX (256 * 1024)
 /* After the last reply of a connection that closes, the agent stops writing and reads (and
  * drops) what the caller is still sending for this long or this many bytes, so that the caller
  * reads the reply instead of a reset. Both bounds make a refusal cheap. */
@@ -859,6 +862,12 @@ void conn_open(int fd)
 	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);
+	/* libevent moves at most 16 KiB per read or write call by default: a stream paid a loop
+	 * turn (its wait, its timer reset, its write) per 16 KiB. Now one write takes whatever waits,
+	 * which HTTP_OUTPUT_HIGH and a frame bound, and one read whatever INPUT_HIGH leaves room for;
+	 * neither holds more than the watermarks already allowed. */
+	bufferevent_set_max_single_write(c->bev, SINGLE_IO_MAX);
+	bufferevent_set_max_single_read(c->bev, SINGLE_IO_MAX);
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	c->entry.conn = c;
 	listener_add(&c->entry);

@@ -613,6 +613,7 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 		curl_easy_setopt(e, CURLOPT_USERAGENT, c->user_agent);
 	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
 	curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, SK_TRANSFER_READ_SIZE);
 	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->request_headers);
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);

@@ -28,6 +28,11 @@
 /* libcurl hands the write callback at most CURL_MAX_WRITE_SIZE (16 KiB) at once; a buffer
  * must hold at least one such chunk or a paused transfer could never resume. */
 #define SK_TRANSFER_MIN_BUFFER ((size_t)16 * 1024)
+/* What libcurl reads from the socket at once (CURLOPT_BUFFERSIZE; its default is 16 KiB).
+ * A stream at full speed is a recv per read, each with a poll of the socket and a wake-up of
+ * the agent's writer behind it: 16 KiB reads cost a stream four of each per 64 KiB frame. It
+ * still reaches the write callback in pieces of at most CURL_MAX_WRITE_SIZE. */
+#define SK_TRANSFER_READ_SIZE ((long)64 * 1024)
 /* Response headers kept per transfer, names and values together; more is dropped, not kept. */
 #define SK_TRANSFER_MAX_HEADER_BYTES ((size_t)16 * 1024)
 #define SK_TRANSFER_MAX_HEADERS 64
