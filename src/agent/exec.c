@@ -53,6 +53,7 @@ struct command {
 	struct event *exit_ev, *deadline_ev, *linger_ev;
 	struct pipe_in in[2];
 	uint64_t seq, cap, timeout_ms;
+	uint64_t deadline_us;   /* util_now_us() when the timeout is up */
 	size_t frame_cost;
 	int truncated, paused, reaped, status;
 	int callbacks;       /* >0 while one of this command's handlers runs: no freeing then */
@@ -288,6 +289,15 @@ static void on_deadline(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	struct command *c = arg;
+	/* libevent's clock is the coarse one (a tick, 4 ms here, behind): its timer can fire that
+	 * much early, and a command gets at least the timeout it asked for. */
+	uint64_t now = util_now_us();
+	if (now < c->deadline_us) {
+		uint64_t left = c->deadline_us - now;
+		struct timeval tv = { (time_t)(left / 1000000), (suseconds_t)(left % 1000000) };
+		evtimer_add(c->deadline_ev, &tv);
+		return;
+	}
 	c->callbacks++;
 	fail_command(c, "timeoutExceeded", "the command exceeded its %" PRIu64 "ms timeout",
 		     c->timeout_ms);
@@ -517,6 +527,7 @@ static int setup_events(struct command *c, const struct command_spec *spec)
 	uint64_t s = spec->timeout_ms / 1000;
 	struct timeval tv = { (time_t)(s > TIMEOUT_MAX_S ? TIMEOUT_MAX_S : s),
 			      (suseconds_t)(spec->timeout_ms % 1000) * 1000 };
+	c->deadline_us = util_now_us() + (uint64_t)tv.tv_sec * 1000000 + (uint64_t)tv.tv_usec;
 	if (event_add(c->exit_ev, NULL) < 0 || evtimer_add(c->deadline_ev, &tv) < 0 ||
 	    event_add(c->in[0].ev, NULL) < 0 || event_add(c->in[1].ev, NULL) < 0)
 		return -1;

@@ -3,6 +3,7 @@
 
 #include "listener.h"
 #include "log.h"
+#include "util.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -113,9 +114,7 @@ static void process(struct conn *c);
 
 static uint64_t now_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	return util_now_us() / 1000;
 }
 
 static void set_state(struct conn *c, enum conn_state s)

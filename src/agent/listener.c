@@ -3,6 +3,7 @@
 
 #include "http.h"
 #include "log.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -115,9 +116,7 @@ static void refused_close(struct refused *r)
 
 static uint64_t now_ms(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	return util_now_us() / 1000;
 }
 
 /* Waits for more of the refused caller's input until its linger ends; -1 once it has. */

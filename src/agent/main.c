@@ -550,13 +550,11 @@ int main(int argc, char **argv)
 	 * keeps freed frames in the heap for the next ones. */
 	mallopt(M_MMAP_THRESHOLD, HEAP_KEEP);
 	mallopt(M_TRIM_THRESHOLD, HEAP_KEEP);
-	/* A precise clock: libevent's default coarse one can fire a deadline milliseconds early,
-	 * and a command must get at least the timeoutMs it asked for. */
-	struct event_config *ec = event_config_new();
-	if (ec == NULL || event_config_set_flag(ec, EVENT_BASE_FLAG_PRECISE_TIMER) < 0)
-		die("cannot configure the event loop");
-	agent.base = event_base_new_with_config(ec);
-	event_config_free(ec);
+	/* libevent's default clock, the coarse one: its precise one is a timerfd set again on every
+	 * turn of the loop, a system call for each read or write a stream makes. A coarse timer can
+	 * fire a tick early; the one deadline that must not, a command's, checks the precise clock
+	 * (exec.c on_deadline). */
+	agent.base = event_base_new();
 	if (agent.base == NULL)
 		die("cannot create the event loop");
 	unsigned port;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -108,4 +109,11 @@ void util_first_line(int fd, char *out, size_t size)
 	out[strcspn(out, "\n")] = '\0';
 	if (out[0] == '\0')
 		snprintf(out, size, "no message");
+}
+
+uint64_t util_now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }

@@ -6,6 +6,7 @@
 #define SANDKIT_AGENT_UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 struct evbuffer;
@@ -29,6 +30,9 @@ int util_json_string(struct evbuffer *out, const char *s, size_t len);
  * is cut with "...", so an error body stays far below the client's 4096-byte bound.
  */
 void util_printable(const char *s, size_t len, char *out, size_t outsz);
+
+/* Microseconds on CLOCK_MONOTONIC: the precise clock, which libevent's timers are not. */
+uint64_t util_now_us(void);
 
 /* Waits for the child pid, through interruptions; its wait status in *status when not NULL. */
 void util_reap(pid_t pid, int *status);
