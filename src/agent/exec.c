@@ -584,8 +584,9 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		spawn_failure(failure, spec, STAGE_SETUP, errno);
 		goto fail;
 	}
-	/* Set from both sides, so the group exists before either could act on it. */
-	setpgid(c->pid, c->pid);
+	/* The child made its own group (setpgid in child()) before this returns: CLONE_VFORK holds
+	 * the agent until the child ran exec or failed, so the group exists before the agent could
+	 * act on it, and a setpgid from this side would only fail (the child has exec'd). */
 	close(out[1]);
 	close(err[1]);
 	close(report[1]);

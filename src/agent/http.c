@@ -207,6 +207,7 @@ static int write_head(struct http_request *req, int status, const char *content_
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 	struct timeval stall = timeval_of(srv.cfg.stall_timeout_ms);
 	bufferevent_set_timeouts(c->bev, NULL, &stall);
+	bufferevent_enable(c->bev, EV_WRITE);
 	settle_body(req);
 	if (!req->head.keep_alive)
 		c->close_after = 1;
@@ -365,6 +366,7 @@ static void invite(struct http_request *req)
 		return;
 	/* Without memory for these 25 bytes the caller sends its body after its own wait. */
 	evbuffer_add(bufferevent_get_output(req->conn->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
+	bufferevent_enable(req->conn->bev, EV_WRITE);
 	req->continued = 1;
 }
 
@@ -851,13 +853,6 @@ void conn_open(int fd)
 		free(c);
 		return;
 	}
-	int one = 1, idle = KEEPALIVE_IDLE_S, interval = KEEPALIVE_INTERVAL_S, probes = KEEPALIVE_PROBES;
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-	/* Best effort, like TCP_NODELAY: a socket without them is served all the same. */
-	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
-	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);
@@ -867,11 +862,25 @@ void conn_open(int fd)
 	 * neither holds more than the watermarks already allowed. */
 	bufferevent_set_max_single_write(c->bev, SINGLE_IO_MAX);
 	bufferevent_set_max_single_read(c->bev, SINGLE_IO_MAX);
-	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	/* Writing is enabled with the first reply (write_head): enabled now, with nothing to
+	 * write, libevent would watch the socket for room at once and then stop watching, two
+	 * epoll changes and a wake-up per connection for nothing. */
+	bufferevent_enable(c->bev, EV_READ);
 	c->entry.conn = c;
 	listener_add(&c->entry);
 	set_state(c, C_IDLE);
 	arm(c, IDLE_TIMEOUT_S * 1000);
+}
+
+void http_listening_options(int fd)
+{
+	int one = 1, idle = KEEPALIVE_IDLE_S, interval = KEEPALIVE_INTERVAL_S, probes = KEEPALIVE_PROBES;
+	/* Best effort: a socket without them is served all the same. */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+	setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
 }
 
 int http_start(const struct http_config *cfg, unsigned *port)

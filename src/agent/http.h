@@ -84,6 +84,11 @@ void http_stop(void);
  * (listener.c). */
 unsigned http_max_connections(void);
 
+/* Sets on the listening socket fd the options every connection needs (no Nagle delay, TCP
+ * keep-alive): Linux hands them on to each socket accept() returns, which then needs no system
+ * call of its own for them. */
+void http_listening_options(int fd);
+
 /* The request. */
 const struct http_head *http_request_head(const struct http_request *req);
 /* The buffered body (HTTP_BODY_BUFFERED) as one span; "" when there is none; NULL when memory

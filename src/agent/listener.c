@@ -300,6 +300,7 @@ int listener_start(const struct http_config *cfg, unsigned *port)
 		return -1;
 	}
 	evutil_freeaddrinfo(ai);
+	http_listening_options(fd);
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof ss;
 	if (getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
