@@ -1,11 +1,13 @@
 --- Files: 1 GiB into a local session and back out, sandkit against curl on the same agent.
 --   sandkit  session:write_file_from(path, local_file) and session:read_file_to(path, local_file)
 --   curl     curl -T (PUT with Content-Length) and curl -o against the same /v1/files/raw route
+--   copy     cat src > dst beside the session's files: the disk's own pace, what either
+--            direction moves at best
 -- Both sides move the same bytes over the agent's rawFiles extension; each runs ROUNDS times,
 -- interleaved, and keeps its fastest round. An agent without rawFiles moves files of 32 MiB at
 -- most, so the benchmark is skipped there and says why.
 --   lua5.4 bench/files.lua
--- Prints RESULT { bytes, put = { sandkit, curl }, get = { sandkit, curl } } or { skipped = why }.
+-- Prints RESULT { bytes, put = { sandkit, curl }, get = { sandkit, curl }, copy } or { skipped = why }.
 
 package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
 local common = require "common"
@@ -59,8 +61,14 @@ common.result(common.with_sandbox(function(sandbox, sessions)
   os.remove(headers)
   assert(core.write_private(headers, "Authorization: Bearer " .. session.record.token .. "\n"))
   local url = "http://127.0.0.1:" .. session.record.port .. "/v1/files/raw?path="
-  local runs = { put = { sandkit = {}, curl = {} }, get = { sandkit = {}, curl = {} } }
+  local runs = { put = { sandkit = {}, curl = {} }, get = { sandkit = {}, curl = {} }, copy = {} }
+  local copied = dir .. "/local-copy.bin"
   for _ = 1, ROUNDS do
+    table.insert(runs.copy, timed(function()
+      assert(os.execute("cat " .. quote(source) .. " > " .. quote(copied)))
+    end))
+    assert(size_of(copied) == BYTES)
+    os.remove(copied)
     table.insert(runs.put.sandkit, timed(function()
       assert(assert(session:write_file_from("/sandkit.bin", source)) == BYTES)
     end))
@@ -83,6 +91,7 @@ common.result(common.with_sandbox(function(sandbox, sessions)
     bytes = BYTES,
     put = { sandkit = best(runs.put.sandkit), curl = best(runs.put.curl) },
     get = { sandkit = best(runs.get.sandkit), curl = best(runs.get.curl) },
+    copy = best(runs.copy),
     peak_rss = common.status_bytes("self", "VmHWM"),
   }
 end))
