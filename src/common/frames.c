@@ -142,9 +142,21 @@ struct fields {
 		has_from : 1, has_reason : 1;
 };
 
-/* The members a frame may carry, each allowed once. */
+/* The members a frame may carry, each allowed once, by their index in members[]. */
+enum member { M_T, M_DATA, M_SEQ, M_CODE, M_MESSAGE, M_TRUNCATED, M_SIGNAL, M_EVENT, M_PATH, M_FROM,
+	      M_REASON, M_OTHER };
 static const char *const members[] = { "t", "data", "seq", "code", "message", "truncated", "signal",
 					"event", "path", "from", "reason" };
+
+/* Which member key names, compared once: a frame is mostly three short members, and short
+ * frames are most of what a chatty command's stream decodes. */
+static enum member member_of(const sk_json_str *key)
+{
+	for (unsigned i = 0; i < M_OTHER; i++)
+		if (sk_json_str_is(key, members[i]))
+			return (enum member)i;
+	return M_OTHER;
+}
 
 static int scan_fields(sk_json *j, struct fields *f)
 {
@@ -154,46 +166,59 @@ static int scan_fields(sk_json *j, struct fields *f)
 	if (sk_json_object_begin(j) < 0)
 		return -1;
 	while ((r = sk_json_object_key(j, &key)) == 1) {
+		enum member m = member_of(&key);
 		/* A member given twice is what the last copy says to one reader and the first to
 		 * another (the agent refuses the same in requests): not a frame. */
-		for (unsigned i = 0; i < sizeof members / sizeof members[0]; i++) {
-			if (!sk_json_str_is(&key, members[i]))
-				continue;
-			if (seen & (1u << i)) {
+		if (m != M_OTHER) {
+			if (seen & (1u << m)) {
 				j->err = "a member appears twice";
 				return -1;
 			}
-			seen |= 1u << i;
+			seen |= 1u << m;
 		}
-		if (sk_json_str_is(&key, "t")) {
+		switch (m) {
+		case M_T:
 			f->has_t = sk_json_string(j, &f->t) == 0;
-		} else if (sk_json_str_is(&key, "data")) {
+			break;
+		case M_DATA:
 			f->has_data = sk_json_string(j, &f->data) == 0;
-		} else if (sk_json_str_is(&key, "seq")) {
+			break;
+		case M_SEQ:
 			f->has_seq = sk_json_u64(j, &f->seq) == 0;
-		} else if (sk_json_str_is(&key, "code")) {
+			break;
+		case M_CODE:
 			/* An exit's code is a number and an error's a string; which one `t` decides. */
 			f->has_code_num = f->has_code_str = 0;
 			if (sk_json_peek(j) == SK_JSON_STRING)
 				f->has_code_str = sk_json_string(j, &f->code_str) == 0;
 			else
 				f->has_code_num = sk_json_i64(j, &f->code_num) == 0;
-		} else if (sk_json_str_is(&key, "message")) {
+			break;
+		case M_MESSAGE:
 			f->has_message = sk_json_string(j, &f->message) == 0;
-		} else if (sk_json_str_is(&key, "truncated")) {
+			break;
+		case M_TRUNCATED:
 			f->has_truncated = sk_json_bool(j, &f->truncated) == 0;
-		} else if (sk_json_str_is(&key, "signal")) {
+			break;
+		case M_SIGNAL:
 			f->has_signal = sk_json_i64(j, &f->signal) == 0;
-		} else if (sk_json_str_is(&key, "event")) {
+			break;
+		case M_EVENT:
 			f->has_event = sk_json_string(j, &f->event) == 0;
-		} else if (sk_json_str_is(&key, "path")) {
+			break;
+		case M_PATH:
 			f->has_path = sk_json_string(j, &f->path) == 0;
-		} else if (sk_json_str_is(&key, "from")) {
+			break;
+		case M_FROM:
 			f->has_from = sk_json_string(j, &f->from) == 0;
-		} else if (sk_json_str_is(&key, "reason")) {
+			break;
+		case M_REASON:
 			f->has_reason = sk_json_string(j, &f->reason) == 0;
-		} else if (sk_json_skip(j) < 0) {
-			return -1;
+			break;
+		case M_OTHER:
+			if (sk_json_skip(j) < 0)
+				return -1;
+			break;
 		}
 		if (j->err)
 			return -1;

@@ -248,11 +248,8 @@ size_t sk_json_unescape(const sk_json_str *s, char *dst)
 	return o;
 }
 
-int sk_json_str_is(const sk_json_str *s, const char *lit)
+int sk_json_str_is_escaped(const sk_json_str *s, const char *lit, size_t n)
 {
-	size_t n = strlen(lit);
-	if (!s->escaped)
-		return s->len == n && (n == 0 || memcmp(s->p, lit, n) == 0);
 	/* An escaped name means what it spells: {"\u0074": …} is "t" to every other reader, so
 	 * it must be "t" here too, or a duplicate could hide behind the escape. */
 	const char *p = s->p, *end = s->p + s->len;

@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Deep enough for any body the protocol defines (three levels), shallow enough to be cheap. */
 #define SK_JSON_MAX_DEPTH 32
@@ -74,9 +75,20 @@ int sk_json_finish(sk_json *j);
  * than its escaped form). Returns the value's length; the span was validated when it was read. */
 size_t sk_json_unescape(const sk_json_str *s, char *dst);
 
+/* sk_json_str_is for an escaped s, against lit of n bytes. */
+int sk_json_str_is_escaped(const sk_json_str *s, const char *lit, size_t n);
+
 /* 1 when the string's value equals the NUL-terminated lit; an escaped string compares by the
- * value it spells, as every other JSON reader would read it. */
-int sk_json_str_is(const sk_json_str *s, const char *lit);
+ * value it spells, as every other JSON reader would read it. Inline: every frame's members are
+ * named through it, and with a literal the length and the comparison fold to a few
+ * instructions, where a call measured a strlen and a memcmp per member name tried. */
+static inline int sk_json_str_is(const sk_json_str *s, const char *lit)
+{
+	size_t n = strlen(lit);
+	if (!s->escaped)
+		return s->len == n && (n == 0 || memcmp(s->p, lit, n) == 0);
+	return sk_json_str_is_escaped(s, lit, n);
+}
 
 /* Orders two strings by their values, bytes compared unsigned as memcmp does: negative, zero
  * (the same value, however each is escaped) or positive. */
