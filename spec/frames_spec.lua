@@ -546,6 +546,47 @@ describe("base64", function()
     end
   end)
 
+  it("encodes as RFC 4648 spells it, and decodes back, at every length through several wide blocks", function()
+    local alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    local function symbol(v) return alphabet:sub(v + 1, v + 1) end
+    --- Three bytes at a time, by the arithmetic of RFC 4648 §4: the reference.
+    local function spelled(s)
+      local out = {}
+      for i = 1, #s, 3 do
+        local a, b, c = s:byte(i, i + 2)
+        local n = (a * 256 + (b or 0)) * 256 + (c or 0)
+        local q1, q2, q3 = math.floor(n / 262144), math.floor(n / 4096) % 64, math.floor(n / 64) % 64
+        out[#out + 1] = symbol(q1) .. symbol(q2) .. (b and symbol(q3) or "=") .. (c and symbol(n % 64) or "=")
+      end
+      return table.concat(out)
+    end
+    local bytes = {}
+    for i = 1, 400 do bytes[i] = string.char((i * 131 + math.floor(i / 7)) % 256) end
+    local source = table.concat(bytes)
+    for n = 0, 400 do
+      local s = source:sub(1, n)
+      local encoded = core.b64encode(s)
+      assert.equal(spelled(s), encoded, "length " .. n)
+      assert.equal(s, core.b64decode(encoded), "length " .. n)
+    end
+  end)
+
+  it("refuses every byte outside the alphabet at every position of a wide block, naming it", function()
+    local good = core.b64encode(string.rep("\0\16\131\16\81\135\32\146\139\48\211\143", 20))
+    for at = 1, 64 do
+      for b = 0, 255 do
+        local c = string.char(b)
+        local bytes, bad = core.b64decode(good:sub(1, at - 1) .. c .. good:sub(at + 1))
+        if c:match("[A-Za-z0-9+/]") then
+          assert.is_string(bytes)
+        else
+          assert.is_nil(bytes, "byte " .. b .. " at " .. at)
+          assert.equal(at - 1, bad, "byte " .. b .. " at " .. at)
+        end
+      end
+    end
+  end)
+
   it("matches RFC 4648's test vectors", function()
     local vectors = { [""] = "", f = "Zg==", fo = "Zm8=", foo = "Zm9v", foob = "Zm9vYg==",
       fooba = "Zm9vYmE=", foobar = "Zm9vYmFy" }

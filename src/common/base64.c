@@ -7,6 +7,13 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+/* AVX2 is chosen at run time (every x86-64 since 2013 has it, the build's baseline does not):
+ * 24 bytes encoded or 32 symbols decoded per step, in the vector forms Wojciech Muła and
+ * Daniel Lemire published, against a table lookup per 3 bytes or 4 symbols. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define SK_B64_AVX2 1
+#endif
 
 static const char alphabet[64] =
 	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -65,9 +72,94 @@ static const char pairs[4096][2] = { ROW1024(pair, 0), ROW1024(pair, 1024), ROW1
 static const uint32_t placed[4][256] = { { ROW256(placed0, 0) }, { ROW256(placed1, 0) },
 					 { ROW256(placed2, 0) }, { ROW256(placed3, 0) } };
 
+#ifdef SK_B64_AVX2
+static int have_avx2(void)
+{
+	static int known = -1; /* a race here only asks the CPU twice */
+	if (known < 0)
+		known = __builtin_cpu_supports("avx2") ? 1 : 0;
+	return known;
+}
+
+/* Whole 24-byte blocks while 28 bytes can be read (each step loads 16 at 0 and 16 at 12);
+ * returns the input bytes done, their 4/3 written to out. */
+__attribute__((target("avx2"))) static size_t encode_avx2(const unsigned char *in, size_t len,
+							 char *out)
+{
+	size_t i = 0;
+	const __m256i spread = _mm256_setr_epi8(1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10,
+						1, 0, 2, 1, 4, 3, 5, 4, 7, 6, 8, 7, 10, 9, 11, 10);
+	const __m256i shift_lut = _mm256_setr_epi8('a' - 26, '0' - 52, '0' - 52, '0' - 52, '0' - 52,
+		'0' - 52, '0' - 52, '0' - 52, '0' - 52, '0' - 52, '0' - 52, '+' - 62, '/' - 63, 'A', 0, 0,
+		'a' - 26, '0' - 52, '0' - 52, '0' - 52, '0' - 52, '0' - 52, '0' - 52, '0' - 52, '0' - 52,
+		'0' - 52, '0' - 52, '+' - 62, '/' - 63, 'A', 0, 0);
+	for (; len - i >= 28; i += 24, out += 32) {
+		__m128i lo = _mm_loadu_si128((const __m128i *)(const void *)(in + i));
+		__m128i hi = _mm_loadu_si128((const __m128i *)(const void *)(in + i + 12));
+		__m256i v = _mm256_shuffle_epi8(_mm256_set_m128i(hi, lo), spread);
+		/* Each 32-bit lane holds 3 bytes; the four 6-bit values go to the four bytes. */
+		__m256i t0 = _mm256_mulhi_epu16(_mm256_and_si256(v, _mm256_set1_epi32(0x0fc0fc00)),
+						_mm256_set1_epi32(0x04000040));
+		__m256i t1 = _mm256_mullo_epi16(_mm256_and_si256(v, _mm256_set1_epi32(0x003f03f0)),
+						_mm256_set1_epi32(0x01000010));
+		__m256i idx = _mm256_or_si256(t0, t1);
+		/* 0-25 → 13, 26-51 → 0, 52-61 → 1-10, 62 → 11, 63 → 12: an offset per class. */
+		__m256i cls = _mm256_subs_epu8(idx, _mm256_set1_epi8(51));
+		__m256i upper = _mm256_cmpgt_epi8(_mm256_set1_epi8(26), idx);
+		cls = _mm256_or_si256(cls, _mm256_and_si256(upper, _mm256_set1_epi8(13)));
+		__m256i sym = _mm256_add_epi8(_mm256_shuffle_epi8(shift_lut, cls), idx);
+		_mm256_storeu_si256((__m256i *)(void *)out, sym);
+	}
+	return i;
+}
+
+/* Whole 32-symbol blocks while 48 symbols are left (the last group, which may be padded, and
+ * room for the 32-byte store of 24 bytes are left to the loops after); stops at a block with a
+ * byte outside the alphabet. Returns the symbols done, their 3/4 written to out. */
+__attribute__((target("avx2"))) static size_t decode_avx2(const unsigned char *s, size_t len,
+							 unsigned char *out)
+{
+	size_t i = 0;
+	const __m256i lut_lo = _mm256_setr_epi8(0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+		0x11, 0x13, 0x1a, 0x1b, 0x1b, 0x1b, 0x1a, 0x15, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+		0x11, 0x11, 0x13, 0x1a, 0x1b, 0x1b, 0x1b, 0x1a);
+	const __m256i lut_hi = _mm256_setr_epi8(0x10, 0x10, 0x01, 0x02, 0x04, 0x08, 0x04, 0x08, 0x10,
+		0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x01, 0x02, 0x04, 0x08, 0x04, 0x08,
+		0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x10);
+	const __m256i lut_roll = _mm256_setr_epi8(0, 16, 19, 4, -65, -65, -71, -71, 0, 0, 0, 0, 0, 0, 0,
+		0, 0, 16, 19, 4, -65, -65, -71, -71, 0, 0, 0, 0, 0, 0, 0, 0);
+	const __m256i mask_2f = _mm256_set1_epi8(0x2f);
+	const __m256i pack = _mm256_setr_epi8(2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1,
+					      2, 1, 0, 6, 5, 4, 10, 9, 8, 14, 13, 12, -1, -1, -1, -1);
+	const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 7, 7);
+	for (; len - i >= 48; i += 32, out += 24) {
+		__m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(s + i));
+		__m256i hi_nib = _mm256_and_si256(_mm256_srli_epi32(v, 4), mask_2f);
+		__m256i lo = _mm256_shuffle_epi8(lut_lo, _mm256_and_si256(v, mask_2f));
+		__m256i hi = _mm256_shuffle_epi8(lut_hi, hi_nib);
+		/* A symbol's nibble classes share a bit exactly when it is outside the alphabet. */
+		if (!_mm256_testz_si256(lo, hi))
+			break;
+		__m256i eq_2f = _mm256_cmpeq_epi8(v, mask_2f);
+		v = _mm256_add_epi8(v, _mm256_shuffle_epi8(lut_roll, _mm256_add_epi8(eq_2f, hi_nib)));
+		__m256i ab_cd = _mm256_maddubs_epi16(v, _mm256_set1_epi32(0x01400140));
+		__m256i abcd = _mm256_madd_epi16(ab_cd, _mm256_set1_epi32(0x00011000));
+		abcd = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(abcd, pack), lanes);
+		_mm256_storeu_si256((__m256i *)(void *)out, abcd);
+	}
+	return i;
+}
+#endif
+
 void sk_b64_encode(const unsigned char *in, size_t len, char *out)
 {
 	size_t i = 0;
+#ifdef SK_B64_AVX2
+	if (have_avx2()) {
+		i = encode_avx2(in, len, out);
+		out += i / 3 * 4;
+	}
+#endif
 	for (; i + 3 <= len; i += 3) {
 		uint32_t v = ((uint32_t)in[i] << 16) | ((uint32_t)in[i + 1] << 8) | in[i + 2];
 		memcpy(out, pairs[v >> 12], 2);
@@ -98,6 +190,12 @@ int sk_b64_decode(const char *in, size_t len, unsigned char *out, size_t *out_le
 		*out_len = len - len % 4;
 		return -1;
 	}
+#ifdef SK_B64_AVX2
+	if (have_avx2()) {
+		i = decode_avx2(s, len, out);
+		o = i / 4 * 3;
+	}
+#endif
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 	/* Two groups at a time while another group follows them, so the fourth byte each store
 	 * spills lands where later output goes. A bad symbol stops this loop; the one below finds
