@@ -396,6 +396,9 @@ static void set_stream_body(CURL *e, sk_transfer *t, const struct sk_request *re
 	curl_off_t length = req->body_length >= 0 ? (curl_off_t)req->body_length : -1;
 	curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
 	curl_easy_setopt(e, CURLOPT_READDATA, t);
+	/* As much as the send buffer holds goes to the socket in one send: at libcurl's 64 KiB,
+	 * a file went up in a send, a poll and a wait per 64 KiB. */
+	curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, (long)SK_TRANSFER_SEND_BUFFER);
 	/* A stream cannot be rewound for a resend on a dead pooled connection; and, as for
 	 * fresh_connect, its connection is never pooled afterwards. */
 	curl_easy_setopt(e, CURLOPT_FRESH_CONNECT, 1L);
