@@ -79,7 +79,7 @@ void skl_push_frame(lua_State *L, const sk_frame *f)
 		lua_setfield(L, -2, f->data_is_base64 ? "base64" : "data");
 		break;
 	case SK_FRAME_EXIT:
-		lua_createtable(L, 0, 4);
+		lua_createtable(L, 0, 5);
 		lua_pushliteral(L, "exit");
 		lua_setfield(L, -2, "type");
 		lua_pushinteger(L, f->code);
@@ -89,6 +89,10 @@ void skl_push_frame(lua_State *L, const sk_frame *f)
 		if (f->has_signal) {
 			lua_pushinteger(L, f->signal);
 			lua_setfield(L, -2, "signal");
+		}
+		if (f->oom) {
+			lua_pushboolean(L, 1);
+			lua_setfield(L, -2, "oom");
 		}
 		break;
 	case SK_FRAME_ERROR:

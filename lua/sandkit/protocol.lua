@@ -449,7 +449,7 @@ function protocol.job_start(conn, argv, opts)
 end
 
 -- The members the stream's decoder reads (src/common/frames.c).
-local FRAME_MEMBERS = { "t", "seq", "data", "code", "message", "truncated", "signal" }
+local FRAME_MEMBERS = { "t", "seq", "data", "code", "message", "truncated", "signal", "oom" }
 
 --- A value of the page as JSON text again. lua-cjson read the page and its numbers are floats:
 -- a whole one is written in full (lua-cjson would write 14 digits and an exponent), any other
@@ -524,13 +524,13 @@ function protocol.job_poll(conn, job_id, since)
     -- otherwise held to the exit frame's types and ranges.
     local function member(v) if v ~= json.null then return v end end
     local exit, why = poll_frame{ t = "exit", code = value.exitCode, signal = member(value.signal),
-      truncated = member(value.truncated) }
+      truncated = member(value.truncated), oom = member(value.oom) }
     -- An ending that cannot be read is the job's outcome unknown, as for such a frame.
     if not exit then
       return nil, outcome_unknown("the poll's ending (exitCode, truncated, signal) could not be read",
         errors.unexpected(JOB_POLL, "exitCode", why))
     end
-    page.exit = { code = exit.code, truncated = exit.truncated, signal = exit.signal }
+    page.exit = { code = exit.code, truncated = exit.truncated, signal = exit.signal, oom = exit.oom }
   end
   if type(value.frames) == "table" then
     for _, raw in ipairs(value.frames) do
@@ -545,7 +545,8 @@ function protocol.job_poll(conn, job_id, since)
         return nil, protocol.command_error(frame.code, frame.message, { operation = JOB_POLL })
       elseif frame.type == "exit" then
         -- The ending of an agent that reports it as a frame; the envelope's, when both, wins.
-        page.exit = page.exit or { code = frame.code, truncated = frame.truncated, signal = frame.signal }
+        page.exit = page.exit or { code = frame.code, truncated = frame.truncated, signal = frame.signal,
+          oom = frame.oom }
       else
         page.frames[#page.frames + 1] = frame
         if page.next == nil or frame.seq > page.next then page.next = frame.seq end

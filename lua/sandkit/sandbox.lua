@@ -386,7 +386,8 @@ end
 --- Default bytes exec keeps per stream; the head is kept, the rest counted as truncated.
 local DEFAULT_MAX_OUTPUT = 1024 * 1024
 
---- Runs a command to its end: { code =, stdout =, stderr =, truncated =, signal = } or nil, err.
+--- Runs a command to its end: { code =, stdout =, stderr =, truncated =, signal =, oom = } or
+-- nil, err (oom: true when a memory limit killed it).
 -- A failure after the command started (its timeout, a lost stream) carries what output had
 -- arrived as err.stdout and err.stderr.
 function session_mt:exec(argv, opts)
@@ -427,6 +428,7 @@ function session_mt:exec(argv, opts)
         stderr = table.concat(kept.stderr),
         truncated = frame.truncated or cut,
         signal = frame.signal,
+        oom = frame.oom,
       }
     end
     local room = limit - size[kind]

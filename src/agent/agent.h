@@ -5,6 +5,7 @@
 #ifndef SANDKIT_AGENT_H
 #define SANDKIT_AGENT_H
 
+#include "limits.h"
 #include "log.h"
 
 #include <stddef.h>
@@ -37,6 +38,7 @@ struct capability;
 #define AGENT_EXIT_START 2           /* a bad option, an unusable root, a port taken, ... */
 #define AGENT_EXIT_NO_ISOLATION 3    /* --isolate bwrap: bubblewrap or user namespaces missing */
 #define AGENT_EXIT_NO_NETWORK 4      /* --network outbound: no stack to attach */
+#define AGENT_EXIT_NO_LIMITS 5       /* --memory, --pids, --cpus: no control group to bound them */
 
 struct agent_config {
 	char *root_path;            /* its canonical absolute path, for the log */
@@ -58,6 +60,9 @@ struct agent_config {
 	const char *init_path;      /* the session's init; NULL: beside the agent */
 	const char *pasta_path, *slirp4netns_path;
 	long long host_uid;         /* --host-uid; -1 when not given */
+	const char *image_path;     /* --image: the session's / below its own changes; or NULL */
+	const char *image_work_path;
+	struct limits_request limits;
 	enum agent_log_level log_level;
 	unsigned max_connections;   /* before the descriptor limit lowers it (http.h) */
 	unsigned header_timeout_ms;

@@ -112,6 +112,9 @@ static int data_pipe(const char *text)
 /* The login shell of the sandbox user: bash where the host has it, else sh. */
 static const char *user_shell(void)
 {
+	/* An image's shells are not the host's: /bin/sh is the one every image has. */
+	if (agent.cfg.image_path)
+		return "/bin/sh";
 	return access("/usr/bin/bash", X_OK) == 0 ? "/bin/bash" : "/bin/sh";
 }
 
@@ -144,7 +147,9 @@ static int make_etc(int fds[3])
 /*
  * bubblewrap's arguments: the namespaces, the session's tree as / (bound at /tmp of the prep's
  * mount namespace, see prep_main), what comes from the host read-only, and the init to run
- * through its descriptor. host_dirs says which of usr_links the host has as directories.
+ * through its descriptor. host_dirs says which of usr_links the host has as directories. A
+ * session from an image has the image's /usr and /etc instead of the host's: only the files
+ * the agent generates, and the host's resolv.conf, are laid over it.
  * The vector has room for every word (see the size in confine_start).
  */
 static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_USR_LINKS])
@@ -153,12 +158,15 @@ static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_
 		"--unshare-user", "--uid", "1000", "--gid", "1000", "--unshare-pid", "--unshare-ipc",
 		"--unshare-net", "--unshare-uts", "--unshare-cgroup-try", "--hostname", CONFINE_HOSTNAME,
 		"--die-with-parent", "--as-pid-1", "--info-fd", "5",
-		"--bind", "/tmp", "/", "--ro-bind", "/usr", "/usr",
+		"--bind", "/tmp", "/",
 	};
+	static const char *const host_usr[] = { "--ro-bind", "/usr", "/usr" };
 	/* Modes as a system has them: bubblewrap would make its own files and folders private to
 	 * the user, which programs running as another uid inside could not read. */
 	static const char *const tail[] = {
 		"--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+	};
+	static const char *const host_etc[] = {
 		"--perms", "0755", "--tmpfs", "/etc", "--perms", "0755", "--dir", "/etc/ssl",
 	};
 	static const char *const data[] = {
@@ -168,11 +176,14 @@ static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_
 		"--chdir", "/", "--", "/proc/self/fd/9",
 	};
 	static char top[N_USR_LINKS][16];
+	int image = agent.cfg.image_path != NULL;
 	size_t k = 0;
 	v[k++] = bwrap;
 	for (size_t i = 0; i < sizeof head / sizeof *head; i++)
 		v[k++] = head[i];
-	for (size_t i = 0; i < N_USR_LINKS; i++) {
+	for (size_t i = 0; !image && i < sizeof host_usr / sizeof *host_usr; i++)
+		v[k++] = host_usr[i];
+	for (size_t i = 0; !image && i < N_USR_LINKS; i++) {
 		if (!host_dirs[i])
 			continue;
 		snprintf(top[i], sizeof top[i], "/%s", usr_links[i]);
@@ -182,7 +193,12 @@ static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_
 	}
 	for (size_t i = 0; i < sizeof tail / sizeof *tail; i++)
 		v[k++] = tail[i];
+	for (size_t i = 0; !image && i < sizeof host_etc / sizeof *host_etc; i++)
+		v[k++] = host_etc[i];
 	for (size_t i = 0; i < N_ETC_FILES; i++) {
+		/* An image keeps its own, except where to find names, which is this machine's. */
+		if (image && strcmp(etc_files[i], "/etc/resolv.conf") != 0)
+			continue;
 		v[k++] = "--ro-bind-try";
 		v[k++] = etc_files[i];
 		v[k++] = etc_files[i];
@@ -191,7 +207,48 @@ static void bwrap_argv(const char **v, const char *bwrap, const int host_dirs[N_
 		v[k++] = data[i];
 	v[k] = NULL;
 }
-#define BWRAP_ARGV_MAX (1 + 22 + 3 * N_USR_LINKS + 16 + 3 * N_ETC_FILES + 19 + 1)
+#define BWRAP_ARGV_MAX (1 + 19 + 3 + 3 * N_USR_LINKS + 8 + 8 + 3 * N_ETC_FILES + 19 + 1)
+
+/* The mount points bubblewrap needs in a session from an image, made as root in the session's
+ * own layer (never the image's) before bubblewrap, which as the sandbox user could not make them
+ * in the image's root-owned folders. What is in the way with another kind (a link a stranger's
+ * image planted where /etc/hosts goes) is removed from the session's view first, so no mount
+ * follows it out. */
+static const struct { const char *path; mode_t mode; int dir; } image_points[] = {
+	{ "proc", 0555, 1 }, { "dev", 0755, 1 }, { "tmp", 01777, 1 }, { "etc", 0755, 1 },
+	{ "home", 0755, 1 }, { "home/" CONFINE_USER, 0755, 1 }, { "etc/passwd", 0644, 0 },
+	{ "etc/group", 0644, 0 }, { "etc/hosts", 0644, 0 }, { "etc/resolv.conf", 0644, 0 },
+};
+
+static int prepare_image_tree(int root)
+{
+	for (size_t i = 0; i < sizeof image_points / sizeof *image_points; i++) {
+		const char *path = image_points[i].path;
+		struct stat st;
+		int want_dir = image_points[i].dir;
+		if (fstatat(root, path, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+			if (want_dir ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode))
+				continue;
+			if (unlinkat(root, path, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) < 0)
+				return -1;
+		} else if (errno != ENOENT) {
+			return -1;
+		}
+		if (want_dir) {
+			if (mkdirat(root, path, image_points[i].mode) < 0 ||
+			    fchmodat(root, path, image_points[i].mode, 0) < 0)
+				return -1;
+		} else {
+			int fd = openat(root, path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+					image_points[i].mode);
+			if (fd < 0)
+				return -1;
+			close(fd);
+		}
+	}
+	/* The sandbox user's home is its own, as in a session without an image. */
+	return fchownat(root, "home/" CONFINE_USER, session.uid, session.uid, AT_SYMLINK_NOFOLLOW);
+}
 
 /* In the session's tree, as the sandbox user: the home, and the merged-/usr links the host has
  * (bubblewrap cannot make a link that exists, which a revived session's tree has). Each step is
@@ -250,14 +307,28 @@ static void prep_main(const int fds[FD_FIRST_FREE - FD_READY], int err, const ch
 	/* A slave receives the host's later mounts and sends none back. */
 	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
 		prep_fail("cannot make the mounts private");
-	if (mount(".", "/tmp", NULL, MS_BIND | MS_REC, NULL) < 0)
+	if (agent.cfg.image_path) {
+		/* The image below, the session's own tree above it: every write lands in the
+		 * session's tree, and the image is read by every session alike. */
+		char opts[3 * PATH_MAX + 64];
+		snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s",
+			 agent.cfg.image_path, agent.cfg.root_path, agent.cfg.image_work_path);
+		if (mount("overlay", "/tmp", "overlay", 0, opts) < 0)
+			prep_fail("cannot lay the session's tree over its image (overlayfs)");
+		int top = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+		if (top < 0 || prepare_image_tree(top) < 0)
+			prep_fail("cannot make the image's mount points in the session's tree");
+		close(top);
+	} else if (mount(".", "/tmp", NULL, MS_BIND | MS_REC, NULL) < 0) {
 		prep_fail("cannot bind the root");
+	}
 	/* Host root's supplementary groups must not follow it in, nor any capability. */
 	if (session.as_root && (confine_drop_groups() < 0 || setresgid(session.uid, session.uid,
 									  session.uid) < 0 ||
 				setresuid(session.uid, session.uid, session.uid) < 0))
 		prep_fail("cannot become the sandbox user's host uid");
-	prepare_tree(agent.cfg.root_fd, host_dirs);
+	if (agent.cfg.image_path == NULL)
+		prepare_tree(agent.cfg.root_fd, host_dirs);
 	/* Into place from above the range, so no move overwrites a descriptor still to move. */
 	int moved[FD_FIRST_FREE - FD_READY];
 	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++) {

@@ -5,6 +5,7 @@
 #include "common/base64.h"
 #include "confine.h"
 #include "contain.h"
+#include "limits.h"
 #include "log.h"
 #include "util.h"
 
@@ -56,6 +57,7 @@ struct command {
 	uint64_t deadline_us;   /* util_now_us() when the timeout is up */
 	size_t frame_cost;
 	int truncated, paused, reaped, status;
+	uint64_t oom_kills;  /* the memory bound's kill count when it started (limits.h) */
 	int callbacks;       /* >0 while one of this command's handlers runs: no freeing then */
 	const struct command_sink *sink;
 	void *ctx;
@@ -105,8 +107,9 @@ int frame_terminal(struct evbuffer *out, const struct outcome *o)
 		char sig[32] = "";
 		if (o->signal)
 			snprintf(sig, sizeof sig, ",\"signal\":%d", o->signal);
-		return evbuffer_add_printf(out, "{\"t\":\"exit\",\"code\":%d,\"truncated\":%s%s}",
-					   o->code, o->truncated ? "true" : "false", sig) < 0 ? -1 : 0;
+		return evbuffer_add_printf(out, "{\"t\":\"exit\",\"code\":%d,\"truncated\":%s%s%s}",
+					   o->code, o->truncated ? "true" : "false", sig,
+					   o->oom ? ",\"oom\":true" : "") < 0 ? -1 : 0;
 	}
 	if (evbuffer_add_printf(out, "{\"t\":\"error\",\"code\":\"%s\",\"message\":", o->error) < 0 ||
 	    util_json_string(out, o->message, strlen(o->message)) < 0)
@@ -196,6 +199,10 @@ static void settle(struct command *c)
 		if (WIFSIGNALED(c->status)) {
 			o.signal = WTERMSIG(c->status);
 			o.code = 128 + o.signal;
+			/* The kernel's out-of-memory kill is a SIGKILL like any other: the bound's
+			 * count growing while the command ran is what tells them apart. With
+			 * commands running side by side it names each one killed then. */
+			o.oom = o.signal == SIGKILL && limits_oom_kills() > c->oom_kills;
 		} else {
 			o.code = WEXITSTATUS(c->status);
 		}
@@ -390,6 +397,9 @@ static int child(void *arg)
 	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (null < 0 || dup2(null, 0) < 0 || dup2(a->out, 1) < 0 || dup2(a->err, 2) < 0)
 		child_fail(report, STAGE_SETUP);
+	/* Into the session's control groups while still the agent's uid, which may move itself. */
+	if (limits_join() < 0)
+		child_fail(report, STAGE_SETUP);
 	/* Into the session before the working directory, which is a directory of the session's
 	 * mounts; the change of credentials clears the death signal, so it is asked for again. */
 	if (confine_active() && (confine_enter() < 0 || prctl(PR_SET_PDEATHSIG, SIGKILL) < 0))
@@ -571,6 +581,7 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 	struct child_args args = { spec, env.v, cwd_fd, out[1], err[1], report[1],
 				   confine_active() ? 0 : contain_parent_pid() };
 	char **own_environ = environ;
+	c->oom_kills = limits_oom_kills();
 	sigset_t all, mask;
 	sigfillset(&all);
 	sigprocmask(SIG_SETMASK, &all, &mask);

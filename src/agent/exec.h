@@ -26,6 +26,7 @@ struct outcome {
 	int code;           /* exit status; 128 + signal for a signal death */
 	int signal;         /* the signal's number, 0 when the command exited by itself */
 	int truncated;      /* output was dropped by the cap */
+	int oom;            /* killed by the session's memory bound (limits.h) */
 	const char *error;  /* timeoutExceeded, spawnFailed, ... (static) */
 	char message[256];  /* bounded: it is copied into every poll of a finished job */
 };

@@ -385,8 +385,9 @@ static int poll_ending(struct evbuffer *b, const struct poll_send *ps)
 		char sig[32] = "";
 		if (o->signal)
 			snprintf(sig, sizeof sig, ",\"signal\":%d", o->signal);
-		if (evbuffer_add_printf(b, ",\"exitCode\":%d,\"truncated\":%s%s", o->code,
-					o->truncated ? "true" : "false", sig) < 0)
+		if (evbuffer_add_printf(b, ",\"exitCode\":%d,\"truncated\":%s%s%s", o->code,
+					o->truncated ? "true" : "false", sig,
+					o->oom ? ",\"oom\":true" : "") < 0)
 			return -1;
 	} else if (ps->finished) {
 		if (evbuffer_add_printf(b, ",\"error\":{\"code\":\"%s\",\"message\":", o->error) < 0 ||

@@ -125,18 +125,33 @@ static void usage(FILE *out)
 		"                                                 session ends at, as on SIGTERM; read\n"
 		"                                                 at start and on every SIGHUP (empty:\n"
 		"                                                 no end)\n"
+		"  --memory BYTES         SANDKIT_AGENT_MEMORY    the memory the session's commands\n"
+		"                                                 may use together (at least %llu)\n"
+		"  --pids N               SANDKIT_AGENT_PIDS      their processes and threads together\n"
+		"                                                 (at least %d)\n"
+		"  --cpus CORES           SANDKIT_AGENT_CPUS      their CPU time, in cores (1.5: one\n"
+		"                                                 and a half; at least 0.01)\n"
+		"  --image DIR            SANDKIT_AGENT_IMAGE     with bwrap: the session's / is DIR\n"
+		"                                                 seen copy-on-write, the root holding\n"
+		"                                                 what the session changed (overlayfs)\n"
+		"  --image-work DIR       SANDKIT_AGENT_IMAGE_WORK  overlayfs's work folder for --image,\n"
+		"                                                 empty, on the root's filesystem\n"
+		"  --probe-limits                                 print which of memory, pids and cpu\n"
+		"                                                 this machine lets the agent bound,\n"
+		"                                                 then exit\n"
 		"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
 		"  --help                                         this text\n"
 		"\n"
 		"One way to authorize is required: --token-file, --no-auth or --auth capability. SIGTERM\n"
 		"and SIGINT kill every running command's process group and what commands left behind,\n"
 		"then the agent exits 0. A start that fails exits 2, or 3 when confinement cannot be\n"
-		"had on this machine, or 4 when the outbound network cannot.\n",
+		"had on this machine, or 4 when the outbound network cannot, or 5 when a limit cannot.\n",
 		AGENT_TOKEN_BYTES, AGENT_TOKEN_CHARS, (unsigned long long)AGENT_DEFAULT_OUTPUT_CAP,
 		(unsigned long long)OUTPUT_CAP_MAX, HTTP_DEFAULT_MAX_CONNECTIONS,
 		HTTP_DEFAULT_HEADER_TIMEOUT_MS, HEADER_TIMEOUT_MIN_MS, HEADER_TIMEOUT_MAX_MS,
 		HTTP_DEFAULT_BODY_TIMEOUT_MS, BODY_TIMEOUT_MIN_MS, BODY_TIMEOUT_MAX_MS,
-		HTTP_DEFAULT_STALL_TIMEOUT_MS, STALL_TIMEOUT_MIN_MS, STALL_TIMEOUT_MAX_MS);
+		HTTP_DEFAULT_STALL_TIMEOUT_MS, STALL_TIMEOUT_MIN_MS, STALL_TIMEOUT_MAX_MS,
+		(unsigned long long)LIMITS_MEMORY_MIN, LIMITS_PIDS_MIN);
 }
 
 static void vdie(int status, const char *fmt, va_list ap) __attribute__((noreturn));
@@ -172,6 +187,7 @@ struct raw_options {
 	const char *auth, *session_id, *public_keys;
 	const char *network, *host_uid, *bwrap, *init, *pasta, *slirp4netns;
 	const char *lifetime_file;
+	const char *memory, *pids, *cpus, *image, *image_work;
 };
 
 static int env_flag(const char *name, const char *v)
@@ -305,6 +321,65 @@ static void configure_confinement(const struct raw_options *o)
 	c->init_path = o->init;
 	c->pasta_path = o->pasta ? o->pasta : NETWORK_PASTA;
 	c->slirp4netns_path = o->slirp4netns ? o->slirp4netns : NETWORK_SLIRP4NETNS;
+	if ((o->image != NULL) != (o->image_work != NULL))
+		die("--image and --image-work go together");
+	if (o->image && !c->isolate_bwrap)
+		die("--image needs --isolate bwrap: unconfined commands see the host's /");
+	c->image_path = o->image;
+	c->image_work_path = o->image_work;
+	/* overlayfs takes its folders in one option string, separated by ',' and ':' and escaped
+	 * with '\\': a path holding one would name other folders than it says. */
+	const char *paths[] = { o->image, o->image_work };
+	for (size_t i = 0; o->image && i < 2; i++)
+		if (paths[i][0] != '/' || strpbrk(paths[i], ",:\\") || strlen(paths[i]) >= PATH_MAX)
+			die("--image and --image-work must be absolute paths without ',', ':' or '\\', "
+			    "not '%s'", paths[i]);
+}
+
+/* CORES as hundredths of a core: digits, then at most two decimals ("1.5", "0.25", "2"). */
+static uint64_t parse_cores(const char *v)
+{
+	uint64_t whole = 0, centi = 0;
+	const char *p = v;
+	int digits = 0;
+	for (; *p >= '0' && *p <= '9' && digits < 8; p++, digits++)
+		whole = whole * 10 + (uint64_t)(*p - '0');
+	int ok = digits > 0;
+	if (ok && *p == '.') {
+		p++;
+		int places = 0;
+		for (; *p >= '0' && *p <= '9' && places < 2; p++, places++)
+			centi = centi * 10 + (uint64_t)(*p - '0');
+		if (places == 0)
+			ok = 0;
+		else if (places == 1)
+			centi *= 10;
+	}
+	uint64_t total = whole * 100 + centi;
+	if (!ok || *p != '\0' || total < LIMITS_CPU_MIN_CENTI || total > LIMITS_CPU_MAX_CENTI)
+		die("--cpus must be a number of cores from 0.01 to %d with at most two decimals, "
+		    "not '%s'", LIMITS_CPU_MAX_CENTI / 100, v);
+	return total;
+}
+
+/* --memory, --pids, --cpus: each a bound below which a shell cannot run is refused. */
+static void configure_limits(const struct raw_options *o)
+{
+	struct limits_request *l = &agent.cfg.limits;
+	if (o->memory) {
+		l->memory = parse_u64("--memory", o->memory, LIMITS_MEMORY_MAX);
+		if (l->memory < LIMITS_MEMORY_MIN)
+			die("--memory must be at least %llu bytes: a shell needs that much to start",
+			    (unsigned long long)LIMITS_MEMORY_MIN);
+	}
+	if (o->pids) {
+		l->pids = parse_u64("--pids", o->pids, LIMITS_PIDS_MAX);
+		if (l->pids < LIMITS_PIDS_MIN)
+			die("--pids must be at least %d: a shell and its pipeline need that many",
+			    LIMITS_PIDS_MIN);
+	}
+	if (o->cpus)
+		l->cpu_centi = parse_cores(o->cpus);
 }
 
 static void configure(int argc, char **argv)
@@ -323,6 +398,9 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_BWRAP"), getenv("SANDKIT_AGENT_INIT"),
 		getenv("SANDKIT_AGENT_PASTA"), getenv("SANDKIT_AGENT_SLIRP4NETNS"),
 		getenv("SANDKIT_AGENT_LIFETIME_FILE"),
+		getenv("SANDKIT_AGENT_MEMORY"), getenv("SANDKIT_AGENT_PIDS"),
+		getenv("SANDKIT_AGENT_CPUS"), getenv("SANDKIT_AGENT_IMAGE"),
+		getenv("SANDKIT_AGENT_IMAGE_WORK"),
 	};
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
@@ -352,6 +430,12 @@ static void configure(int argc, char **argv)
 		{ "pasta", required_argument, NULL, 'P' },
 		{ "slirp4netns", required_argument, NULL, 'Z' },
 		{ "lifetime-file", required_argument, NULL, 'T' },
+		{ "memory", required_argument, NULL, 'M' },
+		{ "pids", required_argument, NULL, 'p' },
+		{ "cpus", required_argument, NULL, 'C' },
+		{ "image", required_argument, NULL, 'g' },
+		{ "image-work", required_argument, NULL, 'w' },
+		{ "probe-limits", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -382,6 +466,12 @@ static void configure(int argc, char **argv)
 		case 'P': o.pasta = optarg; break;
 		case 'Z': o.slirp4netns = optarg; break;
 		case 'T': o.lifetime_file = optarg; break;
+		case 'M': o.memory = optarg; break;
+		case 'p': o.pids = optarg; break;
+		case 'C': o.cpus = optarg; break;
+		case 'g': o.image = optarg; break;
+		case 'w': o.image_work = optarg; break;
+		case 'q': printf("%s\n", limits_probe()); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
 		}
@@ -407,6 +497,8 @@ static void configure(int argc, char **argv)
 	if (c->root_fd < 0)
 		die("the root %s cannot be used: %s", o.root, strerror(errno));
 	c->root_path = realpath(o.root, NULL);
+	if (c->image_path && c->root_path && strpbrk(c->root_path, ",:\\"))
+		die("with --image the root's path must hold no ',', ':' or '\\', not '%s'", c->root_path);
 	if (c->root_path == NULL)
 		die("the root %s cannot be resolved: %s", o.root, strerror(errno));
 	parse_listen(o.listen ? o.listen : "127.0.0.1:0");
@@ -449,6 +541,7 @@ static void configure(int argc, char **argv)
 	c->ready_file = o.ready_file;
 	c->lifetime_file = o.lifetime_file && o.lifetime_file[0] ? o.lifetime_file : NULL;
 	configure_confinement(&o);
+	configure_limits(&o);
 }
 
 /* Writes all of buf; 0 or -1. */
@@ -529,6 +622,14 @@ int main(int argc, char **argv)
 		else
 			log_info("%s", contain_description());
 	}
+	{
+		char why[PATH_MAX + 256];
+		if (limits_start(&agent.cfg.limits, why, sizeof why) < 0) {
+			confine_stop();
+			contain_stop();
+			die_with(AGENT_EXIT_NO_LIMITS, "%s", why);
+		}
+	}
 	/* Every connection and every command's pipes take descriptors; the soft limit is often a
 	 * fraction of the hard one, which the agent may take without asking. Commands get the
 	 * original back (exec.c). */
@@ -586,6 +687,7 @@ int main(int argc, char **argv)
 	contain_stop();
 	preview_close_all();
 	confine_stop();
+	limits_stop();
 	server_stop();
 	jobs_free_all();
 	command_free_all();

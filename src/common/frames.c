@@ -136,17 +136,17 @@ struct fields {
 	sk_json_str t, data, message, code_str, event, path, from, reason;
 	uint64_t seq;
 	int64_t code_num, signal;
-	int truncated;
+	int truncated, oom;
 	unsigned has_t : 1, has_seq : 1, has_data : 1, has_message : 1, has_code_str : 1,
 		has_code_num : 1, has_signal : 1, has_truncated : 1, has_event : 1, has_path : 1,
-		has_from : 1, has_reason : 1;
+		has_from : 1, has_reason : 1, has_oom : 1;
 };
 
 /* The members a frame may carry, each allowed once, by their index in members[]. */
 enum member { M_T, M_DATA, M_SEQ, M_CODE, M_MESSAGE, M_TRUNCATED, M_SIGNAL, M_EVENT, M_PATH, M_FROM,
-	      M_REASON, M_OTHER };
+	      M_REASON, M_OOM, M_OTHER };
 static const char *const members[] = { "t", "data", "seq", "code", "message", "truncated", "signal",
-					"event", "path", "from", "reason" };
+					"event", "path", "from", "reason", "oom" };
 
 /* Which member key names, compared once: a frame is mostly three short members, and short
  * frames are most of what a chatty command's stream decodes. */
@@ -202,6 +202,9 @@ static int scan_fields(sk_json *j, struct fields *f)
 			break;
 		case M_SIGNAL:
 			f->has_signal = sk_json_i64(j, &f->signal) == 0;
+			break;
+		case M_OOM:
+			f->has_oom = sk_json_bool(j, &f->oom) == 0;
 			break;
 		case M_EVENT:
 			f->has_event = sk_json_string(j, &f->event) == 0;
@@ -348,12 +351,13 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 			out->has_signal = 1;
 			out->signal = (int32_t)f.signal;
 		}
+		out->oom = f.has_oom && f.oom;
 	} else if (sk_json_str_is(&f.t, "keepalive")) {
 		out->type = SK_FRAME_KEEPALIVE;
 		/* It is counted nowhere and says nothing: a member that would make it mean
 		 * something (a seq above all) is a frame this client cannot read. */
 		if (f.has_seq || f.has_data || f.has_code_num || f.has_code_str || f.has_message ||
-		    f.has_truncated || f.has_signal)
+		    f.has_truncated || f.has_signal || f.has_oom)
 			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 			            "a keepalive frame carries nothing but `t`", -1);
 	} else if (sk_json_str_is(&f.t, "error")) {

@@ -62,6 +62,7 @@ typedef struct sk_frame {
 	int truncated;              /* exit: 0 when absent */
 	int has_signal;             /* exit: the `signal` extension was present */
 	int32_t signal;
+	int oom;                    /* exit: the `oom` extension said true (killed by a memory bound) */
 	const char *error_code;     /* error: the frame's code, valid until the next call */
 	size_t error_code_len;
 	const char *message;        /* error: the frame's message, valid until the next call */
