@@ -232,6 +232,28 @@ function sandbox_mt:terminate(id)
   return self.provider:terminate(id)
 end
 
+-- Images ------------------------------------------------------------------------------------
+
+--- Root filesystems sessions start from, where the provider keeps them (the local provider:
+-- docs/agent.md and README, Images). Each returns what the provider's method does:
+--   sandbox:image_import(name, dir | tar_path | "-" | reader, { max_entries =, max_bytes = })
+--   sandbox:image_build(name, { suite =, packages =, variant =, mirror = })
+--   sandbox:image_commit(session_id, name)
+--   sandbox:image_list()  -> { { name =, size =, entries =, created_at =, origin = }, … }
+--   sandbox:image_remove(name)
+local IMAGE_OPERATIONS = { image_import = "sandbox.imageImport", image_build = "sandbox.imageBuild",
+  image_commit = "sandbox.imageCommit", image_list = "sandbox.imageList", image_remove = "sandbox.imageRemove" }
+
+for method, operation in pairs(IMAGE_OPERATIONS) do
+  sandbox_mt[method] = function(self, ...)
+    local provider = self.provider
+    if not provider[method] then
+      return nil, errors.not_supported(operation, "the " .. provider.name .. " provider keeps no images")
+    end
+    return provider[method](provider, ...)
+  end
+end
+
 -- Sessions ----------------------------------------------------------------------------------
 
 function session_mt:capabilities()

@@ -89,6 +89,8 @@ local REFUSALS = {
     instead = "isolate = \"none\" (sandkit --isolate none) runs commands unconfined instead" },
   [4] = { field = "network",
     instead = "network = \"none\" gives the session no network instead" },
+  [5] = { field = "limits",
+    instead = "capabilities().limits lists the limits this machine enforces" },
 }
 
 --- What an agent's exit status says the machine cannot give ({ field, instead }), or nil.

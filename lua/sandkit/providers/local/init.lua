@@ -4,7 +4,8 @@
 --   sandkit.sandbox{ provider = "local", root = nil, isolate = "bwrap", network = "none",
 --                    bwrap = nil, agent_path = nil, output_cap = nil, ready_timeout = 10,
 --                    header_timeout = 60, grace = 60, command_timeout = nil }
---   sandbox:create{ id = nil, env = nil, lifetime = nil, labels = nil }
+--   sandbox:create{ id = nil, env = nil, lifetime = nil, labels = nil, image = nil,
+--                   limits = { memory = nil, pids = nil, cpu = nil } }
 --   session:set_lifetime(seconds)
 --
 -- root      the state folder; default $XDG_STATE_HOME/sandkit, else ~/.local/state/sandkit
@@ -19,10 +20,17 @@
 --           session reads as absent; the next get, list or prune removes its files.
 --           set_lifetime moves the end, in the record and on the agent's own clock
 -- labels    kept in the record; list{ labels } reads every record and keeps those matching
+-- image     a confined session's / is this image (images.lua), copy-on-write; without one the
+--           host's system folders serve, read-only
+-- limits    what the session's commands may use together: memory (bytes), pids, cpu (cores),
+--           enforced by the agent in control groups (limits.lua); one this machine cannot
+--           enforce is refused
 --
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
 --   record.json  { id, pid, port, boot_id, generation, isolate, network, host_uid, env,
---                  created_at, expires_at, labels }
+--                  created_at, expires_at, labels, image, limits }
+--   image        the name of its image, written before the image is looked for (images.lua)
+--   work/        overlayfs's work folder, for a session from an image
 --   token        the agent's bearer token, mode 0600
 --   lifetime     the session's end as the agent reads it (--lifetime-file): Unix seconds, or
 --                none, padded with spaces to a fixed width
@@ -42,6 +50,8 @@ local protocol = require "sandkit.protocol"
 local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
 local agent_process = require "sandkit.providers.local.agent_process"
+local images = require "sandkit.providers.local.images"
+local limits = require "sandkit.providers.local.limits"
 local state = require "sandkit.providers.local.state"
 
 local provider_local = {}
@@ -49,8 +59,8 @@ local provider_local = {}
 --- The sandbox options this provider takes besides the common ones (sandkit.sandbox), and the
 -- create options besides id and env.
 provider_local.OPTIONS = options_check.set{ "root", "isolate", "network", "bwrap", "agent_path",
-  "output_cap", "ready_timeout" }
-provider_local.CREATE_OPTIONS = options_check.set{ "lifetime" }
+  "output_cap", "ready_timeout", "image_max_entries", "image_max_bytes" }
+provider_local.CREATE_OPTIONS = options_check.set{ "lifetime", "image", "limits" }
 --- A session id is a directory name and part of a URL nowhere; the rule is the other
 -- providers' so that ids move between them.
 provider_local.ID = options_check.SESSION_ID
@@ -110,9 +120,21 @@ function provider_local.new(options)
   if options.bwrap ~= nil and (type(options.bwrap) ~= "string" or options.bwrap == "") then
     return nil, errors.invalid_input("sandbox.create", "bwrap", "bwrap is the path of bubblewrap")
   end
+  for _, name in ipairs{ "image_max_entries", "image_max_bytes" } do
+    local _, bad_bound = options_check.whole_number("sandkit.sandbox", options, name)
+    if bad_bound then return nil, bad_bound end
+  end
   return setmetatable({ name = "local", options = options, root = root, isolate = isolate,
     network = network, bwrap = options.bwrap or DEFAULT_BWRAP, sessions = root .. "/sessions",
-    ready_timeout = ready_timeout }, provider_mt)
+    ready_timeout = ready_timeout, images = images.store(root, options) }, provider_mt)
+end
+
+--- What this machine lets a session's agent enforce, asked of the agent once per sandbox.
+function provider_mt:enforced_limits()
+  if not self.enforced then
+    self.enforced = limits.probe((agent_process.find(self.options)))
+  end
+  return self.enforced
 end
 
 function provider_mt:capabilities()
@@ -124,6 +146,8 @@ function provider_mt:capabilities()
     isolation = self.isolate,
     bwrap = state.file_exists(self.bwrap),
     set_lifetime = true, labels = true,
+    images = self.isolate == "bwrap",
+    limits = self:enforced_limits(),
   }
 end
 
@@ -179,6 +203,11 @@ function provider_mt:start_agent(id, dir, fields)
   if ok then ok, err = agent_process.write_end(dir, fields.expires_at) end
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
   local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap)
+  if fields.image then
+    for _, word in ipairs{ "--image", self.images.dir .. "/" .. fields.image .. "/rootfs",
+      "--image-work", dir .. "/work" } do argv[#argv + 1] = word end
+  end
+  limits.argv(argv, fields.limits)
   local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
     stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
   if not pid then
@@ -222,7 +251,7 @@ function provider_mt:await_agent(id, dir, pid, reader, token, fields)
   local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
     generation = fields.generation, isolate = fields.isolate, network = fields.network,
     host_uid = fields.host_uid, env = fields.env, created_at = os.time(),
-    expires_at = fields.expires_at, labels = fields.labels }
+    expires_at = fields.expires_at, labels = fields.labels, image = fields.image, limits = fields.limits }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
   local health, herr = readiness.wait(conn, { timeout = self.ready_timeout })
   if not health then return nil, herr end
@@ -248,6 +277,17 @@ function provider_mt:create(opts)
   end
   local bad_env = check_env(opts.env)
   if bad_env then return nil, bad_env end
+  local kept_limits, bad_limits = limits.check(opts.limits, opts.limits and self:enforced_limits() or {})
+  if bad_limits then return nil, bad_limits end
+  local confined = self.isolate == "bwrap"
+  if opts.image ~= nil and not confined then
+    return nil, errors.invalid_input("sandbox.create", "image",
+      "an image is a confined session's /; with isolate = \"none\" commands see this machine's")
+  end
+  if opts.image ~= nil then
+    local bad_name = images.check_name("sandbox.create", opts.image)
+    if bad_name then return nil, errors.invalid_input("sandbox.create", "image", bad_name.message) end
+  end
   local made, err = state.mkdirs(self.sessions)
   if not made then return nil, errors.invalid_input("sandbox.create", "root", err .. ROOT_ADVICE) end
   local dir = self:dir(id)
@@ -263,12 +303,19 @@ function provider_mt:create(opts)
   -- 0755: a confined session's /, which programs of other uids inside may need to cross; the
   -- session's directory around it keeps it private on this machine.
   core.mkdir(dir .. "/files", 493)
-  local confined = self.isolate == "bwrap"
+  if opts.image ~= nil then
+    local claimed, cerr = images.claim(self.images, dir, opts.image)
+    if not claimed then
+      core.remove_tree(dir)
+      return nil, cerr
+    end
+    core.mkdir(dir .. "/work", 448)
+  end
   local record
   record, err = self:start_agent(id, dir, { generation = 1, env = opts.env, labels = opts.labels,
     expires_at = expires_at, isolate = self.isolate,
     network = confined and self.network or nil,
-    host_uid = confined and agent_process.host_uid() or nil })
+    host_uid = confined and agent_process.host_uid() or nil, image = opts.image, limits = kept_limits })
   if not record then
     core.remove_tree(dir)
     return nil, err
@@ -319,7 +366,7 @@ function provider_mt:get_or_create(opts)
     revived, err = self:start_agent(opts.id, self:dir(opts.id), { generation = record.generation + 1,
       env = record.env, expires_at = record.expires_at, labels = record.labels, isolate = record.isolate,
       network = record.isolate == "bwrap" and (record.network or "none") or nil,
-      host_uid = record.host_uid })
+      host_uid = record.host_uid, image = record.image, limits = record.limits })
     if not revived then return nil, err end
     return revived, false
   end
@@ -430,6 +477,33 @@ function provider_mt:preview(record, port)
     if not endpoint then return nil, err end
   end
   return { endpoint = endpoint, headers = {}, allowed_ports = { port }, expires_in = math.huge }
+end
+
+-- Images --------------------------------------------------------------------------------------
+
+function provider_mt:image_import(name, source, opts)
+  return images.import(self.images, name, source, opts)
+end
+
+function provider_mt:image_build(name, opts)
+  return images.build(self.images, name, opts)
+end
+
+--- A session's current tree as a new image; the session must be one from an image.
+function provider_mt:image_commit(id, name)
+  local record = state.load_record(self:dir(id))
+  if not record then
+    return nil, errors.invalid_input(images.OPS.commit, "session", "no session named " .. tostring(id))
+  end
+  return images.commit(self.images, record, self:dir(id), name)
+end
+
+function provider_mt:image_list()
+  return images.list(self.images)
+end
+
+function provider_mt:image_remove(name)
+  return images.remove(self.images, name)
 end
 
 return provider_local

@@ -91,6 +91,12 @@ function state.load_record(dir)
     end
   end
   record.labels = labels
+  if type(record.image) ~= "string" then record.image = nil end
+  if type(record.limits) == "table" then
+    for _, name in ipairs{ "memory", "pids" } do record.limits[name] = json.integer(record.limits[name]) end
+  else
+    record.limits = nil
+  end
   return record
 end
 

@@ -1,0 +1,484 @@
+--- The local provider's images: named root filesystems a confined session starts from, seen
+-- copy-on-write (overlayfs: the image below, the session's own tree above). They live in the
+-- state folder beside the sessions:
+--
+--   <root>/images/<name>/rootfs      the tree
+--   <root>/images/<name>/image.json  { name, size, entries, created_at, origin }
+--   <root>/sessions/<id>/image       the name of the image the session starts from: what keeps
+--                                    the image from removal while the session exists
+--
+-- An image is made whole under a hidden name (`.new-<name>-<random>`) and renamed into place at
+-- the end, so a build, import or commit that fails half-way leaves nothing under the name.
+-- Every tree that becomes an image goes through the C core's tar extraction
+-- (src/common/tarstream.h), which holds each entry beneath the image (no absolute path, no
+-- `..`, no link followed, no device node) and bounds the entries and their bytes. Its files
+-- belong to whoever made the image, never to an owner the archive names: inside a session that
+-- is the sandbox user when sandkit runs as that user, and nobody (read-only, as the host's /usr
+-- is) when it runs as root; a session's own changes are its user's either way.
+
+local core = require "sandkit.core"
+local errors = require "sandkit.errors"
+local json = require "sandkit.json"
+local localfile = require "sandkit.localfile"
+local options_check = require "sandkit.options"
+local oserror = require "sandkit.oserror"
+local wait = require "sandkit.wait"
+local agent_process = require "sandkit.providers.local.agent_process"
+local state = require "sandkit.providers.local.state"
+
+local images = {}
+
+images.OPS = { build = "sandbox.imageBuild", import = "sandbox.imageImport", commit = "sandbox.imageCommit",
+  list = "sandbox.imageList", remove = "sandbox.imageRemove" }
+
+--- A name is a directory name of the store: a leading '.' is the store's own (images in the
+-- making), which no caller may take.
+images.NAME = { max = 64, pattern = "^[a-z0-9._-]+$", valid = function(name) return name:sub(1, 1) ~= "." end,
+  what = "an image name is 1 to 64 of [a-z0-9._-], not starting with '.'" }
+
+--- An import's bounds unless the sandbox's image_max_entries / image_max_bytes or the call's
+-- max_entries / max_bytes say otherwise: room for a distribution with its toolchains, far
+-- below what a hostile archive's headers can claim. Never above the extraction's own bounds
+-- (core.TAR_MAX_ENTRIES, core.TAR_MAX_BYTES).
+images.MAX_ENTRIES = 1000000
+images.MAX_BYTES = 16 * 1024 * 1024 * 1024
+
+--- A build's suite and packages as Debian names them; the packages' count bounds the command line.
+local SUITE_PATTERN = "^[a-z][a-z0-9.-]*$"
+local PACKAGE_PATTERN = "^[a-z0-9][a-z0-9+.-]*$"
+local MAX_PACKAGES = 256
+local DEFAULT_SUITE = "bookworm"
+--- mmdebstrap's smallest system: Debian's Essential packages, a shell and coreutils among them.
+local DEFAULT_VARIANT = "essential"
+local VARIANTS = { essential = true, minbase = true, apt = true, required = true, important = true,
+  standard = true }
+--- Seconds a build may take before it is stopped: a mirror on a slow line takes minutes.
+local BUILD_TIMEOUT = 1800
+--- Seconds the read-only view of a session's tree for a commit may take to appear.
+local VIEW_TIMEOUT = 10
+
+local function hex(n)
+  return (core.random(n):gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+
+local function is_root()
+  local status = state.read_file("/proc/self/status") or ""
+  return status:match("\nUid:%s+%d+%s+(%d+)") == "0"
+end
+
+--- The store of the state folder `root`.
+function images.store(root, options)
+  return { dir = root .. "/images", sessions = root .. "/sessions", options = options or {} }
+end
+
+function images.check_name(operation, name)
+  if type(name) ~= "string" then
+    return errors.invalid_input(operation, "name", images.NAME.what)
+  end
+  return options_check.id(operation, name, images.NAME, "name")
+end
+
+local function path_of(store, name)
+  return store.dir .. "/" .. name
+end
+
+--- An image's record, or nil when there is none by that name.
+local function load(store, name)
+  local text = state.read_file(path_of(store, name) .. "/image.json")
+  local meta = text and json.decode(text)
+  if type(meta) ~= "table" then return nil end
+  meta.size = json.integer(meta.size)
+  meta.entries = json.integer(meta.entries)
+  meta.created_at = json.integer(meta.created_at)
+  return meta
+end
+
+--- The bounds of an extraction: the call's, else the sandbox's, else the defaults above.
+local function bounds(store, operation, opts)
+  local o = store.options
+  local entries, bad = options_check.whole_number(operation, opts, "max_entries",
+    o.image_max_entries or images.MAX_ENTRIES)
+  if bad then return nil, bad end
+  local bytes
+  bytes, bad = options_check.whole_number(operation, opts, "max_bytes", o.image_max_bytes or images.MAX_BYTES)
+  if bad then return nil, bad end
+  if entries < 1 or entries > core.TAR_MAX_ENTRIES then
+    return nil, errors.invalid_input(operation, "max_entries", "max_entries is from 1 to " .. core.TAR_MAX_ENTRIES)
+  end
+  if bytes > core.TAR_MAX_BYTES then
+    return nil, errors.invalid_input(operation, "max_bytes", "max_bytes is at most " .. core.TAR_MAX_BYTES)
+  end
+  return entries, bytes
+end
+
+--- A hidden folder for an image in the making, with its empty rootfs: its path, or nil and why.
+local function stage(store, operation, name)
+  local bad = images.check_name(operation, name)
+  if bad then return nil, bad end
+  local made, err = state.mkdirs(store.dir)
+  if not made then return nil, errors.invalid_input(operation, "root", err) end
+  if state.file_exists(path_of(store, name)) then
+    return nil, errors.invalid_input(operation, "name", "an image named " .. name .. " exists")
+  end
+  local tmp = store.dir .. "/.new-" .. name .. "-" .. hex(6)
+  local ok, merr, code = core.mkdir(tmp, 448)
+  if ok then ok, merr, code = core.mkdir(tmp .. "/rootfs", 493) end
+  if not ok then
+    core.remove_tree(tmp)
+    return nil, errors.invalid_input(operation, "root", oserror.describe(merr, code, tmp, "create"))
+  end
+  return tmp
+end
+
+--- Gives the image in the making its name: its record, or nil and why (the folder is gone).
+local function publish(store, operation, name, tmp, meta)
+  local ok, err = core.write_private(tmp .. "/image.json", json.encode(meta))
+  -- rename(2) replaces no image: one is never an empty folder.
+  if ok then ok, err = os.rename(tmp, path_of(store, name)) end
+  if not ok then
+    core.remove_tree(tmp)
+    if state.file_exists(path_of(store, name)) then
+      return nil, errors.invalid_input(operation, "name", "an image named " .. name .. " exists")
+    end
+    return nil, errors.invalid_input(operation, "root", "the image could not be stored: " .. tostring(err))
+  end
+  return meta
+end
+
+--- What an extraction's failure says, as an error of `operation` about `what`.
+local function extraction_error(operation, what, kind, why, entry)
+  local at = entry and entry ~= "" and (" (entry " .. entry .. ")") or ""
+  if kind == "invalid" then
+    return errors.invalid_input(operation, "source", what .. " is neither a directory nor a whole tar archive: "
+      .. tostring(why))
+  elseif kind == "refused" then
+    return errors.invalid_input(operation, "source", what .. " holds an entry an image may not: " .. tostring(why))
+  elseif kind == "too_large" then
+    return errors.invalid_input(operation, "source", what .. " is over the image bounds (max_entries, "
+      .. "max_bytes): " .. tostring(why))
+  end
+  return errors.invalid_input(operation, "source", what .. " could not be extracted: " .. tostring(why) .. at)
+end
+
+--- Extracts the archive `read` returns piece by piece into tmp/rootfs: { size =, entries = }, or
+-- nil and why.
+local function extract(store, operation, tmp, read, what, opts)
+  local max_entries, max_bytes = bounds(store, operation, opts)
+  if not max_entries then return nil, max_bytes end
+  local unpack, why = core.tar_unpack(tmp .. "/rootfs", max_entries, max_bytes)
+  if not unpack then return nil, errors.invalid_input(operation, "root", tostring(why)) end
+  local failed
+  while true do
+    local piece, rerr = read()
+    if piece == nil then
+      if rerr then
+        unpack:close()
+        if errors.is_error(rerr) then return nil, rerr end
+        return nil, errors.invalid_input(operation, "source", what .. " could not be read: " .. tostring(rerr))
+      end
+      break
+    end
+    if #piece > 0 then
+      local ok, kind, wwhy, entry = unpack:write(piece)
+      if not ok then failed = { kind, wwhy, entry } break end
+    end
+  end
+  if not failed then
+    local ok, kind, fwhy, entry = unpack:finish()
+    if not ok then failed = { kind, fwhy, entry } end
+  end
+  local got = { size = unpack:bytes(), entries = unpack:entries() }
+  unpack:close()
+  if failed then return nil, extraction_error(operation, what, failed[1], failed[2], failed[3]) end
+  return got
+end
+
+--- A directory's tree as a tar stream (core.tar_pack): the reader and its closer, or nil and why.
+local function pack_dir(operation, dir)
+  local pack, why = core.tar_pack(dir)
+  if not pack then
+    return nil, errors.invalid_input(operation, "source", "the directory " .. dir .. " cannot be read: " .. tostring(why))
+  end
+  return function() return pack:read() end, function() pack:close() end
+end
+
+--- Makes an image from `read` under name: its record, or nil and why; nothing stays on failure.
+local function make(store, operation, name, tmp, read, what, origin, opts)
+  local got, err = extract(store, operation, tmp, read, what, opts)
+  if not got then
+    core.remove_tree(tmp)
+    return nil, err
+  end
+  return publish(store, operation, name, tmp, { name = name, size = got.size, entries = got.entries,
+    created_at = os.time(), origin = origin })
+end
+
+--- import(name, source, opts): source is a directory's path, a tar archive's path, "-" (standard
+-- input), or an object with :read(n) / a function returning the next piece of a tar archive.
+-- opts.max_entries, opts.max_bytes bound it.
+function images.import(store, name, source, opts)
+  local op = images.OPS.import
+  if source == nil then return nil, errors.invalid_input(op, "source", "import needs a directory or a tar archive") end
+  local tmp, err = stage(store, op, name)
+  if not tmp then return nil, err end
+  local read, close, what, origin
+  if type(source) == "string" and source ~= "-" and core.is_directory(source) then
+    read, close = pack_dir(op, source)
+    if not read then
+      core.remove_tree(tmp)
+      return nil, close
+    end
+    what, origin = "the directory " .. source, "import " .. source
+  else
+    local src
+    src, err = localfile.source(source == "-" and io.stdin or source, op)
+    if not src then
+      core.remove_tree(tmp)
+      return nil, err
+    end
+    read, close = src.read, src.close
+    what = source == "-" and "standard input" or type(source) == "string" and source or "the archive"
+    origin = "import " .. (type(source) == "string" and source or "stream")
+  end
+  local meta
+  meta, err = make(store, op, name, tmp, read, what, origin, opts)
+  close()
+  return meta, err
+end
+
+--- The path of mmdebstrap: the option, or $PATH's; nil when it is nowhere.
+local function find_mmdebstrap(given)
+  if given then return state.file_exists(given) and given or nil end
+  for dir in (os.getenv("PATH") or "/usr/bin"):gmatch("[^:]+") do
+    if state.file_exists(dir .. "/mmdebstrap") then return dir .. "/mmdebstrap" end
+  end
+end
+
+--- Packages as a list, from a list or a comma-separated text: the list, or nil and why.
+local function package_list(op, packages)
+  if packages == nil then return {} end
+  local list = {}
+  if type(packages) == "string" then
+    for p in packages:gmatch("[^,]+") do list[#list + 1] = p end
+  elseif type(packages) == "table" then
+    for i, p in ipairs(packages) do list[i] = p end
+  else
+    return nil, errors.invalid_input(op, "packages", "packages is a list of Debian package names")
+  end
+  if #list > MAX_PACKAGES then
+    return nil, errors.invalid_input(op, "packages", "at most " .. MAX_PACKAGES .. " packages")
+  end
+  for _, p in ipairs(list) do
+    if type(p) ~= "string" or #p > 128 or not p:match(PACKAGE_PATTERN) then
+      return nil, errors.invalid_input(op, "packages", "a package is named by [a-z0-9+.-], not " .. tostring(p))
+    end
+  end
+  return list
+end
+
+--- build(name, { suite =, packages =, variant =, mirror =, mmdebstrap =, timeout = }): a Debian
+-- system made by mmdebstrap from Debian's archive (or `mirror`), then imported as any directory.
+function images.build(store, name, opts)
+  local op = images.OPS.build
+  opts = opts or {}
+  local bad = images.check_name(op, name)
+  if bad then return nil, bad end
+  local tool = find_mmdebstrap(opts.mmdebstrap)
+  if not tool then
+    return nil, errors.invalid_input(op, "mmdebstrap", "mmdebstrap is not installed (Debian package mmdebstrap)"
+      .. (opts.mmdebstrap and (": " .. opts.mmdebstrap .. " does not exist") or ""))
+  end
+  local suite = opts.suite or DEFAULT_SUITE
+  if type(suite) ~= "string" or #suite > 64 or not suite:match(SUITE_PATTERN) then
+    return nil, errors.invalid_input(op, "suite", "a suite is a Debian suite's name (bookworm, trixie), not "
+      .. tostring(suite))
+  end
+  local variant = opts.variant or DEFAULT_VARIANT
+  if not VARIANTS[variant] then
+    return nil, errors.invalid_input(op, "variant", "variant is one of mmdebstrap's: essential, minbase, apt, "
+      .. "required, important, standard")
+  end
+  local packages, perr = package_list(op, opts.packages)
+  if not packages then return nil, perr end
+  -- One word of mmdebstrap's command line, which a space or a quote would split or change.
+  if opts.mirror ~= nil and (type(opts.mirror) ~= "string" or not opts.mirror:match("^%a[%w+.-]*://[%w%-._~:/%%@]+$")) then
+    return nil, errors.invalid_input(op, "mirror", "mirror is a URL (http://deb.debian.org/debian)")
+  end
+  local timeout, terr = options_check.seconds(op, opts, "timeout", BUILD_TIMEOUT)
+  if not timeout then return nil, terr end
+  local tmp, err = stage(store, op, name)
+  if not tmp then return nil, err end
+  local argv = { tool, "--variant=" .. variant, "--quiet" }
+  if #packages > 0 then argv[#argv + 1] = "--include=" .. table.concat(packages, ",") end
+  argv[#argv + 1] = suite
+  argv[#argv + 1] = tmp .. "/build"
+  if opts.mirror then argv[#argv + 1] = opts.mirror end
+  local log = tmp .. "/build.log"
+  local pid, serr = core.spawn(argv, { stdout = log, stderr = log })
+  if not pid then
+    core.remove_tree(tmp)
+    return nil, errors.invalid_input(op, "mmdebstrap", "cannot run mmdebstrap: " .. tostring(serr))
+  end
+  local deadline = core.now() + timeout
+  local done, status = core.reap(pid)
+  local ok, interrupted = pcall(function()
+    while not done and core.now() < deadline do
+      wait.sleep(0.1)
+      done, status = core.reap(pid)
+    end
+  end)
+  if not done then
+    -- Out of time, or the caller was interrupted: mmdebstrap and what it runs go.
+    core.kill(pid, core.SIGTERM)
+    wait.sleep(0.5)
+    core.kill(pid, core.SIGKILL)
+    core.reap(pid, true)
+    core.remove_tree(tmp)
+    if not ok then error(interrupted, 0) end
+    return nil, errors.invalid_input(op, "timeout", "mmdebstrap did not finish within " .. timeout .. " s")
+  end
+  if status ~= 0 then
+    local said = (state.read_file(log) or ""):gsub("%s+$", ""):match("([^\n]*)$") or ""
+    core.remove_tree(tmp)
+    return nil, errors.invalid_input(op, "suite", "mmdebstrap failed (status " .. tostring(status) .. "): " .. said)
+  end
+  local read, close = pack_dir(op, tmp .. "/build")
+  if not read then
+    core.remove_tree(tmp)
+    return nil, close
+  end
+  local got
+  got, err = extract(store, op, tmp, read, "mmdebstrap's tree", opts)
+  close()
+  if not got then
+    core.remove_tree(tmp)
+    return nil, err
+  end
+  core.remove_tree(tmp .. "/build")
+  os.remove(log)
+  return publish(store, op, name, tmp, { name = name, size = got.size, entries = got.entries,
+    created_at = os.time(), origin = "build " .. suite .. (#packages > 0 and (" +" .. table.concat(packages, ",")) or "") })
+end
+
+--- commit(record, session_dir, name): the tree a session from an image sees (its image below its
+-- own changes, as overlayfs shows them) becomes a new image. Read through a read-only overlay
+-- mounted in a mount namespace of a helper process's own, so nothing is mounted on this machine.
+function images.commit(store, record, session_dir, name)
+  local op = images.OPS.commit
+  local bad = images.check_name(op, name)
+  if bad then return nil, bad end
+  if not record.image then
+    return nil, errors.invalid_input(op, "session", "session " .. record.id .. " has no image: its / is this "
+      .. "machine's system folders, which are no image's to keep (create it with image = NAME)")
+  end
+  local lower = path_of(store, record.image) .. "/rootfs"
+  local tmp, err = stage(store, op, name)
+  if not tmp then return nil, err end
+  local view = tmp .. "/view"
+  core.mkdir(view, 448)
+  -- The session's changes are the upper layer of the overlay; mounted again as a lower one, its
+  -- whiteouts and opaque folders hide what the session removed.
+  local argv = { "unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+    'mount -t overlay overlay -o "ro,lowerdir=$1:$2" "$3" && echo ready >&3 && exec sleep ' .. VIEW_TIMEOUT * 60,
+    "sh", session_dir .. "/files", lower, view }
+  if not is_root() then table.insert(argv, 2, "--map-root-user") table.insert(argv, 2, "--user") end
+  local pid, reader = core.spawn(argv, { ready_fd = 3, stderr = tmp .. "/view.log" })
+  if not pid then
+    core.remove_tree(tmp)
+    return nil, errors.invalid_input(op, "session", "cannot look at the session's tree: " .. tostring(reader))
+  end
+  local line = agent_process.ready_line(reader, core.now() + VIEW_TIMEOUT)
+  local meta
+  if line ~= "ready" then
+    err = errors.invalid_input(op, "session", "cannot look at the session's tree: "
+      .. ((state.read_file(tmp .. "/view.log") or ""):gsub("%s+$", "")))
+  else
+    local read, close = pack_dir(op, "/proc/" .. pid .. "/root" .. view)
+    if read then
+      local got
+      got, err = extract(store, op, tmp, read, "the session's tree", {})
+      close()
+      if got then meta = { name = name, size = got.size, entries = got.entries, created_at = os.time(),
+        origin = "commit " .. record.id .. " (from " .. record.image .. ")" } end
+    else
+      err = close
+    end
+  end
+  core.kill(pid, core.SIGKILL)
+  core.reap(pid, true)
+  if not meta then
+    core.remove_tree(tmp)
+    return nil, err
+  end
+  core.remove_tree(view)
+  os.remove(tmp .. "/view.log")
+  return publish(store, op, name, tmp, meta)
+end
+
+--- Every image: { { name =, size =, entries =, created_at =, origin = }, … } by name.
+function images.list(store)
+  local names, err, code = core.listdir(store.dir)
+  local out = {}
+  if not names then
+    if code == "ENOENT" then return out end
+    return nil, errors.invalid_input(images.OPS.list, "root", oserror.describe(err, code, store.dir, "read"))
+  end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    if not images.check_name(images.OPS.list, name) then
+      local meta = load(store, name)
+      if meta then out[#out + 1] = meta end
+    end
+  end
+  return out
+end
+
+--- The session that names `name` as its image, or nil.
+local function user_of(store, name)
+  for _, id in ipairs(core.listdir(store.sessions) or {}) do
+    local marker = state.read_file(store.sessions .. "/" .. id .. "/image")
+    if marker == name then return id end
+  end
+end
+
+--- Removes an image no session uses: true, or nil and why. An absent name is an error.
+function images.remove(store, name)
+  local op = images.OPS.remove
+  local bad = images.check_name(op, name)
+  if bad then return nil, bad end
+  local path = path_of(store, name)
+  if not load(store, name) then
+    return nil, errors.invalid_input(op, "name", "no image named " .. name)
+  end
+  -- Out of reach first, then the check: a session claims its image before it looks for it
+  -- (images.claim), so either the claim is seen here or the image is not found there.
+  local gone = store.dir .. "/.gone-" .. name .. "-" .. hex(6)
+  local moved, merr = os.rename(path, gone)
+  if not moved then return nil, errors.invalid_input(op, "root", "the image could not be removed: " .. tostring(merr)) end
+  local user = user_of(store, name)
+  if user then
+    os.rename(gone, path)
+    return nil, errors.invalid_input(op, "name", "image " .. name .. " is in use by session " .. user
+      .. " (terminate it first)")
+  end
+  local ok, err = core.remove_tree(gone)
+  if not ok then return nil, errors.invalid_input(op, "root", "the image could not be removed: " .. tostring(err)) end
+  return true
+end
+
+--- Claims image `name` for the session folder `dir` (its marker, then the look): the image's
+-- rootfs path, or nil and INVALID_INPUT when there is no such image.
+function images.claim(store, dir, name)
+  local op = "sandbox.create"
+  local bad = images.check_name(op, name)
+  if bad then return nil, errors.invalid_input(op, "image", bad.message) end
+  local ok, err = core.write_private(dir .. "/image", name)
+  if not ok then return nil, errors.invalid_input(op, "root", tostring(err)) end
+  if not load(store, name) then
+    os.remove(dir .. "/image")
+    return nil, errors.invalid_input(op, "image", "no image named " .. name .. " (sandkit image ls lists them)")
+  end
+  return path_of(store, name) .. "/rootfs"
+end
+
+return images
