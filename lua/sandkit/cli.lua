@@ -22,6 +22,16 @@ local wait = require "sandkit.wait"
 
 local cli = {}
 
+--- "512 MiB" for 536870912: the limit as the user likely wrote it.
+local function limits_text(bytes)
+  local units, i = { "bytes", "KiB", "MiB", "GiB", "TiB" }, 1
+  while bytes >= 1024 and bytes % 1024 == 0 and i < #units do
+    bytes = math.floor(bytes / 1024)
+    i = i + 1
+  end
+  return string.format("%d %s", bytes, units[i])
+end
+
 local pack = table.pack or function(...) return { n = select("#", ...), ... } end
 local unpack = table.unpack or rawget(_G, "unpack")
 
@@ -86,6 +96,24 @@ local function env_map(pairs_list)
   return env
 end
 
+--- Binary multiples a size's suffix names (512M is 512 MiB), as free(1) and docker read them.
+local SIZE_UNITS = { [""] = 1, K = 1024, M = 1024 ^ 2, G = 1024 ^ 3, T = 1024 ^ 4 }
+
+--- A byte size: digits with an optional K, M, G or T (and an optional "iB" or "B" after it).
+local function byte_size(text)
+  local digits, unit = text:match("^(%d+)([KMGT]?)i?B?$")
+  if not digits or (unit == "" and text:match("[iB]$")) then return nil, "a size such as 512M, 2G or 1048576" end
+  local n = tonumber(digits) * SIZE_UNITS[unit]
+  if n > options_check.MAX_WHOLE then return nil, "a size of at most " .. options_check.MAX_WHOLE .. " bytes" end
+  return math.floor(n)
+end
+
+--- A number of cores: digits with at most two decimals (1.5, 0.25).
+local function cores(text)
+  if not text:match("^%d+%.?%d?%d?$") or text:match("%.$") then return nil, "a number of cores such as 1.5" end
+  return tonumber(text)
+end
+
 --- Every option a command may take. `arg` names its value (a flag has none), `list` repeats,
 -- `convert` turns the text into the value or says what it should be, `short` is the letter of
 -- its one-dash form (`-f`, for a flag), where the command it mirrors has one.
@@ -109,6 +137,19 @@ local OPTIONS = {
   json = { help = "print one JSON document instead of text" },
   force = { short = "f", help = "a session that does not exist is no error (exit 0), as with rm -f" },
   help = { help = "print this help" },
+  memory = { arg = "SIZE", convert = byte_size,
+    help = "the memory the session's commands may use together (512M, 2G)" },
+  pids = { arg = "N", convert = options_check.flag.whole_number,
+    help = "the processes and threads the session's commands may have together" },
+  cpus = { arg = "CORES", convert = cores, help = "the CPU time the session's commands may take (1.5 cores)" },
+  disk = { arg = "SIZE", convert = byte_size, help = "the bytes the session may write (where enforced)" },
+  image = { arg = "NAME", help = "start the session from this image (sandkit image ls)" },
+  suite = { arg = "SUITE", help = "the Debian suite to build from (default bookworm)" },
+  packages = { arg = "P,Q", help = "packages to install besides Debian's essential ones (python3,git)" },
+  mirror = { arg = "URL", help = "the Debian mirror to build from (default mmdebstrap's)" },
+  ["max-bytes"] = { arg = "SIZE", convert = byte_size, help = "refuse an import of more bytes (default 16G)" },
+  ["max-entries"] = { arg = "N", convert = options_check.flag.whole_number,
+    help = "refuse an import of more entries (default 1000000)" },
 }
 for name, spec in pairs(cli_files.OPTIONS) do OPTIONS[name] = spec end
 
@@ -224,9 +265,19 @@ local function say_if_truncated(exit, cap)
   end
 end
 
+--- Says on stderr when the session's memory limit killed the command: its status alone (137)
+-- says only that something sent SIGKILL.
+local function say_if_oom(exit, session)
+  if not exit.oom then return end
+  local memory = session and session.record and session.record.limits and session.record.limits.memory
+  io.stderr:write("sandkit: killed: memory limit" .. (memory and (" (" .. limits_text(memory) .. ")") or "")
+    .. "\n")
+end
+
 --- The status of a command that ran to its end.
-local function command_ended(exit, cap)
+local function command_ended(exit, cap, session)
   say_if_truncated(exit, cap)
+  say_if_oom(exit, session)
   return exit_status(exit.code)
 end
 
@@ -376,7 +427,7 @@ local function run(ctx)
   elseif not ok then
     status = fail(status_of_error(failure), one_line(failure))
   else
-    status = command_ended(exit, o.output_cap)
+    status = command_ended(exit, o.output_cap, session)
   end
   -- A session left behind is news a script must not miss, unless the command's own failure
   -- already is.
@@ -407,9 +458,14 @@ end
 
 local function create(ctx)
   -- --env here is the session's: every command of it starts with these, under its own.
-  local env = ctx.opts.env and next(ctx.opts.env) and env_map(ctx.opts.env) or nil
-  local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = ctx.opts.lifetime, env = env,
-    labels = label_map(ctx.opts.label) }
+  local o = ctx.opts
+  local env = o.env and next(o.env) and env_map(o.env) or nil
+  local limits
+  if o.memory or o.pids or o.cpus or o.disk then
+    limits = { memory = o.memory, pids = o.pids, cpu = o.cpus, disk = o.disk }
+  end
+  local session, err = ctx.sandbox:create{ id = ctx.args[1], lifetime = o.lifetime, env = env,
+    labels = label_map(o.label), image = o.image, limits = limits }
   if interrupt.pending then
     if session then remove_throwaway(ctx.sandbox, session.id) end
     return interrupted_status()
@@ -565,8 +621,8 @@ local function job_cancel(ctx)
   return 0
 end
 
-local function job_ending_status(page, job_id)
-  if page.exit then return command_ended(page.exit) end
+local function job_ending_status(page, job_id, session)
+  if page.exit then return command_ended(page.exit, nil, session) end
   local failure = sandkit.errors.command_failed(page.error and page.error.code or "unknown",
     page.error and page.error.message or "the job ended without an exit status")
   return fail(status_of_error(failure), "job " .. job_id .. ": " .. one_line(failure))
@@ -585,7 +641,7 @@ local function job_poll(ctx)
     end)
     if interrupt.pending then return interrupted_status() end
     if not ok then return fail(status_of_error(failure), "job " .. job_id .. ": " .. one_line(failure)) end
-    return command_ended(exit)
+    return command_ended(exit, nil, ctx.session)
   end
   local page, err = handle:poll(o.since)
   if not page then return fail(EXIT_FAILED, one_line(err)) end
@@ -607,7 +663,79 @@ local function job_poll(ctx)
       page.next and tostring(page.next) or "(none yet)"))
     return 0
   end
-  return job_ending_status(page, job_id)
+  return job_ending_status(page, job_id, ctx.session)
+end
+
+-- Images ------------------------------------------------------------------------------------
+
+local function image_result(meta, err, json_out)
+  if interrupt.pending then return interrupted_status() end
+  if not meta then return fail(EXIT_FAILED, one_line(err)) end
+  if json_out then
+    print_json{ name = meta.name, size = meta.size, entries = meta.entries,
+      created_at = iso_time(meta.created_at) or json.null, origin = meta.origin }
+  else
+    io.stdout:write(meta.name, "\n")
+  end
+  return 0
+end
+
+local function image_build(ctx)
+  local o = ctx.opts
+  local ok, meta, err = interruptible(ctx.sandbox.image_build, ctx.sandbox, ctx.args[1],
+    { suite = o.suite, packages = o.packages, mirror = o.mirror })
+  if not ok then meta, err = nil, meta end
+  return image_result(meta, err, o.json)
+end
+
+local function image_import(ctx)
+  local o = ctx.opts
+  local ok, meta, err = interruptible(ctx.sandbox.image_import, ctx.sandbox, ctx.args[1], ctx.args[2],
+    { max_bytes = o.max_bytes, max_entries = o.max_entries })
+  if not ok then meta, err = nil, meta end
+  return image_result(meta, err, o.json)
+end
+
+local function image_commit(ctx)
+  local ok, meta, err = interruptible(ctx.sandbox.image_commit, ctx.sandbox, ctx.args[1], ctx.args[2])
+  if not ok then meta, err = nil, meta end
+  return image_result(meta, err, ctx.opts.json)
+end
+
+local function image_ls(ctx)
+  local list, err = ctx.sandbox:image_list()
+  if not list then return fail(EXIT_FAILED, one_line(err)) end
+  if ctx.opts.json then
+    local out = json.array{}
+    for i, m in ipairs(list) do
+      out[i] = { name = m.name, size = m.size, entries = m.entries,
+        created_at = iso_time(m.created_at) or json.null, origin = m.origin }
+    end
+    print_json{ images = out }
+    return 0
+  end
+  local rows = { { "NAME", "SIZE", "CREATED", "ORIGIN" } }
+  for _, m in ipairs(list) do
+    rows[#rows + 1] = { m.name, size_text(m.size or 0), iso_time(m.created_at) or "-", tostring(m.origin) }
+  end
+  local widths = {}
+  for _, row in ipairs(rows) do
+    for c, cell in ipairs(row) do widths[c] = math.max(widths[c] or 0, #cell) end
+  end
+  for _, row in ipairs(rows) do
+    io.stdout:write(string.format("%-" .. widths[1] .. "s  %" .. widths[2] .. "s  %-" .. widths[3]
+      .. "s  %s\n", row[1], row[2], row[3], row[4]))
+  end
+  return 0
+end
+
+local function image_rm(ctx)
+  local status = 0
+  for _, name in ipairs(ctx.args) do
+    local ok, err = ctx.sandbox:image_remove(name)
+    if not ok then status = fail(EXIT_FAILED, name .. ": " .. one_line(err)) end
+  end
+  return status
 end
 
 --- The commands, in the order --help lists them. `args` are the positional arguments (a
@@ -620,10 +748,13 @@ local COMMANDS = {
       .. "      [--output-cap BYTES] [--lines] [--lifetime S] -- ARGV...",
     summary = "run ARGV in a session (a throwaway one without --session), streaming its\n"
       .. "output as it comes; exits with its status" },
-  { name = "create", handler = create, args = { "[NAME]" }, options = { "lifetime", "env", "label", "json" },
-    synopsis = "create [NAME] [--lifetime S] [--env K=V]... [--label K=V]... [--json]",
+  { name = "create", handler = create, args = { "[NAME]" },
+    options = { "lifetime", "env", "label", "image", "memory", "pids", "cpus", "disk", "json" },
+    synopsis = "create [NAME] [--lifetime S] [--env K=V]... [--label K=V]... [--image NAME]\n"
+      .. "      [--memory SIZE] [--pids N] [--cpus CORES] [--disk SIZE] [--json]",
     summary = "make a session and print its name; --env sets what every command of it\n"
-      .. "starts with, --label what ls --label finds it by" },
+      .. "starts with, --label what ls --label finds it by, --image what its / is, the\n"
+      .. "limits what its commands may use" },
   { name = "ls", handler = ls, options = { "label", "json" }, synopsis = "ls [--label K=V]... [--json]",
     summary = "list sessions: name, state, generation, creation time, end of lifetime\n"
       .. "(- for none) and labels; with --label only those carrying every one" },
@@ -655,6 +786,22 @@ local COMMANDS = {
       .. "ended; with --follow, print until it ends" },
   { name = "job cancel", handler = job_cancel, args = { "NAME", "JOB" }, session = 1, synopsis = "job cancel NAME JOB",
     summary = "stop a job" },
+  { name = "image build", handler = image_build, args = { "NAME" },
+    options = { "suite", "packages", "mirror", "json" },
+    synopsis = "image build NAME [--suite SUITE] [--packages P,Q] [--mirror URL] [--json]",
+    summary = "make an image of a Debian system with mmdebstrap" },
+  { name = "image import", handler = image_import, args = { "NAME", "SOURCE" },
+    options = { "max-bytes", "max-entries", "json" },
+    synopsis = "image import NAME DIR|FILE.tar|- [--max-bytes SIZE] [--max-entries N] [--json]",
+    summary = "make an image of a directory or a tar archive (- : standard input), such\n"
+      .. "as docker export writes" },
+  { name = "image commit", handler = image_commit, args = { "SESSION", "NAME" }, options = { "json" },
+    synopsis = "image commit SESSION NAME [--json]",
+    summary = "make an image of a session's current tree (a session from an image)" },
+  { name = "image ls", handler = image_ls, options = { "json" }, synopsis = "image ls [--json]",
+    summary = "list images: name, size, creation time, origin" },
+  { name = "image rm", handler = image_rm, args = { "NAME..." }, synopsis = "image rm NAME...",
+    summary = "remove images; one a session uses is refused" },
   { name = "help", args = { "[COMMAND]" }, synopsis = "help [COMMAND]",
     summary = "this text, or a command's own" },
 }
@@ -676,6 +823,11 @@ for _, command in ipairs(COMMANDS) do BY_NAME[command.name] = command end
 BY_NAME.job = { name = "job", group = {} }
 for _, command in ipairs(COMMANDS) do
   if command.name:match("^job ") then table.insert(BY_NAME.job.group, command) end
+end
+--- `image` is the name of five.
+BY_NAME.image = { name = "image", group = {} }
+for _, command in ipairs(COMMANDS) do
+  if command.name:match("^image ") then table.insert(BY_NAME.image.group, command) end
 end
 --- `fs` is the name of six, each after the session's NAME: fs NAME ls …
 BY_NAME.fs = { name = "fs", group = {}, before = "NAME" }
@@ -789,7 +941,7 @@ end
 -- argv = } or nil, a message and the command it was about (for its help).
 local function parse(args, pflags, provider)
   local p = { opts = {}, provider_opts = {}, args = {} }
-  local command, pending_job
+  local command, pending_job, pending_image
   -- After `fs`: its session's NAME, then which of its commands.
   local pending_fs
   local i = 1
@@ -871,9 +1023,17 @@ local function parse(args, pflags, provider)
       command = BY_NAME["job " .. a]
       if not command then return nil, "job needs start, poll or cancel, not " .. a, BY_NAME.job end
       pending_job = false
+    elseif pending_image then
+      command = BY_NAME["image " .. (a == "list" and "ls" or a)]
+      if not command then
+        return nil, "image needs build, import, commit, ls or rm, not " .. a, BY_NAME.image
+      end
+      pending_image = false
     elseif not command then
       if a == "job" then
         pending_job = true
+      elseif a == "image" then
+        pending_image = true
       elseif a == "fs" then
         pending_fs = "name"
       else
@@ -894,6 +1054,10 @@ local function parse(args, pflags, provider)
     -- `job --help` asks what `help job` does; anything else lacks the job's own command.
     if not p.opts.help then return nil, "job needs start, poll or cancel", BY_NAME.job end
     command = BY_NAME.job
+  end
+  if pending_image then
+    if not p.opts.help then return nil, "image needs build, import, commit, ls or rm", BY_NAME.image end
+    command = BY_NAME.image
   end
   if pending_fs then
     if not p.opts.help then

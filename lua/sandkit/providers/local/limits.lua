@@ -118,14 +118,4 @@ function limits.probe(agent)
   return enforced
 end
 
---- A byte count as people read it: "512 MiB".
-function limits.bytes_text(n)
-  local units, i = { "bytes", "KiB", "MiB", "GiB", "TiB", "PiB" }, 1
-  while n >= 1024 and n % 1024 == 0 and i < #units do
-    n = n / 1024
-    i = i + 1
-  end
-  return string.format("%d %s", n, units[i])
-end
-
 return limits
