@@ -18,10 +18,11 @@ libarchive-dev bubblewrap passt slirp4netns iproute2"
 # kubeconfigs, and python3-kubernetes and python3-cryptography referee the Kubernetes specs.
 # lua5.1 and its headers are what `luarocks --lua-version=5.1` builds an OpenResty install with;
 # the packaging spec takes that path, and packs its source rock with zip. The specs' fakes and
-# clients use LuaSocket, cqueues, curl, openssl and procps.
+# clients use LuaSocket, cqueues, curl, openssl and procps. busybox-static is the whole system
+# of the images the image specs import; mmdebstrap builds the one image they build.
 check="$demo lua-busted lua-check lua-socket lua-cqueues luarocks luajit2 libluajit2-5.1-dev nginx
 libnginx-mod-http-lua lua-resty-core chromium curl openssl procps lua-yaml python3-kubernetes
-python3-cryptography lua5.1 liblua5.1-0-dev zip"
+python3-cryptography lua5.1 liblua5.1-0-dev zip busybox-static mmdebstrap"
 bench="$check python3 nodejs valgrind"
 
 list=""

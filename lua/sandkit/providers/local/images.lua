@@ -308,7 +308,7 @@ function images.build(store, name, opts)
   if not timeout then return nil, terr end
   local tmp, err = stage(store, op, name)
   if not tmp then return nil, err end
-  local argv = { tool, "--variant=" .. variant, "--quiet" }
+  local argv = { tool, "--variant=" .. variant }
   if #packages > 0 then argv[#argv + 1] = "--include=" .. table.concat(packages, ",") end
   argv[#argv + 1] = suite
   argv[#argv + 1] = tmp .. "/build"
@@ -338,7 +338,12 @@ function images.build(store, name, opts)
     return nil, errors.invalid_input(op, "timeout", "mmdebstrap did not finish within " .. timeout .. " s")
   end
   if status ~= 0 then
-    local said = (state.read_file(log) or ""):gsub("%s+$", ""):match("([^\n]*)$") or ""
+    -- mmdebstrap's errors are its lines starting "E:"; the last of them says what failed first.
+    local said = {}
+    for line in (state.read_file(log) or ""):gmatch("[^\n]+") do
+      if line:match("^E: ") and #said < 3 then said[#said + 1] = line:sub(4, 300) end
+    end
+    said = table.concat(said, "; ")
     core.remove_tree(tmp)
     return nil, errors.invalid_input(op, "suite", "mmdebstrap failed (status " .. tostring(status) .. "): " .. said)
   end
