@@ -129,6 +129,17 @@ describe("the frame decoder", function()
     assert.same({ type = "exit", code = 137, truncated = false, signal = 9 }, out[1])
   end)
 
+  it("reads that a memory limit killed the command (the oom extension), and only a boolean as that", function()
+    local out = decode{ '{"t":"exit","code":137,"signal":9,"oom":true}\n' }
+    assert.same({ type = "exit", code = 137, truncated = false, signal = 9, oom = true }, out[1])
+    out = decode{ '{"t":"exit","code":137,"signal":9,"oom":false}\n' }
+    assert.same({ type = "exit", code = 137, truncated = false, signal = 9 }, out[1])
+    out = decode{ '{"t":"exit","code":137,"oom":"yes"}\n' }
+    assert.equal("unparsable", out[1].failed)
+    out = decode{ '{"t":"exit","code":137,"oom":true,"oom":false}\n' }
+    assert.equal("unparsable", out[1].failed, "given twice")
+  end)
+
   it("reads a member name written with escapes as the name it spells", function()
     local out = decode{ '{"\\u0074":"exit","c\\u006fde":3}\n' }
     assert.same({ type = "exit", code = 3, truncated = false }, out[1])
@@ -217,7 +228,7 @@ describe("the frame decoder", function()
 
     it("refuses one that carries anything a frame means something by", function()
       for _, member in ipairs{ '"seq":0', '"data":"YQ=="', '"code":0', '"code":"x"', '"message":"m"',
-          '"truncated":false', '"signal":9' } do
+          '"truncated":false', '"signal":9', '"oom":true' } do
         local out = decode({ '{"t":"keepalive",' .. member .. '}\n' }, nil, { "keepalive" })
         assert.same({ failed = "unparsable",
           message = "an output frame did not parse: a keepalive frame carries nothing but `t`" }, out[1], member)

@@ -298,6 +298,37 @@ describe("a local image", function()
     end)
   end)
 
+  it("is imported from standard input, listed, used and removed with the sandkit command", function()
+    if not images.available() then return pending("busybox-static is not installed") end
+    local cli = local_state.lua_env() .. " " .. (os.getenv("SANDKIT_TEST_LUA") or "lua5.4") .. " bin/sandkit --root "
+      .. q(root)
+    local tree = images.busybox_tree(work .. "/c", { ["etc/motd"] = "cli\n" })
+    local out, err, status = local_state.sh("tar -C " .. q(tree) .. " -c . | " .. cli .. " image import piped -")
+    assert.equal(0, status, err)
+    assert.equal("piped\n", out)
+    out, err, status = local_state.sh(cli .. " image ls")
+    assert.equal(0, status, err)
+    assert.truthy(out:match("\npiped%s+[%d.]+ MiB%s+%d%d%d%d%-%d%d%-%d%dT[%d:]+Z%s+import %-\n"), out)
+    local id
+    id, err, status = local_state.sh(cli .. " create --image piped")
+    if status ~= 0 and err:find("confine", 1, true) then return pending(err) end
+    assert.equal(0, status, err)
+    id = id:gsub("%s+$", "")
+    out, err, status = local_state.sh(cli .. " run --session " .. id .. " -- cat /etc/motd")
+    assert.equal("cli\n", out, err)
+    _, err, status = local_state.sh(cli .. " image rm piped")
+    assert.equal(1, status)
+    assert.truthy(err:find("in use by session " .. id, 1, true), err)
+    _, err, status = local_state.sh(cli .. " image commit " .. id .. " piped2 && " .. cli .. " rm " .. id
+      .. " && " .. cli .. " image rm piped piped2")
+    assert.equal(0, status, err)
+    _, err, status = local_state.sh(cli .. " image import Bad " .. q(tree))
+    assert.equal(1, status)
+    assert.truthy(err:find("image name", 1, true), err)
+    _, err, status = local_state.sh(cli .. " image frobnicate")
+    assert.equal(2, status)
+  end)
+
   describe("is built with mmdebstrap", function()
     it("refused with INVALID_INPUT naming the package where mmdebstrap is missing", function()
       local image, err = sandbox:image_build("deb", { mmdebstrap = "/nonexistent/mmdebstrap" })
