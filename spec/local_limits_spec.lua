@@ -134,7 +134,8 @@ describe("a local session's limits", function()
     local session = create{ memory = LIMIT }
     if not session then return end
     core.kill(session.record.pid, core.SIGKILL)
-    assert.is_true(procs.within(10, function() return not core.alive(session.record.pid) or core.reap(session.record.pid) end))
+    local pid = session.record.pid
+    assert.is_true(procs.within(10, function() return not core.alive(pid) or core.reap(pid) end))
     local revived = assert(sandbox:get_or_create{ id = session.id })
     local r = assert(revived:exec(OVER, { timeout = 30 }))
     assert.is_true(r.oom)

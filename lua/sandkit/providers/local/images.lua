@@ -197,7 +197,8 @@ end
 local function pack_dir(operation, dir)
   local pack, why = core.tar_pack(dir)
   if not pack then
-    return nil, errors.invalid_input(operation, "source", "the directory " .. dir .. " cannot be read: " .. tostring(why))
+    return nil, errors.invalid_input(operation, "source", "the directory " .. dir .. " cannot be read: "
+      .. tostring(why))
   end
   return function() return pack:read() end, function() pack:close() end
 end
@@ -301,7 +302,8 @@ function images.build(store, name, opts)
   local packages, perr = package_list(op, opts.packages)
   if not packages then return nil, perr end
   -- One word of mmdebstrap's command line, which a space or a quote would split or change.
-  if opts.mirror ~= nil and (type(opts.mirror) ~= "string" or not opts.mirror:match("^%a[%w+.-]*://[%w%-._~:/%%@]+$")) then
+  local mirror = opts.mirror
+  if mirror ~= nil and (type(mirror) ~= "string" or not mirror:match("^%a[%w+.-]*://[%w%-._~:/%%@]+$")) then
     return nil, errors.invalid_input(op, "mirror", "mirror is a URL (http://deb.debian.org/debian)")
   end
   local timeout, terr = options_check.seconds(op, opts, "timeout", BUILD_TIMEOUT)
@@ -362,7 +364,8 @@ function images.build(store, name, opts)
   core.remove_tree(tmp .. "/build")
   os.remove(log)
   return publish(store, op, name, tmp, { name = name, size = got.size, entries = got.entries,
-    created_at = os.time(), origin = "build " .. suite .. (#packages > 0 and (" +" .. table.concat(packages, ",")) or "") })
+    created_at = os.time(),
+    origin = "build " .. suite .. (#packages > 0 and (" +" .. table.concat(packages, ",")) or "") })
 end
 
 --- commit(record, session_dir, name): the tree a session from an image sees (its image below its
@@ -459,7 +462,9 @@ function images.remove(store, name)
   -- (images.claim), so either the claim is seen here or the image is not found there.
   local gone = store.dir .. "/.gone-" .. name .. "-" .. hex(6)
   local moved, merr = os.rename(path, gone)
-  if not moved then return nil, errors.invalid_input(op, "root", "the image could not be removed: " .. tostring(merr)) end
+  if not moved then
+    return nil, errors.invalid_input(op, "root", "the image could not be removed: " .. tostring(merr))
+  end
   local user = user_of(store, name)
   if user then
     os.rename(gone, path)
