@@ -279,6 +279,22 @@ describe("a local image", function()
       assert.is_nil(files.read(root .. "/images/base/rootfs/opt/ready"), "the base image is as it was")
     end)
 
+    it("never from a session with a disk limit, whose changes its agent holds mounted", function()
+      if not import_busybox("ondisk") then return end
+      if not sandbox:capabilities().limits.disk then return pending("this machine cannot enforce a disk limit") end
+      local session = create{ image = "ondisk", limits = { disk = 32 * 1024 * 1024 } }
+      if not session then return end
+      local r = exec(session, "dd if=/dev/zero of=/home/user/fill bs=1M count=64")
+      assert.truthy(r.stderr:find("No space left on device", 1, true), r.stderr)
+      assert.is_nil(files.read(root .. "/images/ondisk/rootfs/home/user/fill"), "the image is as it was")
+      assert.equal("room\n", exec(session, "rm /home/user/fill && echo room > /home/user/x && cat /home/user/x").stdout)
+      local image, err = sandbox:image_commit(session.id, "snap")
+      assert.is_nil(image)
+      assert.equal("INVALID_INPUT", err.code)
+      assert.truthy(err.message:find("disk limit", 1, true))
+      assert_no_image_left(root, "snap")
+    end)
+
     it("only from a session that has an image, and never over a name taken", function()
       if not import_busybox("other") then return end
       local plain = create{}

@@ -47,11 +47,43 @@ describe("a local session's limits", function()
     return assert(session, err)
   end
 
-  it("are listed by capabilities(): what this machine enforces, and disk, which it does not", function()
+  it("are listed by capabilities(): what this machine enforces", function()
     local limits = sandbox:capabilities().limits
     assert.is_table(limits)
-    for _, name in ipairs{ "memory", "pids", "cpu" } do assert.is_boolean(limits[name]) end
-    assert.is_false(limits.disk)
+    for _, name in ipairs{ "memory", "pids", "cpu", "disk" } do assert.is_boolean(limits[name]) end
+  end)
+
+  describe("disk", function()
+    local DISK = 32 * MiB
+
+    it("fails a write past it with ENOSPC inside and NO_SPACE in the files API, and the session lives on",
+      function()
+        local session = create{ disk = DISK }
+        if not session then return end
+        local r = assert(session:exec({ "sh", "-c", "dd if=/dev/zero of=$HOME/fill bs=1M count=64" }, { timeout = 30 }))
+        assert.are_not.equal(0, r.code)
+        assert.truthy(r.stderr:find("No space left on device", 1, true), r.stderr)
+        local ok, err = session:write_files{ ["/home/user/more"] = string.rep("x", MiB) }
+        assert.is_nil(ok)
+        assert.truthy(err.message:find("NO_SPACE", 1, true), tostring(err))
+        r = assert(session:exec({ "sh", "-c", "rm $HOME/fill && echo room > $HOME/after && cat $HOME/after" },
+          { timeout = 30 }))
+        assert.equal("room\n", r.stdout, r.stderr)
+        -- What the session wrote is on its disk, not in its folder.
+        local out = local_state.sh("du -sk " .. q(root .. "/sessions/" .. session.id .. "/files") .. " | cut -f1")
+        assert.is_true(tonumber(out) < 1024)
+      end)
+
+    it("keeps what the session wrote when it is served again", function()
+      local session = create{ disk = DISK }
+      if not session then return end
+      assert.equal(0, assert(session:exec({ "sh", "-c", "echo kept > $HOME/k" }, { timeout = 30 })).code)
+      local pid = session.record.pid
+      core.kill(pid, core.SIGKILL)
+      assert.is_true(procs.within(10, function() return not core.alive(pid) or core.reap(pid) end))
+      local revived = assert(sandbox:get_or_create{ id = session.id })
+      assert.equal("kept\n", assert(revived:exec({ "cat", "/home/user/k" }, { timeout = 30 })).stdout)
+    end)
   end)
 
   describe("memory", function()
@@ -156,7 +188,8 @@ describe("a local session's limits", function()
       { "negative cpu", { cpu = -1 } },
       { "cpu finer than a hundredth", { cpu = 0.001 } },
       { "cpu beyond any machine", { cpu = 2048 } },
-      { "a disk limit, which the local provider cannot enforce", { disk = 1024 * MiB }, "cannot be enforced" },
+      { "a disk its filesystem's bookkeeping would fill", { disk = 4 * MiB }, "bookkeeping" },
+      { "a disk that is no whole number", { disk = 20 * MiB + 0.5 } },
     } do
       it(case[1], function()
         local session, err = sandbox:create{ limits = case[2] }

@@ -62,6 +62,7 @@ struct agent_config {
 	long long host_uid;         /* --host-uid; -1 when not given */
 	const char *image_path;     /* --image: the session's / below its own changes; or NULL */
 	const char *image_work_path;
+	const char *disk_path;      /* --disk: the ext4 image the session's files live on; or NULL */
 	struct limits_request limits;
 	enum agent_log_level log_level;
 	unsigned max_connections;   /* before the descriptor limit lowers it (http.h) */

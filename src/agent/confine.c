@@ -13,6 +13,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <linux/capability.h>
+#include <linux/loop.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/fsuid.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -275,6 +277,69 @@ static void prepare_tree(int root, const int host_dirs[N_USR_LINKS])
 	close(home);
 }
 
+/* A free loop device may be taken by another process between the kernel's naming it and the
+ * agent's configuring it (EBUSY): a few more tries ride that out. */
+#define LOOP_TRIES 8
+
+/*
+ * --disk: the session's filesystem image, attached to a loop device that detaches itself once
+ * its last mount is gone (the prep's mount namespace and bubblewrap's, which end with the
+ * session), mounted over the root in the prep's mount namespace (not over /tmp, which may hold the
+ * image and the state folder) without devices or set-user-ID. 0, or -1 with errno.
+ */
+static int mount_disk(void)
+{
+	int image = open(agent.cfg.disk_path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	int control = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+	int rc = -1;
+	for (int tries = 0; image >= 0 && control >= 0 && rc < 0 && tries < LOOP_TRIES; tries++) {
+		int n = ioctl(control, LOOP_CTL_GET_FREE);
+		if (n < 0)
+			break;
+		char dev[32];
+		snprintf(dev, sizeof dev, "/dev/loop%d", n);
+		int loop = open(dev, O_RDWR | O_CLOEXEC);
+		if (loop < 0)
+			continue;
+		struct loop_config config;
+		memset(&config, 0, sizeof config);
+		config.fd = (unsigned)image;
+		config.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+		if (ioctl(loop, LOOP_CONFIGURE, &config) == 0)
+			rc = mount(dev, agent.cfg.root_path, "ext4", MS_NOSUID | MS_NODEV, NULL);
+		int e = errno;
+		/* The mount holds the device now; without one, autoclear detaches it here. */
+		close(loop);
+		errno = e;
+		if (rc < 0 && errno != EBUSY)
+			break;
+	}
+	int e = errno;
+	if (image >= 0)
+		close(image);
+	if (control >= 0)
+		close(control);
+	errno = e;
+	return rc;
+}
+
+/* In the session's disk, as root: the folders the session's files live in, the sandbox user's
+ * (tree, or an image's upper) and overlayfs's work folder. */
+static int prepare_disk(void)
+{
+	int top = open(agent.cfg.root_path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (top < 0)
+		return -1;
+	const char *own = agent.cfg.image_path ? "upper" : "tree";
+	int rc = 0;
+	if ((mkdirat(top, own, 0755) < 0 && errno != EEXIST) ||
+	    fchownat(top, own, session.uid, session.uid, AT_SYMLINK_NOFOLLOW) < 0 ||
+	    (agent.cfg.image_path && mkdirat(top, "work", 0700) < 0 && errno != EEXIST))
+		rc = -1;
+	close(top);
+	return rc;
+}
+
 /* Says why the prep failed on its standard error (bubblewrap's, which the agent reads back). */
 static void prep_fail(const char *what) __attribute__((noreturn));
 static void prep_fail(const char *what)
@@ -307,28 +372,46 @@ static void prep_main(const int fds[FD_FIRST_FREE - FD_READY], int err, const ch
 	/* A slave receives the host's later mounts and sends none back. */
 	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0)
 		prep_fail("cannot make the mounts private");
+	/* With a disk, the session's files are on it, mounted over the root first; the bind or
+	 * the overlay below then takes the folder of it the session sees. */
+	char on_disk[2][PATH_MAX + 8];
+	snprintf(on_disk[0], sizeof on_disk[0], "%s/upper", agent.cfg.root_path);
+	snprintf(on_disk[1], sizeof on_disk[1], "%s/work", agent.cfg.root_path);
+	if (agent.cfg.disk_path && (mount_disk() < 0 || prepare_disk() < 0))
+		prep_fail("cannot mount the session's disk");
 	if (agent.cfg.image_path) {
 		/* The image below, the session's own tree above it: every write lands in the
 		 * session's tree, and the image is read by every session alike. */
 		char opts[3 * PATH_MAX + 64];
+		int disk = agent.cfg.disk_path != NULL;
 		snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s",
-			 agent.cfg.image_path, agent.cfg.root_path, agent.cfg.image_work_path);
+			 agent.cfg.image_path, disk ? on_disk[0] : agent.cfg.root_path,
+			 disk ? on_disk[1] : agent.cfg.image_work_path);
 		if (mount("overlay", "/tmp", "overlay", 0, opts) < 0)
 			prep_fail("cannot lay the session's tree over its image (overlayfs)");
 		int top = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
 		if (top < 0 || prepare_image_tree(top) < 0)
 			prep_fail("cannot make the image's mount points in the session's tree");
 		close(top);
-	} else if (mount(".", "/tmp", NULL, MS_BIND | MS_REC, NULL) < 0) {
-		prep_fail("cannot bind the root");
+	} else {
+		char tree_path[PATH_MAX + 8];
+		snprintf(tree_path, sizeof tree_path, "%s/tree", agent.cfg.root_path);
+		if (mount(agent.cfg.disk_path ? tree_path : ".", "/tmp", NULL, MS_BIND | MS_REC,
+			  NULL) < 0)
+			prep_fail("cannot bind the root");
 	}
+	/* The tree as bubblewrap will see it, opened while the prep may still enter it. */
+	int tree = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (tree < 0)
+		prep_fail("cannot open the session's tree");
 	/* Host root's supplementary groups must not follow it in, nor any capability. */
 	if (session.as_root && (confine_drop_groups() < 0 || setresgid(session.uid, session.uid,
 									  session.uid) < 0 ||
 				setresuid(session.uid, session.uid, session.uid) < 0))
 		prep_fail("cannot become the sandbox user's host uid");
 	if (agent.cfg.image_path == NULL)
-		prepare_tree(agent.cfg.root_fd, host_dirs);
+		prepare_tree(tree, host_dirs);
+	close(tree);
 	/* Into place from above the range, so no move overwrites a descriptor still to move. */
 	int moved[FD_FIRST_FREE - FD_READY];
 	for (int i = 0; i < FD_FIRST_FREE - FD_READY; i++) {

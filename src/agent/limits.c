@@ -390,5 +390,8 @@ const char *limits_probe(void)
 			strcat(words, " ");
 		strcat(words, controller_names[c]);
 	}
+	/* A disk is a loop device's filesystem (confine.c), which only root may attach. */
+	if (geteuid() == 0 && access("/dev/loop-control", R_OK | W_OK) == 0)
+		strcat(words, words[0] ? " disk" : "disk");
 	return words;
 }

@@ -55,8 +55,9 @@ uint64_t limits_memory(void);
 /* Removes the groups once no process is left in them; call after the commands were killed. */
 void limits_stop(void);
 
-/* Which resources this machine lets the agent bound, as words ("memory pids cpu"), for
- * --probe-limits: "" when none. Tried by making and removing a group in each. */
+/* Which resources this machine lets the agent bound, as words ("memory pids cpu disk"), for
+ * --probe-limits: "" when none. Tried by making and removing a group in each; disk when the
+ * agent may attach loop devices (--disk). */
 const char *limits_probe(void);
 
 #endif

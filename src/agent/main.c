@@ -136,8 +136,12 @@ static void usage(FILE *out)
 		"                                                 what the session changed (overlayfs)\n"
 		"  --image-work DIR       SANDKIT_AGENT_IMAGE_WORK  overlayfs's work folder for --image,\n"
 		"                                                 empty, on the root's filesystem\n"
-		"  --probe-limits                                 print which of memory, pids and cpu\n"
-		"                                                 this machine lets the agent bound,\n"
+		"  --disk FILE            SANDKIT_AGENT_DISK      with bwrap, as root: the session's\n"
+		"                                                 files (with --image, its changes) live\n"
+		"                                                 on FILE, an ext4 image, and can take no\n"
+		"                                                 more than it holds\n"
+		"  --probe-limits                                 print which of memory, pids, cpu and\n"
+		"                                                 disk this machine lets the agent bound,\n"
 		"                                                 then exit\n"
 		"  --log LEVEL            SANDKIT_AGENT_LOG       quiet, info (default) or debug, on stderr\n"
 		"  --help                                         this text\n"
@@ -187,7 +191,7 @@ struct raw_options {
 	const char *auth, *session_id, *public_keys;
 	const char *network, *host_uid, *bwrap, *init, *pasta, *slirp4netns;
 	const char *lifetime_file;
-	const char *memory, *pids, *cpus, *image, *image_work;
+	const char *memory, *pids, *cpus, *image, *image_work, *disk;
 };
 
 static int env_flag(const char *name, const char *v)
@@ -327,6 +331,11 @@ static void configure_confinement(const struct raw_options *o)
 		die("--image needs --isolate bwrap: unconfined commands see the host's /");
 	c->image_path = o->image;
 	c->image_work_path = o->image_work;
+	/* The session's disk is mounted where its tree would be bound: only a confined session,
+	 * built by an agent that may attach a loop device, has one. */
+	if (o->disk && (!c->isolate_bwrap || geteuid() != 0))
+		die("--disk needs --isolate bwrap and an agent run as root (it attaches a loop device)");
+	c->disk_path = o->disk;
 	/* overlayfs takes its folders in one option string, separated by ',' and ':' and escaped
 	 * with '\\': a path holding one would name other folders than it says. */
 	const char *paths[] = { o->image, o->image_work };
@@ -400,7 +409,7 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_LIFETIME_FILE"),
 		getenv("SANDKIT_AGENT_MEMORY"), getenv("SANDKIT_AGENT_PIDS"),
 		getenv("SANDKIT_AGENT_CPUS"), getenv("SANDKIT_AGENT_IMAGE"),
-		getenv("SANDKIT_AGENT_IMAGE_WORK"),
+		getenv("SANDKIT_AGENT_IMAGE_WORK"), getenv("SANDKIT_AGENT_DISK"),
 	};
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
@@ -436,6 +445,7 @@ static void configure(int argc, char **argv)
 		{ "image", required_argument, NULL, 'g' },
 		{ "image-work", required_argument, NULL, 'w' },
 		{ "probe-limits", no_argument, NULL, 'q' },
+		{ "disk", required_argument, NULL, 'D' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -471,6 +481,7 @@ static void configure(int argc, char **argv)
 		case 'C': o.cpus = optarg; break;
 		case 'g': o.image = optarg; break;
 		case 'w': o.image_work = optarg; break;
+		case 'D': o.disk = optarg; break;
 		case 'q': printf("%s\n", limits_probe()); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);

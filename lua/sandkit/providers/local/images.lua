@@ -379,6 +379,10 @@ function images.commit(store, record, session_dir, name)
     return nil, errors.invalid_input(op, "session", "session " .. record.id .. " has no image: its / is this "
       .. "machine's system folders, which are no image's to keep (create it with image = NAME)")
   end
+  if record.limits and record.limits.disk then
+    return nil, errors.invalid_input(op, "session", "session " .. record.id .. " has a disk limit: its "
+      .. "changes live on a filesystem its agent holds mounted, which a commit cannot read beside it")
+  end
   local lower = path_of(store, record.image) .. "/rootfs"
   local tmp, err = stage(store, op, name)
   if not tmp then return nil, err end

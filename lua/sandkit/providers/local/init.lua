@@ -23,14 +23,15 @@
 -- image     a confined session's / is this image (images.lua), copy-on-write; without one the
 --           host's system folders serve, read-only
 -- limits    what the session's commands may use together: memory (bytes), pids, cpu (cores),
---           enforced by the agent in control groups (limits.lua); one this machine cannot
---           enforce is refused
+--           enforced by the agent in control groups, and what it may write (disk, bytes: its
+--           own filesystem; limits.lua); one this machine cannot enforce is refused
 --
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
 --   record.json  { id, pid, port, boot_id, generation, isolate, network, host_uid, env,
 --                  created_at, expires_at, labels, image, limits }
 --   image        the name of its image, written before the image is looked for (images.lua)
 --   work/        overlayfs's work folder, for a session from an image
+--   disk.img     with limits.disk: the filesystem the session's files live on instead of files/
 --   token        the agent's bearer token, mode 0600
 --   lifetime     the session's end as the agent reads it (--lifetime-file): Unix seconds, or
 --                none, padded with spaces to a fixed width
@@ -208,6 +209,10 @@ function provider_mt:start_agent(id, dir, fields)
       "--image-work", dir .. "/work" } do argv[#argv + 1] = word end
   end
   limits.argv(argv, fields.limits)
+  if fields.limits and fields.limits.disk then
+    argv[#argv + 1] = "--disk"
+    argv[#argv + 1] = dir .. "/disk.img"
+  end
   local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
     stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
   if not pid then
@@ -303,6 +308,21 @@ function provider_mt:create(opts)
   -- 0755: a confined session's /, which programs of other uids inside may need to cross; the
   -- session's directory around it keeps it private on this machine.
   core.mkdir(dir .. "/files", 493)
+  if kept_limits and kept_limits.disk then
+    if not confined then
+      core.remove_tree(dir)
+      return nil, errors.invalid_input("sandbox.create", "limits",
+        "limits.disk is for confined sessions: with isolate = \"none\" commands write this machine's disk")
+    end
+  end
+  local host_uid = confined and agent_process.host_uid() or nil
+  if kept_limits and kept_limits.disk then
+    local made_disk, derr = limits.make_disk(dir .. "/disk.img", kept_limits.disk, host_uid or 0)
+    if not made_disk then
+      core.remove_tree(dir)
+      return nil, derr
+    end
+  end
   if opts.image ~= nil then
     local claimed, cerr = images.claim(self.images, dir, opts.image)
     if not claimed then
@@ -315,7 +335,7 @@ function provider_mt:create(opts)
   record, err = self:start_agent(id, dir, { generation = 1, env = opts.env, labels = opts.labels,
     expires_at = expires_at, isolate = self.isolate,
     network = confined and self.network or nil,
-    host_uid = confined and agent_process.host_uid() or nil, image = opts.image, limits = kept_limits })
+    host_uid = host_uid, image = opts.image, limits = kept_limits })
   if not record then
     core.remove_tree(dir)
     return nil, err

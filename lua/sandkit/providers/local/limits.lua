@@ -21,6 +21,12 @@ limits.PIDS_MIN = 8
 limits.PIDS_MAX = 4194304
 limits.CPU_MIN = 0.01
 limits.CPU_MAX = 1024
+--- A disk is an ext4 filesystem of that size: below 16 MiB its own journal and tables leave a
+-- session almost nothing.
+limits.DISK_MIN = 16 * 1024 * 1024
+limits.DISK_MAX = 2 ^ 50
+--- Where Debian's e2fsprogs puts the program that makes a session's disk.
+limits.MKFS = { "/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4" }
 
 --- The resources a limit may name, in the order capabilities and errors list them.
 limits.NAMES = { "memory", "pids", "cpu", "disk" }
@@ -61,9 +67,10 @@ function limits.check(given, enforced)
       and math.abs(cpu * 100 - math.floor(cpu * 100 + 0.5)) < 1e-6) then
     return nil, bad("cpu", "is a number of cores from 0.01 to 1024 in hundredths (1.5, 0.25)")
   end
-  if given.disk ~= nil then
-    return nil, bad("disk", "cannot be enforced by the local provider on this machine: a session's "
-      .. "writes are not bounded (limits this machine enforces: capabilities().limits)")
+  local disk = given.disk
+  if disk ~= nil and not (json.integer(disk) and disk >= limits.DISK_MIN and disk <= limits.DISK_MAX) then
+    return nil, bad("disk", "is a whole number of bytes from " .. limits.DISK_MIN
+      .. " (16 MiB: less and the filesystem's own bookkeeping leaves no room) to 2^50")
   end
   for _, name in ipairs{ "memory", "pids", "cpu" } do
     if given[name] ~= nil and not enforced[name] then
@@ -71,8 +78,12 @@ function limits.check(given, enforced)
         .. name .. " controller, nor a writable cgroup v1 hierarchy for it (as root)")
     end
   end
-  if memory == nil and pids == nil and cpu == nil then return nil end
-  return { memory = memory, pids = pids, cpu = cpu }
+  if disk ~= nil and not enforced.disk then
+    return nil, bad("disk", "cannot be enforced here: a session's disk is a loop device's filesystem, "
+      .. "which only sandkit run as root may attach")
+  end
+  if memory == nil and pids == nil and cpu == nil and disk == nil then return nil end
+  return { memory = memory, pids = pids, cpu = cpu, disk = disk }
 end
 
 --- The agent's flags for a record's limits.
@@ -90,6 +101,55 @@ function limits.argv(argv, kept)
     argv[#argv + 1] = "--cpus"
     argv[#argv + 1] = string.format("%.2f", kept.cpu)
   end
+end
+
+--- Makes the session's disk of `bytes` at `path`: a sparse file holding an ext4 filesystem whose
+-- root belongs to `owner` (the sandbox user's host uid). true, or nil and INVALID_INPUT.
+function limits.make_disk(path, bytes, owner)
+  local mkfs
+  for _, candidate in ipairs(limits.MKFS) do
+    local f = io.open(candidate)
+    if f then
+      f:close()
+      mkfs = mkfs or candidate
+    end
+  end
+  if not mkfs then
+    return nil, bad("disk", "needs mkfs.ext4 (Debian package e2fsprogs) to make the session's disk")
+  end
+  local f, err = io.open(path, "wb")
+  if f then
+    -- Sparse: the session's disk takes room only as the session writes.
+    local ok = f:seek("set", bytes - 1) and f:write("\0")
+    f:close()
+    if not ok then f, err = nil, "cannot size " .. path end
+  end
+  if not f then return nil, errors.invalid_input(CREATE, "root", tostring(err)) end
+  local log = path .. ".log"
+  local pid, serr = core.spawn({ mkfs, "-q", "-F", "-m", "0", "-E", string.format("root_owner=%d:%d", owner, owner),
+    path }, { stdout = log, stderr = log })
+  local status
+  if pid then
+    local deadline = core.now() + PROBE_TIMEOUT * 6
+    local done
+    repeat
+      done, status = core.reap(pid)
+      if not done then wait.sleep(0.01) end
+    until done or core.now() >= deadline
+    if not done then
+      core.kill(pid, core.SIGKILL)
+      core.reap(pid, true)
+    end
+  end
+  local said = io.open(log)
+  local text = said and said:read("a") or tostring(serr)
+  if said then said:close() end
+  os.remove(log)
+  if status ~= 0 then
+    os.remove(path)
+    return nil, bad("disk", "could not be made: mkfs.ext4 said " .. text:gsub("%s+$", ""))
+  end
+  return true
 end
 
 --- What this machine lets the agent at `agent` enforce: { memory = bool, pids = bool, cpu = bool,
@@ -113,7 +173,7 @@ function limits.probe(agent)
   if f then f:close() end
   os.remove(out)
   for word in words:gmatch("%a+") do
-    if enforced[word] ~= nil and word ~= "disk" then enforced[word] = true end
+    if enforced[word] ~= nil then enforced[word] = true end
   end
   return enforced
 end

@@ -93,7 +93,7 @@ function state.load_record(dir)
   record.labels = labels
   if type(record.image) ~= "string" then record.image = nil end
   if type(record.limits) == "table" then
-    for _, name in ipairs{ "memory", "pids" } do record.limits[name] = json.integer(record.limits[name]) end
+    for _, name in ipairs{ "memory", "pids", "disk" } do record.limits[name] = json.integer(record.limits[name]) end
   else
     record.limits = nil
   end
