@@ -75,15 +75,15 @@ end
 
 --- Runs fn(sandbox, sessions) in a sandbox of common.sandbox(isolate) and returns its result
 -- once every session made through
--- sessions.create is terminated, even when fn fails: an agent left behind would run on after
+-- sessions.create(opts) (the create options, default none) is terminated, even when fn fails: an agent left behind would run on after
 -- the benchmark, detached from it. The caller reports the result only then, so a reader that
 -- went away (a closed stdout) cannot end the process before its sessions are gone.
 function common.with_sandbox(fn, isolate)
   local sandbox = common.sandbox(isolate)
   local made = {}
   local sessions = {
-    create = function()
-      local session = assert(sandbox:create{})
+    create = function(opts)
+      local session = assert(sandbox:create(opts or {}))
       made[#made + 1] = session
       return session
     end,

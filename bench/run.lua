@@ -61,6 +61,14 @@ local FLAT_GROWTH = 2 * common.MIB
 local CREATE_P50 = 50           -- ms
 local EXEC_OVER_BWRAP = 0.3     -- ms
 local CONFINED_VS_UNCONFINED = 0.9
+-- Images and limits: a session from a 300 MB image ready for its first command within this,
+-- and within this ratio of one without an image; a stream within this ratio of its speed
+-- without a memory limit.
+local IMAGE_CREATE_P50 = 100    -- ms
+local IMAGE_VS_PLAIN = 1.5
+local MEMORY_LIMIT_VS_NONE = 0.95
+--- The memory limit of the stream that measures what one costs.
+local STREAM_MEMORY = 512 * common.MIB
 
 local function quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
@@ -294,6 +302,24 @@ local function rows(results)
     row("stream 1 GiB, confined vs unconfined", nil, nil, nil, ">= " .. CONFINED_VS_UNCONFINED .. "x", "NO")
   end
 
+  local im = results.images
+  if im.failed then
+    row("create to first exec p50, 300 MB image", nil, nil, nil, "<= " .. IMAGE_CREATE_P50 .. " ms", "NO")
+  else
+    local ratio = im.create.image.p50 / im.create.plain.p50
+    row("create to first exec p50, 300 MB image", ms(im.create.image.p50), "no image: " .. ms(im.create.plain.p50),
+      times(ratio), "<= " .. IMAGE_CREATE_P50 .. " ms, <= " .. IMAGE_VS_PLAIN .. "x",
+      met(im.create.image.p50 <= IMAGE_CREATE_P50 and ratio <= IMAGE_VS_PLAIN))
+  end
+  local sm = results.stream_memory
+  if s.sandkit and sm.sandkit then
+    local ratio = sm.sandkit.mb_per_s / s.sandkit.mb_per_s
+    row("stream 1 GiB, 512 MiB memory limit vs none", mb(sm.sandkit.mb_per_s), "no limit: " .. mb(s.sandkit.mb_per_s),
+      times(ratio), ">= " .. MEMORY_LIMIT_VS_NONE .. "x", met(ratio >= MEMORY_LIMIT_VS_NONE))
+  else
+    row("stream 1 GiB, 512 MiB memory limit vs none", nil, nil, nil, ">= " .. MEMORY_LIMIT_VS_NONE .. "x", "NO")
+  end
+
   local f = results.fanout
   local fu = results.fanout_unconfined
   if f["16"].mb_per_s and fu.mb_per_s then
@@ -467,6 +493,9 @@ results.stream_unconfined = step("streaming, unconfined (1 GiB: sandkit, curl -s
   lua_script("stream.lua", "none"))
 results.confine = step("confinement (create to first exec; exec of true against bubblewrap)",
   lua_script("confine.lua"))
+results.images = step("images (create to first exec, 300 MB image and none)", lua_script("images.lua"))
+results.stream_memory = step("streaming (1 GiB, 512 MiB memory limit)",
+  lua_script("stream.lua", "bwrap", tostring(STREAM_MEMORY)))
 results.latency = step("latency (1000 round trips, 1000 spawns)", lua_script("latency.lua"))
 results.fanout = {}
 for _, n in ipairs(FANOUT) do

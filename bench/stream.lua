@@ -6,8 +6,9 @@
 -- machine only ever slows a round down). MB/s counts the command's output bytes (1 GiB), not
 -- the base64 and JSON on the wire. CPU seconds of the client and of the agent are kept too:
 -- they tell which side limited a number.
---   lua5.4 bench/stream.lua [ISOLATE]      (ISOLATE: bwrap, the default, or none)
--- Prints RESULT { bytes, isolate, sandkit = {…}, curl = {…} | missing, floor = {…} }.
+--   lua5.4 bench/stream.lua [ISOLATE [MEMORY]]   (ISOLATE: bwrap, the default, or none; MEMORY:
+--                                                the session's memory limit in bytes)
+-- Prints RESULT { bytes, isolate, memory, sandkit = {…}, curl = {…} | missing, floor = {…} }.
 
 package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
 local common = require "common"
@@ -19,6 +20,7 @@ local ARGV = { "head", "-c", tostring(BYTES), "/dev/zero" }
 local SHELL = table.concat(ARGV, " ")
 local TIMEOUT = 300
 local ISOLATE = arg[1] or "bwrap"
+local MEMORY = arg[2] and math.floor(tonumber(arg[2]))
 
 local function cpu_sum(pid)
   local user, sys = common.cpu(pid)
@@ -87,7 +89,7 @@ local function best(runs)
 end
 
 common.result(common.with_sandbox(function(sandbox, sessions)
-  local session = sessions.create()
+  local session = sessions.create(MEMORY and { limits = { memory = MEMORY } } or nil)
   local pid = session.record.pid
   local have_curl = os.execute("curl --version >/dev/null 2>&1")
   local curl = have_curl and curl_command(session, sandbox.provider:dir(session.id))
@@ -102,6 +104,7 @@ common.result(common.with_sandbox(function(sandbox, sessions)
   return {
     bytes = BYTES,
     isolate = ISOLATE,
+    memory = MEMORY,
     command = SHELL,
     sandkit = best(runs.sandkit),
     curl = curl and best(runs.curl) or "missing",
