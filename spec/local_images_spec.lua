@@ -203,6 +203,40 @@ describe("a local image", function()
     end)
   end)
 
+  it("is imported, used and committed by sandkit running as a user who is not root", function()
+    if local_state.sh("id -u") ~= "0\n" or not files.execute("command -v setpriv >/dev/null")
+        or not images.available() then
+      return pending("starting sandkit as another user needs root, setpriv and busybox-static")
+    end
+    local state = local_state.new(493)
+    assert(files.execute("chown 65534:65534 " .. q(state)))
+    local tree = images.busybox_tree(state .. "/tree", { ["etc/motd"] = "unprivileged\n" })
+    assert(files.execute("chown -R 65534:65534 " .. q(tree)))
+    local script = state .. "/as-nobody.lua"
+    files.write(script, string.format([[
+      local sandkit = require "sandkit"
+      local sb = assert(sandkit.sandbox{ provider = "local", root = %q })
+      assert(sb:image_import("mine", %q))
+      local session = assert(sb:create{ image = "mine" })
+      local r = assert(session:exec({ "/bin/sh", "-c", "id -u; cat /etc/motd; stat -c %%u /etc/motd; "
+        .. "echo changed > /etc/motd" }, { timeout = 20 }))
+      io.write(r.stdout, r.stderr)
+      assert(sb:image_commit(session.id, "changed"))
+      assert(sb:terminate(session.id))
+      local again = assert(sb:create{ image = "changed" })
+      io.write(assert(again:exec({ "/bin/cat", "/etc/motd" }, { timeout = 20 })).stdout)
+      assert(sb:terminate(again.id))
+    ]], state .. "/sandkit", tree))
+    local out, err, status = local_state.sh("setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="
+      .. q(state) .. " " .. local_state.lua_env() .. " " .. (os.getenv("SANDKIT_TEST_LUA") or "lua5.4") .. " "
+      .. q(script))
+    core.remove_tree(state)
+    assert.equal(0, status, err)
+    -- The image's files are the calling user's, so the sandbox user's inside: it may change
+    -- them, in its own layer.
+    assert.equal("1000\nunprivileged\n1000\nchanged\n", out)
+  end)
+
   it("names are 1 to 64 of [a-z0-9._-]: every other is INVALID_INPUT, and nothing is made", function()
     for _, name in ipairs{ "", "Upper", string.rep("a", 65), "../x", "a/b", ".hidden", "sp ace", 7 } do
       local image, err = sandbox:image_import(name, work)

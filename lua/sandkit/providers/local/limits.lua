@@ -32,8 +32,8 @@ limits.MKFS = { "/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4" }
 limits.NAMES = { "memory", "pids", "cpu", "disk" }
 local KNOWN = { memory = true, pids = true, cpu = true, disk = true }
 
---- Seconds `--probe-limits` may take: it makes and removes a group per controller.
-local PROBE_TIMEOUT = 5
+--- Seconds mkfs.ext4 may take to make a session's disk: it writes a few tables, in milliseconds.
+local MKFS_TIMEOUT = 30
 
 local function bad(field, why)
   return errors.invalid_input(CREATE, "limits", "limits." .. field .. " " .. why)
@@ -130,7 +130,7 @@ function limits.make_disk(path, bytes, owner)
     path }, { stdout = log, stderr = log })
   local status
   if pid then
-    local deadline = core.now() + PROBE_TIMEOUT * 6
+    local deadline = core.now() + MKFS_TIMEOUT
     local done
     repeat
       done, status = core.reap(pid)
@@ -159,15 +159,10 @@ function limits.probe(agent)
   if not agent then return enforced end
   -- A fresh private file of this machine's temporary folder (mkstemp) takes the answer.
   local out = os.tmpname()
+  -- Waited for without yielding, so that capabilities() works in any phase of nginx too: the
+  -- probe makes and removes a directory per controller, a few milliseconds.
   local pid = core.spawn({ agent, "--probe-limits" }, { stdout = out, stderr = "/dev/null" })
-  if pid then
-    local deadline = core.now() + PROBE_TIMEOUT
-    while not core.reap(pid) and core.now() < deadline do wait.sleep(0.01) end
-    if not core.reap(pid) then
-      core.kill(pid, core.SIGKILL)
-      core.reap(pid, true)
-    end
-  end
+  if pid then core.reap(pid, true) end
   local f = io.open(out)
   local words = f and f:read("a") or ""
   if f then f:close() end
