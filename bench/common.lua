@@ -74,9 +74,9 @@ function common.sandbox(isolate)
 end
 
 --- Runs fn(sandbox, sessions) in a sandbox of common.sandbox(isolate) and returns its result
--- once every session made through
--- sessions.create(opts) (the create options, default none) is terminated, even when fn fails: an agent left behind would run on after
--- the benchmark, detached from it. The caller reports the result only then, so a reader that
+-- once every session made through sessions.create(opts) (create's options, default none) is
+-- terminated, even when fn fails: an agent left behind would run on after the benchmark,
+-- detached from it. The caller reports the result only then, so a reader that
 -- went away (a closed stdout) cannot end the process before its sessions are gone.
 function common.with_sandbox(fn, isolate)
   local sandbox = common.sandbox(isolate)
