@@ -237,6 +237,18 @@ describe("a local image", function()
     assert.equal("1000\nunprivileged\n1000\nchanged\n", out)
   end)
 
+  it("made by a process killed mid-way leaves nothing once the next image is made", function()
+    local dead = assert(core.spawn({ "true" }))
+    core.reap(dead, true)
+    assert(core.mkdir(root .. "/images", 448))
+    local left = root .. "/images/.new-half-" .. dead .. "-0123456789ab"
+    assert(core.mkdir(left, 448))
+    files.write(left .. "/partial", "x")
+    assert(sandbox:image_import("next", work))
+    assert.is_nil(files.read(left .. "/partial"))
+    assert.same({ "next" }, core.listdir(root .. "/images"))
+  end)
+
   it("names are 1 to 64 of [a-z0-9._-]: every other is INVALID_INPUT, and nothing is made", function()
     for _, name in ipairs{ "", "Upper", string.rep("a", 65), "../x", "a/b", ".hidden", "sp ace", 7 } do
       local image, err = sandbox:image_import(name, work)

@@ -7,8 +7,9 @@
 --   <root>/sessions/<id>/image       the name of the image the session starts from: what keeps
 --                                    the image from removal while the session exists
 --
--- An image is made whole under a hidden name (`.new-<name>-<random>`) and renamed into place at
--- the end, so a build, import or commit that fails half-way leaves nothing under the name.
+-- An image is made whole under a hidden name (`.new-<name>-<pid>-<random>`) and renamed into
+-- place at the end, so a build, import or commit that fails half-way leaves nothing under the
+-- name; what a process killed mid-way left is removed by the next one that makes an image.
 -- Every tree that becomes an image goes through the C core's tar extraction
 -- (src/common/tarstream.h), which holds each entry beneath the image (no absolute path, no
 -- `..`, no link followed, no device node) and bounds the entries and their bytes. Its files
@@ -111,16 +112,32 @@ local function bounds(store, operation, opts)
   return entries, bytes
 end
 
+--- A hidden folder's name for `name`, made by this process: `.new-` (an image in the making) or
+-- `.gone-` (one being removed), the name, this process's pid, and a random tail.
+local function hidden(kind, name)
+  local pid = (state.read_file("/proc/self/stat") or ""):match("^(%d+)") or "0"
+  return string.format(".%s-%s-%s-%s", kind, name, pid, hex(6))
+end
+
+--- Removes what processes that were killed mid-way left: hidden folders whose pid is gone.
+local function sweep(store)
+  for _, entry in ipairs(core.listdir(store.dir) or {}) do
+    local pid = entry:match("^%.new%-.-%-(%d+)%-%x+$") or entry:match("^%.gone%-.-%-(%d+)%-%x+$")
+    if pid and not core.alive(tonumber(pid)) then core.remove_tree(store.dir .. "/" .. entry) end
+  end
+end
+
 --- A hidden folder for an image in the making, with its empty rootfs: its path, or nil and why.
 local function stage(store, operation, name)
   local bad = images.check_name(operation, name)
   if bad then return nil, bad end
   local made, err = state.mkdirs(store.dir)
   if not made then return nil, errors.invalid_input(operation, "root", err) end
+  sweep(store)
   if state.file_exists(path_of(store, name)) then
     return nil, errors.invalid_input(operation, "name", "an image named " .. name .. " exists")
   end
-  local tmp = store.dir .. "/.new-" .. name .. "-" .. hex(6)
+  local tmp = store.dir .. "/" .. hidden("new", name)
   local ok, merr, code = core.mkdir(tmp, 448)
   if ok then ok, merr, code = core.mkdir(tmp .. "/rootfs", 493) end
   if not ok then
@@ -464,7 +481,7 @@ function images.remove(store, name)
   end
   -- Out of reach first, then the check: a session claims its image before it looks for it
   -- (images.claim), so either the claim is seen here or the image is not found there.
-  local gone = store.dir .. "/.gone-" .. name .. "-" .. hex(6)
+  local gone = store.dir .. "/" .. hidden("gone", name)
   local moved, merr = os.rename(path, gone)
   if not moved then
     return nil, errors.invalid_input(op, "root", "the image could not be removed: " .. tostring(merr))
