@@ -202,6 +202,43 @@ describe("a local session's limits", function()
     end
   end)
 
+  it("written wrong on the command line are refused with status 2, and nothing is made", function()
+    local cli = local_state.lua_env() .. " " .. LUA .. " bin/sandkit --root " .. q(root)
+    for _, flags in ipairs{ "--memory 512Q", "--memory -1", "--memory 0x10", "--pids 1e3", "--cpus 1.555",
+      "--cpus .5", "--cpus 1.", "--disk 2X", "--memory 99999999999T" } do
+      local _, err, status = local_state.sh(cli .. " create " .. flags)
+      assert.equal(2, status, flags .. ": " .. err)
+    end
+    -- Written right but no bound: refused by create, with status 1.
+    local _, err, status = local_state.sh(cli .. " create --pids 2")
+    assert.equal(1, status)
+    assert.truthy(err:find("limits.pids", 1, true), err)
+    assert.same({}, core.listdir(root .. "/sessions") or {})
+  end)
+
+  it("are bounds the agent itself holds: each past its range is a start that fails with status 2", function()
+    local agent = os.getenv("SANDKIT_AGENT")
+    local dir = local_state.new()
+    local base = q(agent) .. " --root " .. q(dir) .. " --no-auth --isolate none "
+    for _, case in ipairs{
+      { "--memory 8388607", "at least 8388608" }, { "--memory 1125899906842625", "at most" },
+      { "--pids 7", "at least 8" }, { "--pids 4194305", "at most" },
+      { "--cpus 0", "0.01 to 1024" }, { "--cpus 1024.01", "0.01 to 1024" }, { "--cpus 1.234", "two decimals" },
+      { "--image /x --image-work /y", "--image needs --isolate bwrap" },
+      { "--disk /x", "--disk needs --isolate bwrap" },
+      { "--image /x", "go together" },
+    } do
+      local _, err, status = local_state.sh(base .. case[1])
+      assert.equal(2, status, case[1] .. ": " .. err)
+      assert.truthy(err:find(case[2], 1, true), case[1] .. ": " .. err)
+    end
+    local _, err, status = local_state.sh(q(agent) .. " --root " .. q(dir) .. " --no-auth --isolate bwrap "
+      .. "--image /a,b --image-work /w")
+    core.remove_tree(dir)
+    assert.equal(2, status)
+    assert.truthy(err:find("without ','", 1, true), err)
+  end)
+
   it("that this machine cannot enforce are refused at create, never accepted and ignored", function()
     -- An agent that says it can bound nothing here.
     local dir = local_state.new()
