@@ -100,6 +100,24 @@ describe("a local image", function()
         assert.equal("mine\n", exec(a, "cat /data/new").stdout)
       end)
 
+    it("and is served again from it, with its own changes, after its agent died", function()
+      if not import_busybox("again", { ["etc/motd"] = "image\n" }) then return end
+      local session = create{ image = "again" }
+      if not session then return end
+      assert.equal(0, exec(session, "echo changed > /home/user/mine").code)
+      local pid = session.record.pid
+      core.kill(pid, core.SIGKILL)
+      assert.is_true(require("support.processes").within(10, function()
+        return not core.alive(pid) or core.reap(pid)
+      end))
+      local revived = assert(sandbox:get_or_create{ id = session.id })
+      assert.equal(2, revived.generation)
+      assert.equal("image\nchanged\n", exec(revived, "cat /etc/motd /home/user/mine").stdout)
+      local ok, err = sandbox:image_remove("again")
+      assert.is_nil(ok, "the revived session still uses its image")
+      assert.equal("INVALID_INPUT", err.code)
+    end)
+
     it("as the files API sees it too", function()
       if not import_busybox("seen", { ["etc/motd"] = "hello\n" }) then return end
       local session = create{ image = "seen" }
