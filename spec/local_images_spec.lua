@@ -428,20 +428,5 @@ describe("a local image", function()
       end
       assert_no_image_left(root, "deb")
     end)
-
-    -- Slow: mmdebstrap fetches and unpacks Debian's essential packages (about 40 s here).
-    it("from Debian's archive, a system a session runs #slow", function()
-      local reach = local_state.sh("curl -s -o /dev/null -m 5 -w '%{http_code}' "
-        .. "http://deb.debian.org/debian/dists/bookworm/Release")
-      if reach ~= "200" then
-        return pending("no Debian mirror is reachable from this machine (deb.debian.org answered "
-          .. (reach ~= "" and reach or "nothing") .. "): mmdebstrap needs one, it cannot build offline")
-      end
-      local meta = assert(sandbox:image_build("deb", { suite = "bookworm" }))
-      assert.truthy(meta.origin:find("build bookworm", 1, true))
-      local session = create{ image = "deb" }
-      if not session then return end
-      assert.truthy(exec(session, "cat /etc/debian_version").stdout:match("^12%."))
-    end)
   end)
 end)
