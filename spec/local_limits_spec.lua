@@ -239,6 +239,16 @@ describe("a local session's limits", function()
     assert.truthy(err:find("without ','", 1, true), err)
   end)
 
+  it("disk is for confined sessions: an unconfined sandbox says it cannot enforce one, and refuses it", function()
+    local host = assert(sandkit.sandbox{ provider = "local", root = root, isolate = "none" })
+    assert.is_false(host:capabilities().limits.disk)
+    local session, err = host:create{ limits = { disk = 64 * MiB } }
+    assert.is_nil(session)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.truthy(err.message:find("confined", 1, true), err.message)
+    assert.same({}, core.listdir(root .. "/sessions") or {})
+  end)
+
   it("that this machine cannot enforce are refused at create, never accepted and ignored", function()
     -- An agent that says it can bound nothing here.
     local dir = local_state.new()

@@ -130,10 +130,12 @@ function provider_local.new(options)
     ready_timeout = ready_timeout, images = images.store(root, options) }, provider_mt)
 end
 
---- What this machine lets a session's agent enforce, asked of the agent once per sandbox.
+--- What this machine lets a session's agent enforce, asked of the agent once per sandbox. A
+-- disk is a confined session's own filesystem: an unconfined one writes this machine's.
 function provider_mt:enforced_limits()
   if not self.enforced then
     self.enforced = limits.probe((agent_process.find(self.options)))
+    self.enforced.disk = self.enforced.disk and self.isolate == "bwrap"
   end
   return self.enforced
 end
@@ -308,13 +310,6 @@ function provider_mt:create(opts)
   -- 0755: a confined session's /, which programs of other uids inside may need to cross; the
   -- session's directory around it keeps it private on this machine.
   core.mkdir(dir .. "/files", 493)
-  if kept_limits and kept_limits.disk then
-    if not confined then
-      core.remove_tree(dir)
-      return nil, errors.invalid_input("sandbox.create", "limits",
-        "limits.disk is for confined sessions: with isolate = \"none\" commands write this machine's disk")
-    end
-  end
   local host_uid = confined and agent_process.host_uid() or nil
   if kept_limits and kept_limits.disk then
     local made_disk, derr = limits.make_disk(dir .. "/disk.img", kept_limits.disk, host_uid or 0)

@@ -80,7 +80,7 @@ function limits.check(given, enforced)
   end
   if disk ~= nil and not enforced.disk then
     return nil, bad("disk", "cannot be enforced here: a session's disk is a loop device's filesystem, "
-      .. "which only sandkit run as root may attach")
+      .. "which only sandkit run as root may attach, for a confined session (isolate = \"bwrap\")")
   end
   if memory == nil and pids == nil and cpu == nil and disk == nil then return nil end
   return { memory = memory, pids = pids, cpu = cpu, disk = disk }
