@@ -118,6 +118,36 @@ describe("a local image", function()
       assert.equal("INVALID_INPUT", err.code)
     end)
 
+    it("through fuse-overlayfs where the kernel's overlayfs is not taken, which ends with the session", function()
+      if not files.execute("test -x /usr/bin/fuse-overlayfs && test -c /dev/fuse") then
+        return pending("fuse-overlayfs or /dev/fuse is missing")
+      end
+      if not import_busybox("fused", { ["etc/motd"] = "fused\n" }) then return end
+      -- An agent that takes fuse-overlayfs as it would where the kernel refused overlayfs.
+      local agent = work .. "/fuse-agent"
+      files.write(agent, "#!/bin/sh\nexec " .. q(os.getenv("SANDKIT_AGENT")) .. " \"$@\" --overlay fuse\n")
+      assert(files.execute("chmod 0755 " .. q(agent)))
+      local fused = assert(sandkit.sandbox{ provider = "local", root = root, agent_path = agent })
+      local session, err = fused:create{ image = "fused" }
+      if not session and err.field == "isolate" then return pending(err.message) end
+      assert(session, err)
+      local daemons = {}
+      for _, pid in ipairs(require("support.agent_process").processes{ "/usr/bin/fuse-overlayfs", "-f" }) do
+        if (files.read("/proc/" .. pid .. "/cmdline") or ""):find(root .. "/sessions/" .. session.id, 1, true) then
+          daemons[#daemons + 1] = pid
+        end
+      end
+      assert.equal(1, #daemons, "fuse-overlayfs serves the session")
+      assert.equal("fused\n", exec(session, "cat /etc/motd").stdout)
+      assert.equal("mine\n", exec(session, "echo mine > /home/user/m && cat /home/user/m").stdout)
+      assert.are_not.equal(0, exec(session, "echo no > /bin/new").code, "the image's folders stay its own")
+      assert.is_nil(files.read(root .. "/images/fused/rootfs/home/user/m"))
+      assert(fused:terminate(session.id))
+      assert.is_true(require("support.processes").within(10, function()
+        return not core.alive(daemons[1])
+      end), "fuse-overlayfs ends with the session")
+    end)
+
     it("as the files API sees it too", function()
       if not import_busybox("seen", { ["etc/motd"] = "hello\n" }) then return end
       local session = create{ image = "seen" }

@@ -23,7 +23,7 @@ libarchive-dev bubblewrap passt slirp4netns iproute2"
 check="$demo lua-busted lua-check lua-socket lua-cqueues luarocks luajit2 libluajit2-5.1-dev nginx
 libnginx-mod-http-lua lua-resty-core chromium curl openssl procps lua-yaml python3-kubernetes
 python3-cryptography lua5.1 liblua5.1-0-dev zip busybox-static mmdebstrap
-e2fsprogs"
+e2fsprogs fuse-overlayfs"
 bench="$check python3 nodejs valgrind"
 
 list=""

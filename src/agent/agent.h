@@ -63,6 +63,8 @@ struct agent_config {
 	const char *image_path;     /* --image: the session's / below its own changes; or NULL */
 	const char *image_work_path;
 	const char *disk_path;      /* --disk: the ext4 image the session's files live on; or NULL */
+	int overlay_fuse;           /* --overlay fuse: fuse-overlayfs even where the kernel's serves */
+	const char *fuse_overlayfs_path;
 	struct limits_request limits;
 	enum agent_log_level log_level;
 	unsigned max_connections;   /* before the descriptor limit lowers it (http.h) */

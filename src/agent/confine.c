@@ -60,6 +60,16 @@ static struct {
 	int lost;
 } session = { 0, 0, 0, -1, -1, -1, -1, -1, 0, NULL, 0 };
 
+/* fuse-overlayfs, when it lays the session's image: the prep, which starts it, leaves its pid in
+ * a page shared with the agent (0: none), and the agent ends it once the session is over. Its
+ * parent-death signal cannot: the kernel clears that at the daemon's first change of filesystem
+ * uid, made to create a file as the sandbox user. */
+static pid_t *fuse_pid_slot;
+static int fuse_pidfd = -1;
+/* How long fuse-overlayfs gets to leave after SIGTERM before SIGKILL: it unmounts and exits in
+ * milliseconds when it is not blocked waiting for a request that will never come. */
+#define FUSE_STOP_MS 1000
+
 /* The host's top-level directories that merged-/usr systems keep as links into /usr: each is
  * made the same link in the session's tree, or bound read-only when the host has a directory. */
 static const char *const usr_links[] = { "bin", "sbin", "lib", "lib32", "lib64", "libx32" };
@@ -340,6 +350,118 @@ static int prepare_disk(void)
 	return rc;
 }
 
+/* How long fuse-overlayfs may take to mount the session's tree (milliseconds: it is up in a few),
+ * and how often the prep looks. */
+#define FUSE_MOUNT_MS 5000
+#define FUSE_LOOK_MS 5
+
+/*
+ * Where the kernel refuses overlayfs (or --overlay fuse asks): fuse-overlayfs serves the same
+ * layers at /tmp of the prep's mount namespace, in the foreground, as a child of the prep. The
+ * prep then becomes bubblewrap, so the child is bubblewrap's: its parent-death signal reaches it
+ * when bubblewrap ends, which is when the session does, and it unmounts and exits. allow_other
+ * lets the sandbox user's uid, not only the mounter, use the mount; what it may do there is
+ * what the layers' owners and modes allow. Its pid, or -1 with errno.
+ */
+static pid_t mount_fuse_overlay(const char *opts)
+{
+	struct stat before, now;
+	if (stat("/tmp", &before) < 0)
+		return -1;
+	char all[3 * PATH_MAX + 96];
+	snprintf(all, sizeof all, "%s,allow_other", opts);
+	pid_t parent = getpid();
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		/* Nothing of bubblewrap's may stay open here: a pipe end held by this process
+		 * would hide from the agent that the session's init is gone. Its complaints go
+		 * nowhere: bubblewrap's standard error says why a start failed. */
+		if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != parent || dup2(1, 2) < 0)
+			_exit(127);
+		close_range(3, ~0U, 0);
+		char *const argv[] = { (char *)agent.cfg.fuse_overlayfs_path, "-f", "-o", all, "/tmp",
+				       NULL };
+		char *const envp[] = { NULL };
+		execve(argv[0], argv, envp);
+		_exit(127);
+	}
+	struct timespec pause = { 0, FUSE_LOOK_MS * 1000000L };
+	for (int waited = 0; waited < FUSE_MOUNT_MS; waited += FUSE_LOOK_MS) {
+		if (stat("/tmp", &now) == 0 && now.st_dev != before.st_dev)
+			return pid;
+		if (waitpid(pid, NULL, WNOHANG) == pid) {
+			errno = EIO;
+			return -1;
+		}
+		nanosleep(&pause, NULL);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	errno = ETIMEDOUT;
+	return -1;
+}
+
+/* The agent's hold on the fuse-overlayfs the prep started, if any, taken once the prep is past
+ * starting it (bubblewrap runs, or failed). */
+static void take_fuse_daemon(void)
+{
+	if (fuse_pid_slot == NULL)
+		return;
+	if (*fuse_pid_slot > 0 && fuse_pidfd < 0)
+		fuse_pidfd = (int)syscall(SYS_pidfd_open, *fuse_pid_slot, 0);
+	munmap(fuse_pid_slot, sizeof *fuse_pid_slot);
+	fuse_pid_slot = NULL;
+}
+
+/* Ends fuse-overlayfs once nothing of the session uses its mount. */
+static void stop_fuse_daemon(void)
+{
+	take_fuse_daemon();
+	if (fuse_pidfd < 0)
+		return;
+	syscall(SYS_pidfd_send_signal, fuse_pidfd, SIGTERM, NULL, 0);
+	struct pollfd p = { fuse_pidfd, POLLIN, 0 };
+	if (poll(&p, 1, FUSE_STOP_MS) != 1)
+		syscall(SYS_pidfd_send_signal, fuse_pidfd, SIGKILL, NULL, 0);
+	close_fd(&fuse_pidfd);
+}
+
+/* Lays the image below the session's own tree at /tmp: overlayfs, or fuse-overlayfs where the
+ * kernel refuses it (no overlayfs, or none in a user namespace before Linux 5.11) or --overlay
+ * fuse asks. 0, or -1 with why. */
+static int mount_overlay(const char *opts, char *why, size_t whysz)
+{
+	if (!agent.cfg.overlay_fuse) {
+		if (mount("overlay", "/tmp", "overlay", 0, opts) == 0)
+			return 0;
+		if (errno != EPERM && errno != EINVAL && errno != ENODEV) {
+			snprintf(why, whysz, "overlayfs: %s", strerror(errno));
+			return -1;
+		}
+	}
+	int refused = errno;
+	if (access(agent.cfg.fuse_overlayfs_path, X_OK) < 0) {
+		snprintf(why, whysz, "overlayfs: %s, and fuse-overlayfs is not installed (%s; Debian "
+			 "package fuse-overlayfs)", agent.cfg.overlay_fuse ? "not asked for" :
+			 strerror(refused), agent.cfg.fuse_overlayfs_path);
+		return -1;
+	}
+	if (fuse_pid_slot == NULL) {
+		errno = ENOMEM;
+		snprintf(why, whysz, "fuse-overlayfs: no page to say its pid in");
+		return -1;
+	}
+	pid_t daemon = mount_fuse_overlay(opts);
+	if (daemon < 0) {
+		snprintf(why, whysz, "fuse-overlayfs: %s", strerror(errno));
+		return -1;
+	}
+	*fuse_pid_slot = daemon;
+	return 0;
+}
+
 /* Says why the prep failed on its standard error (bubblewrap's, which the agent reads back). */
 static void prep_fail(const char *what) __attribute__((noreturn));
 static void prep_fail(const char *what)
@@ -387,8 +509,11 @@ static void prep_main(const int fds[FD_FIRST_FREE - FD_READY], int err, const ch
 		snprintf(opts, sizeof opts, "lowerdir=%s,upperdir=%s,workdir=%s",
 			 agent.cfg.image_path, disk ? on_disk[0] : agent.cfg.root_path,
 			 disk ? on_disk[1] : agent.cfg.image_work_path);
-		if (mount("overlay", "/tmp", "overlay", 0, opts) < 0)
-			prep_fail("cannot lay the session's tree over its image (overlayfs)");
+		char why[4 * PATH_MAX];
+		if (mount_overlay(opts, why, sizeof why) < 0) {
+			dprintf(2, "cannot lay the session's tree over its image: %s\n", why);
+			_exit(127);
+		}
 		int top = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
 		if (top < 0 || prepare_image_tree(top) < 0)
 			prep_fail("cannot make the image's mount points in the session's tree");
@@ -630,6 +755,7 @@ static void abandon(int fds[FD_FIRST_FREE - FD_READY], int *ready, int *info, in
 		util_reap(session.bwrap, NULL);
 		session.bwrap = -1;
 	}
+	stop_fuse_daemon();
 }
 
 /* The session's network namespace, by its init: a descriptor, or -1 with why. */
@@ -701,6 +827,11 @@ static int build(char *why, size_t whysz, int *status)
 	}
 	const char *argv[BWRAP_ARGV_MAX];
 	bwrap_argv(argv, agent.cfg.bwrap_path, host_dirs);
+	if (agent.cfg.image_path) {
+		void *page = mmap(NULL, sizeof *fuse_pid_slot, PROT_READ | PROT_WRITE,
+				  MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		fuse_pid_slot = page == MAP_FAILED ? NULL : page;
+	}
 	session.bwrap = fork();
 	if (session.bwrap < 0)
 		goto failed;
@@ -757,6 +888,7 @@ static int build(char *why, size_t whysz, int *status)
 	close_fd(&ready);
 	close_fd(&info);
 	close_fd(&err);
+	take_fuse_daemon();
 	return 0;
 
 failed:
@@ -933,6 +1065,7 @@ void confine_stop(void)
 	if (session.bwrap > 0)
 		util_reap(session.bwrap, NULL);
 	session.bwrap = -1;
+	stop_fuse_daemon();
 	close_fd(&session.init_pidfd);
 	close_fd(&session.home_fd);
 	session.active = 0;

@@ -38,6 +38,9 @@
 #define CONFINE_HOSTNAME "sandbox"
 /* Where Debian's bubblewrap package puts it; a $PATH lookup would let $PATH pick the jail. */
 #define CONFINE_BWRAP "/usr/bin/bwrap"
+/* Where Debian's fuse-overlayfs package puts it: what lays an image where the kernel's overlayfs
+ * is refused. */
+#define CONFINE_FUSE_OVERLAYFS "/usr/bin/fuse-overlayfs"
 /* The session's process 1, looked for next to the agent's own executable unless --init says. */
 #define CONFINE_INIT_NAME "sandkit-init"
 

@@ -136,6 +136,10 @@ static void usage(FILE *out)
 		"                                                 what the session changed (overlayfs)\n"
 		"  --image-work DIR       SANDKIT_AGENT_IMAGE_WORK  overlayfs's work folder for --image,\n"
 		"                                                 empty, on the root's filesystem\n"
+		"  --overlay auto|fuse    SANDKIT_AGENT_OVERLAY   how --image is laid: overlayfs, or\n"
+		"                                                 fuse-overlayfs where the kernel refuses\n"
+		"                                                 it (auto, the default); fuse: always\n"
+		"  --fuse-overlayfs PATH  SANDKIT_AGENT_FUSE_OVERLAYFS  (default /usr/bin/fuse-overlayfs)\n"
 		"  --disk FILE            SANDKIT_AGENT_DISK      with bwrap, as root: the session's\n"
 		"                                                 files (with --image, its changes) live\n"
 		"                                                 on FILE, an ext4 image, and can take no\n"
@@ -191,7 +195,7 @@ struct raw_options {
 	const char *auth, *session_id, *public_keys;
 	const char *network, *host_uid, *bwrap, *init, *pasta, *slirp4netns;
 	const char *lifetime_file;
-	const char *memory, *pids, *cpus, *image, *image_work, *disk;
+	const char *memory, *pids, *cpus, *image, *image_work, *disk, *overlay, *fuse_overlayfs;
 };
 
 static int env_flag(const char *name, const char *v)
@@ -336,6 +340,11 @@ static void configure_confinement(const struct raw_options *o)
 	if (o->disk && (!c->isolate_bwrap || geteuid() != 0))
 		die("--disk needs --isolate bwrap and an agent run as root (it attaches a loop device)");
 	c->disk_path = o->disk;
+	if (o->overlay && strcmp(o->overlay, "fuse") == 0)
+		c->overlay_fuse = 1;
+	else if (o->overlay && strcmp(o->overlay, "auto") != 0 && o->overlay[0] != '\0')
+		die("--overlay must be auto or fuse, not '%s'", o->overlay);
+	c->fuse_overlayfs_path = o->fuse_overlayfs ? o->fuse_overlayfs : CONFINE_FUSE_OVERLAYFS;
 	/* overlayfs takes its folders in one option string, separated by ',' and ':' and escaped
 	 * with '\\': a path holding one would name other folders than it says. */
 	const char *paths[] = { o->image, o->image_work };
@@ -410,6 +419,7 @@ static void configure(int argc, char **argv)
 		getenv("SANDKIT_AGENT_MEMORY"), getenv("SANDKIT_AGENT_PIDS"),
 		getenv("SANDKIT_AGENT_CPUS"), getenv("SANDKIT_AGENT_IMAGE"),
 		getenv("SANDKIT_AGENT_IMAGE_WORK"), getenv("SANDKIT_AGENT_DISK"),
+		getenv("SANDKIT_AGENT_OVERLAY"), getenv("SANDKIT_AGENT_FUSE_OVERLAYFS"),
 	};
 	int no_auth = o.no_auth ? env_flag("SANDKIT_AGENT_NO_AUTH", o.no_auth) : 0;
 	int require_activation = o.require_activation
@@ -446,6 +456,8 @@ static void configure(int argc, char **argv)
 		{ "image-work", required_argument, NULL, 'w' },
 		{ "probe-limits", no_argument, NULL, 'q' },
 		{ "disk", required_argument, NULL, 'D' },
+		{ "overlay", required_argument, NULL, 'O' },
+		{ "fuse-overlayfs", required_argument, NULL, 'X' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -482,6 +494,8 @@ static void configure(int argc, char **argv)
 		case 'g': o.image = optarg; break;
 		case 'w': o.image_work = optarg; break;
 		case 'D': o.disk = optarg; break;
+		case 'O': o.overlay = optarg; break;
+		case 'X': o.fuse_overlayfs = optarg; break;
 		case 'q': printf("%s\n", limits_probe()); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); exit(2);
