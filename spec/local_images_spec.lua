@@ -449,6 +449,30 @@ describe("a local image", function()
       assert_no_image_left(root, "deb")
     end)
 
+    it("with none of this process's descriptors, as every program sandkit starts", function()
+      -- mmdebstrap fails when its descriptor 12 is one it did not open; io.open's are inherited.
+      local held = {}
+      for i = 1, 16 do held[i] = assert(io.open("/dev/null")) end
+      local listing = work .. "/fds"
+      local pid = assert(core.spawn({ "ls", "-l", "/proc/self/fd" }, { stdout = listing }))
+      core.reap(pid, true)
+      local ready_pid, reader = assert(core.spawn({ "ls", "-l", "/proc/self/fd" },
+        { stdout = listing, ready_fd = 3 }))
+      core.reap(ready_pid, true)
+      reader:close()
+      for _, f in ipairs(held) do f:close() end
+      local text = files.read(listing)
+      local past_two = 0
+      for fd, target in text:gmatch("\n[^\n]- (%d+) %-> ([^\n]+)") do
+        if tonumber(fd) > 2 then
+          past_two = past_two + 1
+          assert.are_not.equal("/dev/null", target, "descriptor " .. fd .. " was this process's")
+        end
+      end
+      -- ls's own listing of the folder each time, and the ready pipe the second.
+      assert.equal(3, past_two, text)
+    end)
+
     it("refusing a suite, package or mirror that is no such name", function()
       for _, opts in ipairs{ { suite = "Book worm" }, { packages = { "ok", "bad name" } }, { packages = 5 },
         { mirror = "not a url" }, { variant = "everything" } } do

@@ -6,7 +6,8 @@
  *                      ready_fd = N | nil, setsid = bool })   -- pid, reader | nil, err
  *       With ready_fd, the child gets the write end of a pipe as descriptor N and the reader
  *       is the read end: a pollable (pollfd/events/timeout) with reader:read() returning
- *       bytes | false (nothing yet) | nil (closed) | nil, err, and reader:close().
+ *       bytes | false (nothing yet) | nil (closed) | nil, err, and reader:close(). No other
+ *       descriptor of this process reaches the child past 2 (or past N).
  *   core.kill(pid, signal)      -- true | nil, err      (core.SIGTERM, core.SIGKILL)
  *   core.alive(pid)             -- true when a process with that pid exists
  *   core.reap(pid[, block])     -- collects the status of a child of ours that has ended;
@@ -192,6 +193,10 @@ static int core_spawn(lua_State *L)
 	                                 O_WRONLY | O_CREAT | O_APPEND, 0600);
 	if (ready_fd >= 0)
 		posix_spawn_file_actions_adddup2(&fa, pipefd[1], ready_fd);
+	/* Whatever the host program left open without close-on-exec (a socket of nginx's, a pipe of
+	 * make's) is none of the child's: mmdebstrap, for one, fails when its descriptor 12 is
+	 * taken by something it did not open. */
+	posix_spawn_file_actions_addclosefrom_np(&fa, ready_fd >= 0 ? ready_fd + 1 : 3);
 	short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
 	/* A new session: the agent outlives this process and no terminal signal reaches it. */
 	if (setsid_flag)
