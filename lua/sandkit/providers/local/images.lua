@@ -387,7 +387,7 @@ end
 
 --- commit(record, session_dir, name): the tree a session from an image sees (its image below its
 -- own changes, as overlayfs shows them) becomes a new image. Read through a read-only overlay
--- mounted in a mount namespace of a helper process's own, so nothing is mounted on this machine.
+-- mounted in a mount namespace of a process of its own, so nothing is mounted on this machine.
 function images.commit(store, record, session_dir, name)
   local op = images.OPS.commit
   local bad = images.check_name(op, name)
