@@ -25,6 +25,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -53,6 +54,12 @@ struct command {
 	int pidfd;
 	struct event *exit_ev, *deadline_ev, *linger_ev;
 	struct pipe_in in[2];
+	/* Input: what the command has not read yet, written as its pipe or terminal takes it. */
+	int input_fd;        /* -1 when it takes none, or once closed */
+	struct event *input_ev;
+	struct evbuffer *input;
+	int input_closing;   /* close once the buffer is written */
+	int pty;             /* in[0] is the terminal's master; there is no stderr */
 	uint64_t seq, cap, timeout_ms;
 	uint64_t deadline_us;   /* util_now_us() when the timeout is up */
 	size_t frame_cost;
@@ -127,6 +134,17 @@ static void close_pipe(struct pipe_in *p)
 	p->fd = -1;
 }
 
+static void close_input(struct command *c)
+{
+	if (c->input_fd < 0)
+		return;
+	event_free(c->input_ev);
+	c->input_ev = NULL;
+	close(c->input_fd);
+	c->input_fd = -1;
+	evbuffer_drain(c->input, evbuffer_get_length(c->input));
+}
+
 static void kill_group(struct command *c)
 {
 	/* Only while the leader is unreaped: its zombie pins the group id, so the signal cannot
@@ -141,6 +159,7 @@ static void stop(struct command *c)
 	kill_group(c);
 	close_pipe(&c->in[0]);
 	close_pipe(&c->in[1]);
+	close_input(c);
 	evtimer_del(c->deadline_ev);
 	evtimer_del(c->linger_ev);
 }
@@ -155,6 +174,8 @@ static void destroy(struct command *c)
 		c->next->prev = c->prev;
 	close_pipe(&c->in[0]);
 	close_pipe(&c->in[1]);
+	close_input(c);
+	evbuffer_free(c->input);
 	if (c->exit_ev)
 		event_free(c->exit_ev);
 	if (c->pidfd >= 0)
@@ -191,6 +212,8 @@ static void settle(struct command *c)
 {
 	if (c->callbacks > 0)
 		return;
+	if (c->reaped)
+		close_input(c); /* nobody is left to read it */
 	if (c->sink && c->reaped && c->in[0].fd < 0 && c->in[1].fd < 0) {
 		struct outcome o;
 		memset(&o, 0, sizeof o);
@@ -248,7 +271,8 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
 		emit(c, (int)(p - c->in), readbuf, (size_t)n);
 		if (p->left >= 0 && (p->left -= n) == 0)
 			close_pipe(p);
-	} else if (n == 0) {
+	} else if (n == 0 || (c->pty && errno == EIO)) {
+		/* A terminal's master reads EIO, not 0, once no process holds the terminal open. */
 		close_pipe(p);
 	} else if (errno != EAGAIN && errno != EINTR) {
 		fail_command(c, "outputReadFailed", "reading the command's output failed: %s",
@@ -350,7 +374,8 @@ struct child_args {
 	const struct command_spec *spec;
 	char *const *envp;  /* the whole environment (struct environment) */
 	int cwd_fd;
-	int out, err, report;
+	int in, out, err, report; /* in: -1 for /dev/null; a terminal is in, out and err at once */
+	int pty;
 	pid_t parent;       /* the agent's pid as the child sees it */
 };
 
@@ -372,8 +397,10 @@ static int child(void *arg)
 	const struct child_args *a = arg;
 	const struct command_spec *spec = a->spec;
 	int report = a->report;
-	/* Leads its own group so the agent can kill everything it starts at once. */
-	if (setpgid(0, 0) < 0)
+	/* Leads its own group so the agent can kill everything it starts at once; on a terminal,
+	 * a session of its own too, whose controlling terminal it becomes (below), so that ^C and
+	 * job control act on what runs in it. */
+	if (a->pty ? setsid() < 0 : setpgid(0, 0) < 0)
 		child_fail(report, STAGE_SETUP);
 	/* Dies with the agent rather than run on unsupervised (what it forks is covered by the
 	 * namespace, contain.h); the check closes the race with an agent that died before the
@@ -394,8 +421,10 @@ static int child(void *arg)
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	if (null < 0 || dup2(null, 0) < 0 || dup2(a->out, 1) < 0 || dup2(a->err, 2) < 0)
+	int in = a->in >= 0 ? a->in : open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (in < 0 || dup2(in, 0) < 0 || dup2(a->out, 1) < 0 || dup2(a->err, 2) < 0)
+		child_fail(report, STAGE_SETUP);
+	if (a->pty && ioctl(0, TIOCSCTTY, 0) < 0)
 		child_fail(report, STAGE_SETUP);
 	/* Into the session's control groups while still the agent's uid, which may move itself. */
 	if (limits_join() < 0)
@@ -434,7 +463,10 @@ static void spawn_failure(struct outcome *o, const struct command_spec *spec, in
 
 /* The variables a command starts from besides PATH (request.h), before the request's own
  * (which win), and their number: docs/agent.md "Execution". */
-#define BASE_VARS 5
+#define BASE_VARS 6
+/* What a terminal command is told it talks to: what xterm.js and every common terminal
+ * emulate. */
+#define EXEC_TERM "xterm-256color"
 
 /* A command's whole environment: the base variables the request does not set, then the
  * request's (PATH among them, request.h). The vector and the base strings are the agent's to
@@ -478,7 +510,7 @@ static const char *agent_user(void)
 }
 
 /* 0, or -1 when memory ran out. */
-static int environment_build(struct environment *e, char *const *request, int cwd_fd)
+static int environment_build(struct environment *e, char *const *request, int cwd_fd, int pty)
 {
 	memset(e, 0, sizeof *e);
 	char pwd[PATH_MAX], link[64];
@@ -493,6 +525,7 @@ static int environment_build(struct environment *e, char *const *request, int cw
 		{ "USER", user }, { "LOGNAME", user },
 		{ "LANG", "C.UTF-8" },
 		{ "PWD", pwd[0] ? pwd : NULL },
+		{ "TERM", pty ? EXEC_TERM : NULL },
 	};
 	size_t count = 0;
 	while (request[count])
@@ -519,6 +552,8 @@ static int environment_build(struct environment *e, char *const *request, int cw
 	return 0;
 }
 
+static void on_writable(evutil_socket_t fd, short what, void *arg);
+
 static int setup_events(struct command *c, const struct command_spec *spec)
 {
 	struct event_base *base = agent.base;
@@ -528,18 +563,92 @@ static int setup_events(struct command *c, const struct command_spec *spec)
 	for (int i = 0; i < 2; i++) {
 		c->in[i].c = c;
 		c->in[i].left = -1;
+		if (c->in[i].fd < 0)
+			continue;
 		c->in[i].ev = event_new(base, c->in[i].fd, EV_READ | EV_PERSIST, on_readable, &c->in[i]);
-		if (c->in[i].ev == NULL)
+		if (c->in[i].ev == NULL || event_add(c->in[i].ev, NULL) < 0)
 			return -1;
 	}
+	if (c->input_fd >= 0 &&
+	    (c->input_ev = event_new(base, c->input_fd, EV_WRITE, on_writable, c)) == NULL)
+		return -1;
 	if (!c->exit_ev || !c->deadline_ev || !c->linger_ev)
 		return -1;
 	uint64_t s = spec->timeout_ms / 1000;
 	struct timeval tv = { (time_t)(s > TIMEOUT_MAX_S ? TIMEOUT_MAX_S : s),
 			      (suseconds_t)(spec->timeout_ms % 1000) * 1000 };
 	c->deadline_us = util_now_us() + (uint64_t)tv.tv_sec * 1000000 + (uint64_t)tv.tv_usec;
-	if (event_add(c->exit_ev, NULL) < 0 || evtimer_add(c->deadline_ev, &tv) < 0 ||
-	    event_add(c->in[0].ev, NULL) < 0 || event_add(c->in[1].ev, NULL) < 0)
+	if (event_add(c->exit_ev, NULL) < 0 || evtimer_add(c->deadline_ev, &tv) < 0)
+		return -1;
+	return 0;
+}
+
+/*
+ * A terminal of cols x rows: its master (the agent's, non-blocking) and its other end (the
+ * command's). In a confined session it is one of the session's own devpts, opened beneath
+ * its root, so that inside it is a terminal of the session's /dev/pts; the other end is
+ * opened from the master (TIOCGPTPEER), never by a path the session could have replaced.
+ * 0, or -1 with errno.
+ */
+static int open_terminal(unsigned cols, unsigned rows, int *master, int *peer)
+{
+	int m = confine_active() ? openat(agent.cfg.root_fd, "dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC)
+				 : open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (m < 0)
+		return -1;
+	int unlock = 0;
+	struct winsize ws = { (unsigned short)rows, (unsigned short)cols, 0, 0 };
+	int p = -1;
+	if (ioctl(m, TIOCSPTLCK, &unlock) < 0 || ioctl(m, TIOCSWINSZ, &ws) < 0 ||
+	    (p = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC)) < 0 ||
+	    fcntl(m, F_SETFL, O_NONBLOCK) < 0) {
+		int e = errno;
+		if (p >= 0)
+			close(p);
+		close(m);
+		errno = e;
+		return -1;
+	}
+	*master = m;
+	*peer = p;
+	return 0;
+}
+
+/* The descriptors a command is started with: the agent's ends and the child's. */
+struct plumbing {
+	int out[2], err[2], in[2], report[2];
+	int master;   /* a terminal's: the agent reads out[0] = master and writes a duplicate */
+};
+
+static void plumbing_close(struct plumbing *pl)
+{
+	int *all[] = { pl->out, pl->err, pl->in, pl->report };
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		for (int k = 0; k < 2; k++)
+			if (all[i][k] >= 0) {
+				close(all[i][k]);
+				all[i][k] = -1;
+			}
+}
+
+/* 0, or -1 with errno. */
+static int plumbing_open(struct plumbing *pl, const struct command_spec *spec)
+{
+	if (pipe2(pl->report, O_CLOEXEC) < 0)
+		return -1;
+	if (spec->cols > 0) {
+		if (open_terminal(spec->cols, spec->rows, &pl->out[0], &pl->out[1]) < 0)
+			return -1;
+		pl->master = pl->out[0];
+		/* Input goes to the master too, through a descriptor of its own, which closing the
+		 * input lets go of without ending the output. */
+		pl->in[1] = fcntl(pl->master, F_DUPFD_CLOEXEC, 0);
+		return pl->in[1] < 0 ? -1 : 0;
+	}
+	if (pipe2(pl->out, O_CLOEXEC) < 0 || pipe2(pl->err, O_CLOEXEC) < 0)
+		return -1;
+	if (spec->stdin_pipe && (pipe2(pl->in, O_CLOEXEC) < 0 ||
+				 fcntl(pl->in[1], F_SETFL, O_NONBLOCK) < 0))
 		return -1;
 	return 0;
 }
@@ -547,23 +656,24 @@ static int setup_events(struct command *c, const struct command_spec *spec)
 struct command *command_start(const struct command_spec *spec, const struct command_sink *sink,
 			      void *ctx, struct outcome *failure)
 {
-	int out[2] = { -1, -1 }, err[2] = { -1, -1 }, report[2] = { -1, -1 };
+	struct plumbing pl = { { -1, -1 }, { -1, -1 }, { -1, -1 }, { -1, -1 }, -1 };
 	struct environment env = { 0 };
 	struct command *c = calloc(1, sizeof *c);
-	if (c == NULL) {
-		outcome_error(failure, "spawnFailed", "the agent is out of memory");
-		return NULL;
-	}
-	c->pid = -1;
-	c->pidfd = c->in[0].fd = c->in[1].fd = -1;
-	int cwd_fd = spec->cwd_fd >= 0 ? spec->cwd_fd
-		     : confine_active() ? confine_default_cwd() : agent.cfg.root_fd;
-	if (environment_build(&env, spec->envp, cwd_fd) < 0) {
+	if (c == NULL || (c->input = evbuffer_new()) == NULL) {
 		outcome_error(failure, "spawnFailed", "the agent is out of memory");
 		free(c);
 		return NULL;
 	}
-	if (pipe2(out, O_CLOEXEC) < 0 || pipe2(err, O_CLOEXEC) < 0 || pipe2(report, O_CLOEXEC) < 0) {
+	c->pid = -1;
+	c->pidfd = c->in[0].fd = c->in[1].fd = c->input_fd = -1;
+	c->pty = spec->cols > 0;
+	int cwd_fd = spec->cwd_fd >= 0 ? spec->cwd_fd
+		     : confine_active() ? confine_default_cwd() : agent.cfg.root_fd;
+	if (environment_build(&env, spec->envp, cwd_fd, c->pty) < 0) {
+		outcome_error(failure, "spawnFailed", "the agent is out of memory");
+		goto fail;
+	}
+	if (plumbing_open(&pl, spec) < 0) {
 		spawn_failure(failure, spec, STAGE_SETUP, errno);
 		goto fail;
 	}
@@ -578,7 +688,9 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		goto fail;
 	}
 	/* A confined child is in the session's PID namespace, where the agent has no pid. */
-	struct child_args args = { spec, env.v, cwd_fd, out[1], err[1], report[1],
+	int child_out = pl.out[1];
+	struct child_args args = { spec, env.v, cwd_fd, c->pty ? child_out : pl.in[0], child_out,
+				   c->pty ? child_out : pl.err[1], pl.report[1], c->pty,
 				   confine_active() ? 0 : contain_parent_pid() };
 	char **own_environ = environ;
 	c->oom_kills = limits_oom_kills();
@@ -595,18 +707,21 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		spawn_failure(failure, spec, STAGE_SETUP, errno);
 		goto fail;
 	}
-	/* The child made its own group (setpgid in child()) before this returns: CLONE_VFORK holds
-	 * the agent until the child ran exec or failed, so the group exists before the agent could
-	 * act on it, and a setpgid from this side would only fail (the child has exec'd). */
-	close(out[1]);
-	close(err[1]);
-	close(report[1]);
-	out[1] = err[1] = report[1] = -1;
+	/* The child made its own group (setpgid in child(), or a terminal's session by setsid)
+	 * before this returns: CLONE_VFORK holds the agent until the child ran exec or failed, so
+	 * the group exists before the agent could act on it, and a setpgid from this side would
+	 * only fail (the child has exec'd). */
+	int *child_ends[] = { &pl.out[1], &pl.err[1], &pl.in[0], &pl.report[1] };
+	for (size_t i = 0; i < sizeof child_ends / sizeof child_ends[0]; i++)
+		if (*child_ends[i] >= 0) {
+			close(*child_ends[i]);
+			*child_ends[i] = -1;
+		}
 	/* The child writes here only if it fails before exec; a successful exec closes it. The
 	 * child has exec'd or exited by now (CLONE_VFORK), so this read does not wait. */
 	struct spawn_report rep;
 	ssize_t got;
-	while ((got = read(report[0], &rep, sizeof rep)) < 0 && errno == EINTR)
+	while ((got = read(pl.report[0], &rep, sizeof rep)) < 0 && errno == EINTR)
 		;
 	if (got == (ssize_t)sizeof rep) {
 		util_reap(c->pid, NULL);
@@ -615,21 +730,23 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 		goto fail;
 	}
 	c->pidfd = (int)syscall(SYS_pidfd_open, c->pid, 0);
-	c->in[0].fd = out[0];
-	c->in[1].fd = err[0];
-	out[0] = err[0] = -1;
+	c->in[0].fd = pl.out[0];
+	c->in[1].fd = pl.err[0];
+	c->input_fd = pl.in[1];
+	pl.out[0] = pl.err[0] = pl.in[1] = -1;
 	c->cap = spec->output_cap ? spec->output_cap : agent.cfg.output_cap;
 	c->frame_cost = spec->frame_cost;
 	c->timeout_ms = spec->timeout_ms;
 	if (c->pidfd < 0 || fcntl(c->in[0].fd, F_SETFL, O_NONBLOCK) < 0 ||
-	    fcntl(c->in[1].fd, F_SETFL, O_NONBLOCK) < 0 || setup_events(c, spec) < 0) {
+	    (c->in[1].fd >= 0 && fcntl(c->in[1].fd, F_SETFL, O_NONBLOCK) < 0) ||
+	    setup_events(c, spec) < 0) {
 		outcome_error(failure, "spawnFailed", "the agent cannot watch the command: %s",
 			      strerror(errno));
 		kill(-c->pid, SIGKILL);
 		util_reap(c->pid, NULL);
 		goto fail;
 	}
-	close(report[0]);
+	plumbing_close(&pl);
 	environment_free(&env);
 	c->sink = sink;
 	c->ctx = ctx;
@@ -641,20 +758,17 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 	return c;
 
 fail:
-	for (int i = 0; i < 2; i++) {
-		if (out[i] >= 0)
-			close(out[i]);
-		if (err[i] >= 0)
-			close(err[i]);
-		if (report[i] >= 0)
-			close(report[i]);
-	}
+	plumbing_close(&pl);
 	for (int i = 0; i < 2; i++) {
 		if (c->in[i].ev)
 			event_free(c->in[i].ev);
 		if (c->in[i].fd >= 0)
 			close(c->in[i].fd);
 	}
+	if (c->input_ev)
+		event_free(c->input_ev);
+	if (c->input_fd >= 0)
+		close(c->input_fd);
 	if (c->exit_ev)
 		event_free(c->exit_ev);
 	if (c->deadline_ev)
@@ -664,8 +778,113 @@ fail:
 	if (c->pidfd >= 0)
 		close(c->pidfd);
 	environment_free(&env);
+	evbuffer_free(c->input);
 	free(c);
 	return NULL;
+}
+
+/* Tells the sink its input has room again or ended; the sink may append from inside. */
+static void input_room(struct command *c)
+{
+	if (c->sink && c->sink->input_room) {
+		c->callbacks++;
+		c->sink->input_room(c->ctx);
+		c->callbacks--;
+	}
+}
+
+/* Writes what the pipe or terminal takes now; waits for it to take more; closes once asked
+ * and all is written. */
+static void flush_input(struct command *c)
+{
+	size_t before = evbuffer_get_length(c->input);
+	while (c->input_fd >= 0 && evbuffer_get_length(c->input) > 0) {
+		int n = evbuffer_write(c->input, c->input_fd);
+		if (n > 0)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+			event_add(c->input_ev, NULL);
+			break;
+		}
+		/* EPIPE: the command closed its input (or exited); what it did not read is
+		 * dropped, as a shell's pipe drops it, and no more is taken. */
+		close_input(c);
+	}
+	if (c->input_fd >= 0 && c->input_closing && evbuffer_get_length(c->input) == 0)
+		close_input(c);
+	if (c->input_fd < 0 || evbuffer_get_length(c->input) < before)
+		input_room(c);
+}
+
+static void on_writable(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct command *c = arg;
+	c->callbacks++;
+	flush_input(c);
+	c->callbacks--;
+	settle(c);
+}
+
+size_t command_input_room(const struct command *c)
+{
+	size_t held = evbuffer_get_length(c->input);
+	if (c->input_fd < 0 || c->input_closing || held >= EXEC_INPUT_MAX)
+		return 0;
+	return EXEC_INPUT_MAX - held;
+}
+
+int command_input_open(const struct command *c)
+{
+	return c->input_fd >= 0 && !c->input_closing;
+}
+
+int command_input(struct command *c, const void *p, size_t n)
+{
+	if (c->input_fd < 0 || c->input_closing)
+		return 0;
+	if (evbuffer_add(c->input, p, n) < 0)
+		return -1;
+	/* Written from the loop, never from inside the caller: the sink hears of room only from
+	 * an event of its own. */
+	event_active(c->input_ev, EV_WRITE, 0);
+	return 0;
+}
+
+void command_input_close(struct command *c)
+{
+	if (c->input_fd < 0 || c->input_closing)
+		return;
+	if (c->pty) {
+		/* The terminal stays: its line discipline turns ^D into end of file for the reader. */
+		char eof = EXEC_PTY_EOF;
+		if (evbuffer_add(c->input, &eof, 1) == 0)
+			event_active(c->input_ev, EV_WRITE, 0);
+		return;
+	}
+	c->input_closing = 1;
+	event_active(c->input_ev, EV_WRITE, 0);
+}
+
+int command_resize(struct command *c, unsigned cols, unsigned rows)
+{
+	if (!c->pty || c->in[0].fd < 0) {
+		errno = ENOTTY;
+		return -1;
+	}
+	struct winsize ws = { (unsigned short)rows, (unsigned short)cols, 0, 0 };
+	return ioctl(c->in[0].fd, TIOCSWINSZ, &ws);
+}
+
+int command_signal(struct command *c, int sig)
+{
+	/* The leader's zombie pins the group id until it is reaped (kill_group). */
+	if (c->reaped) {
+		errno = ESRCH;
+		return -1;
+	}
+	return kill(-c->pid, sig);
 }
 
 void command_pause(struct command *c)

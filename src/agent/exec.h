@@ -36,6 +36,9 @@ struct command_sink {
 	void (*frame)(void *ctx, int stream, uint64_t seq, const unsigned char *data, size_t len);
 	/* The one ending. The command has let go of the sink before this runs. */
 	void (*end)(void *ctx, const struct outcome *o);
+	/* Optional, for a command with input: its input buffer has room again, or its input
+	 * ended (closed, or the command stopped reading it). */
+	void (*input_room)(void *ctx);
 };
 
 struct command_spec {
@@ -48,7 +51,20 @@ struct command_spec {
 	size_t frame_cost;
 	/* Output kept per stream; 0: the agent's --output-cap (docs/protocol.md §6 outputCap). */
 	uint64_t output_cap;
+	/* Standard input: a pipe the agent writes (command_input), else /dev/null. */
+	int stdin_pipe;
+	/* A pseudo-terminal of cols x rows (both > 0) as standard input, output and error and as
+	 * the controlling terminal of the command, which leads a session of its own; its output
+	 * arrives as stdout. 0 x 0: none. */
+	unsigned cols, rows;
 };
+
+/* Bytes of input a command holds that it has not read yet: what a writer is told there is room
+ * for. A pipe's own 64 KiB comes on top; together they keep a fast writer busy while a command
+ * that never reads costs the agent no more. */
+#define EXEC_INPUT_MAX (256 * 1024)
+/* The terminal's end-of-file character (VEOF, ^D): what closing a terminal's input sends. */
+#define EXEC_PTY_EOF '\x04'
 
 /*
  * Starts the command (see exec.c for how the child is made). Returns NULL and fills failure (spawnFailed) when it could not
@@ -60,6 +76,22 @@ struct command *command_start(const struct command_spec *spec, const struct comm
 /* Backpressure: stop and restart reading the pipes, so a full pipe blocks the command. */
 void command_pause(struct command *c);
 void command_resume(struct command *c);
+
+/* Input. Room for more (0 once closed or when the command takes none); appending n bytes, any
+ * n up to the room plus one body piece (the caller stops sending while there is none): 0, or
+ * -1 when memory ran out; closing after what is buffered (a terminal gets its EOF character
+ * instead: it stays the command's terminal). 1 while input may still be appended. */
+size_t command_input_room(const struct command *c);
+int command_input(struct command *c, const void *p, size_t n);
+void command_input_close(struct command *c);
+int command_input_open(const struct command *c);
+
+/* A terminal's new size (TIOCSWINSZ: the command's foreground group gets SIGWINCH): 0, or -1
+ * with errno (ENOTTY for a command without one). */
+int command_resize(struct command *c, unsigned cols, unsigned rows);
+/* Sends sig to the command's process group while its leader is unreaped: 0, or -1 with errno
+ * (ESRCH once it was reaped). */
+int command_signal(struct command *c, int sig);
 
 /* Kills the command's group and forgets its sink, which is never called again. The agent
  * still reaps the process, then frees everything. */

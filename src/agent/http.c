@@ -90,6 +90,7 @@ struct http_request {
 	struct http_chunked ck;
 	int body_done;
 	int continued;               /* 100 Continue was sent: the caller is sending the body */
+	int body_paused;             /* http_body_pause: no piece until http_body_resume */
 	int (*on_data)(void *, const char *, size_t);
 	void (*on_end)(void *, int);
 	void *body_ctx;
@@ -382,6 +383,19 @@ void http_body_stream(struct http_request *req, int (*data)(void *, const char *
 	kick(req->conn);
 }
 
+void http_body_pause(struct http_request *req)
+{
+	req->body_paused = 1;
+}
+
+void http_body_resume(struct http_request *req)
+{
+	if (!req->body_paused)
+		return;
+	req->body_paused = 0;
+	kick(req->conn);
+}
+
 /* ---- connections ---- */
 
 static void conn_free(struct conn *c)
@@ -471,8 +485,8 @@ static int read_body(struct conn *c)
 	struct http_request *req = c->req;
 	struct evbuffer *in = bufferevent_get_input(c->bev);
 	size_t avail = evbuffer_get_length(in);
-	if (req->mode == HTTP_BODY_STREAMED && req->on_data == NULL)
-		return 0; /* the handler has not asked for it yet */
+	if (req->mode == HTTP_BODY_STREAMED && (req->on_data == NULL || req->body_paused))
+		return 0; /* the handler has not asked for it yet, or asked for a pause */
 	if (!req->head.chunked && req->body_left == 0) {
 		body_complete(c);
 		return 1;

@@ -146,5 +146,10 @@ void http_reply_watch(struct http_request *req, void (*drain)(void *ctx), void (
 #define HTTP_BODY_PIECE (64 * 1024)
 void http_body_stream(struct http_request *req, int (*data)(void *ctx, const char *p, size_t n),
 		      void (*end)(void *ctx, int complete), void *ctx);
+/* Stops handing over pieces (data may call it) until http_body_resume: the caller's bytes then
+ * wait in its socket, the connection holding at most its input bound. The stall timeout runs
+ * on meanwhile, so a pause nobody ends closes the connection like a stalled caller. */
+void http_body_pause(struct http_request *req);
+void http_body_resume(struct http_request *req);
 
 #endif

@@ -6,6 +6,8 @@
 #include "exec.h"
 #include "handler.h"
 #include "http.h"
+#include "job.h"
+#include "keepalive.h"
 #include "paths.h"
 #include "request.h"
 #include "util.h"
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -22,30 +25,10 @@
 
 /* What one kept frame costs besides its bytes: its record, pointer and allocator overhead. */
 #define JOBS_FRAME_COST 64
-/* A job's request is kept as its SHA-256 (request_digest): a start naming a known id is the
- * same request exactly when the digests are equal, and a job holds 32 bytes for it however
- * large its command and environment. */
-#define JOBS_DIGEST_BYTES 32
-
-struct job_frame {
-	uint64_t seq;
-	uint32_t len;
-	unsigned char stream;
-	unsigned char data[];
-};
-
-struct job {
-	char id[REQUEST_JOB_ID_MAX + 1];
-	unsigned char request[JOBS_DIGEST_BYTES]; /* the start's request_digest */
-	uint64_t order;           /* start order: "oldest" for eviction */
-	struct command *cmd;      /* while running */
-	int finished;
-	int ending_returned;      /* a poll has returned the ending: the job may be evicted */
-	int readers;              /* polls whose answers are still being sent: not evicted */
-	struct outcome outcome;   /* the first outcome recorded wins */
-	struct job_frame **frames;
-	size_t nframes, cap_frames;
-};
+/* What the list shows of a job's command: its JSON array up to this many bytes, then cut
+ * (commandTruncated): sixteen jobs' commands fit a small answer whatever they were started
+ * with. */
+#define JOBS_COMMAND_SHOWN 4096
 
 static struct job *jobs[AGENT_JOBS_MAX];
 static uint64_t next_order;
@@ -54,9 +37,10 @@ static void job_free(struct job *j)
 {
 	if (j->cmd)
 		command_abandon(j->cmd);
-	for (size_t i = 0; i < j->nframes; i++)
+	for (size_t i = j->first; i < j->nframes; i++)
 		free(j->frames[i]);
 	free(j->frames);
+	free(j->command_json);
 	free(j);
 }
 
@@ -67,6 +51,24 @@ static void record(struct job *j, const struct outcome *o)
 	j->finished = 1;
 	j->outcome = *o;
 	j->cmd = NULL;
+	job_live_end(j);
+}
+
+/* A terminal job's oldest frames go once it holds more than the cap; a poll being answered
+ * meanwhile steps over what went (poll_pump), and the room is reclaimed when none is. */
+static void drop_oldest(struct job *j)
+{
+	while (j->kept_bytes > agent.cfg.output_cap && j->first + 1 < j->nframes) {
+		struct job_frame *f = j->frames[j->first];
+		j->kept_bytes -= f->len + JOBS_FRAME_COST;
+		free(f);
+		j->frames[j->first++] = NULL;
+	}
+	if (j->readers == 0 && j->first > 0 && j->first * 2 >= j->nframes) {
+		memmove(j->frames, j->frames + j->first, (j->nframes - j->first) * sizeof *j->frames);
+		j->nframes -= j->first;
+		j->first = 0;
+	}
 }
 
 static void on_frame(void *ctx, int stream, uint64_t seq, const unsigned char *data, size_t len)
@@ -96,6 +98,10 @@ static void on_frame(void *ctx, int stream, uint64_t seq, const unsigned char *d
 	f->stream = (unsigned char)stream;
 	memcpy(f->data, data, len);
 	j->frames[j->nframes++] = f;
+	j->kept_bytes += len + JOBS_FRAME_COST;
+	if (j->pty)
+		drop_oldest(j);
+	job_live_frame(j);
 }
 
 static void on_end(void *ctx, const struct outcome *o)
@@ -103,14 +109,56 @@ static void on_end(void *ctx, const struct outcome *o)
 	record(ctx, o);
 }
 
-static const struct command_sink job_sink = { on_frame, on_end };
+static void on_input_room(void *ctx)
+{
+	job_live_input_room(ctx);
+}
 
-static struct job *find(const char *id)
+static const struct command_sink job_sink = { on_frame, on_end, on_input_room };
+
+struct job *job_find(const char *id)
 {
 	for (int i = 0; i < AGENT_JOBS_MAX; i++)
 		if (jobs[i] && strcmp(jobs[i]->id, id) == 0)
 			return jobs[i];
 	return NULL;
+}
+
+struct job *const *job_slots(void)
+{
+	return jobs;
+}
+
+/* The command as the list shows it: its JSON array, cut at JOBS_COMMAND_SHOWN between two
+ * arguments (then with a last member saying how many more there were). NULL when memory ran
+ * out. */
+static char *command_json(char *const *argv)
+{
+	struct evbuffer *b = evbuffer_new();
+	if (b == NULL)
+		return NULL;
+	int ok = evbuffer_add(b, "[", 1) == 0;
+	size_t i = 0;
+	for (; ok && argv[i]; i++) {
+		size_t len = strlen(argv[i]);
+		if (evbuffer_get_length(b) + len > JOBS_COMMAND_SHOWN)
+			break;
+		ok = (i == 0 || evbuffer_add(b, ",", 1) == 0) && util_json_string(b, argv[i], len) == 0;
+	}
+	size_t more = 0;
+	while (argv[i + more])
+		more++;
+	if (ok && more > 0)
+		ok = evbuffer_add_printf(b, "%s\"... %zu more\"", i ? "," : "", more) >= 0;
+	ok = ok && evbuffer_add(b, "]", 1) == 0;
+	size_t n = evbuffer_get_length(b);
+	char *out = ok ? malloc(n + 1) : NULL;
+	if (out) {
+		evbuffer_remove(b, out, n);
+		out[n] = '\0';
+	}
+	evbuffer_free(b);
+	return out;
 }
 
 /* A free slot, evicting if it must; -1 when every job is running or unread. */
@@ -173,6 +221,9 @@ static int request_digest(const struct cmd_request *r, unsigned char out[JOBS_DI
 		 digest_member(md, "cwd", cwd, strlen(cwd)) == 0 &&
 		 digest_list(md, "env", r->envp) == 0 &&
 		 digest_member(md, "timeoutMs", &r->timeout_ms, sizeof r->timeout_ms) == 0 &&
+		 digest_member(md, "stdin", &r->stdin_pipe, sizeof r->stdin_pipe) == 0 &&
+		 digest_member(md, "cols", &r->cols, sizeof r->cols) == 0 &&
+		 digest_member(md, "rows", &r->rows, sizeof r->rows) == 0 &&
 		 EVP_DigestFinal_ex(md, out, &n) == 1 && n == JOBS_DIGEST_BYTES;
 	EVP_MD_CTX_free(md);
 	return ok ? 0 : -1;
@@ -217,7 +268,7 @@ void jobs_start(struct http_request *req)
 		goto out;
 	}
 	if (r.job_id[0]) {
-		struct job *existing = find(r.job_id);
+		struct job *existing = job_find(r.job_id);
 		/* jobIdempotency: a resent start runs nothing and names the same job; an id names one
 		 * request, so another request under it is refused and starts nothing, rather than be
 		 * answered with a job that runs some other command. */
@@ -227,7 +278,8 @@ void jobs_start(struct http_request *req)
 		}
 		if (existing) {
 			reply_error(req, 409, "JOB_ID_CONFLICT",
-				    "job '%s' was started with another command, cwd, env or timeout; "
+				    "job '%s' was started with another command, cwd, env, timeout, stdin "
+				    "or pty; "
 				    "a job id names one request", existing->id);
 			goto out;
 		}
@@ -238,20 +290,32 @@ void jobs_start(struct http_request *req)
 		goto out;
 	}
 	memcpy(j->request, digest, sizeof digest);
+	struct timespec now;
+	clock_gettime(CLOCK_REALTIME, &now);
+	j->started_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+	j->has_stdin = r.stdin_pipe || r.cols > 0;
+	j->pty = r.cols > 0;
+	if ((j->command_json = command_json(r.argv)) == NULL) {
+		free(j);
+		reply_out_of_memory(req, "start a job");
+		goto out;
+	}
 	if (r.job_id[0]) {
 		memcpy(j->id, r.job_id, sizeof j->id);
 	} else {
 		do {
 			if (util_uuid(j->id) < 0) {
+				free(j->command_json);
 				free(j);
 				reply_error(req, 500, "AGENT_OPERATION_FAILED",
 					    "Agent operation 'make a job id' failed: %s", strerror(errno));
 				goto out;
 			}
-		} while (find(j->id));
+		} while (job_find(j->id));
 	}
 	int slot = reserve_slot();
 	if (slot < 0) {
+		free(j->command_json);
 		free(j);
 		reply_error(req, 429, "JOB_LIMIT_REACHED",
 			    "all %d job slots hold running jobs or endings no poll has returned yet",
@@ -268,8 +332,10 @@ void jobs_start(struct http_request *req)
 			      shown, why);
 		record(j, &failure);
 	} else {
-		/* Jobs keep the agent's cap whatever outputCap says: their output stays in its memory. */
-		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, JOBS_FRAME_COST, 0 };
+		/* Jobs keep the agent's cap whatever outputCap says: their output stays in its memory.
+		 * A terminal job's cap is its window (drop_oldest), so the command drops nothing. */
+		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, JOBS_FRAME_COST,
+					     j->pty ? UINT64_MAX : 0, r.stdin_pipe, r.cols, r.rows };
 		j->cmd = command_start(&spec, &job_sink, j, &failure);
 		if (j->cmd == NULL)
 			record(j, &failure);
@@ -281,81 +347,105 @@ out:
 	cmd_request_free(&r);
 }
 
-/* The members of a poll's or a cancel's body, as read_json_body hands them over. */
-struct job_body {
-	int with_since;           /* a poll's sinceSeq; a cancel names the job alone */
-	int seen_id, seen_since, has_since;
-	sk_json_str id;
-	uint64_t since;
-};
+/* A non-negative integer member into *out: NULL, or the refusal naming it. */
+static const char *job_body_u64(sk_json *j, uint64_t *out, const char *refusal)
+{
+	sk_json saved = *j; /* a fraction, a sign or an overflow fails the reader: rewind */
+	if (sk_json_peek(j) == SK_JSON_NUMBER && sk_json_u64(j, out) == 0)
+		return NULL;
+	*j = saved;
+	sk_json_skip(j);
+	return refusal;
+}
 
 static const char *job_body_member(void *ctx, sk_json *j, const sk_json_str *key)
 {
 	struct job_body *jb = ctx;
 	if (sk_json_str_is(key, "jobId") && !jb->seen_id) {
 		jb->seen_id = 1;
+		sk_json_str id;
 		if (sk_json_peek(j) == SK_JSON_STRING) {
-			sk_json_string(j, &jb->id);
+			sk_json_string(j, &id);
+			jb->id_p = id.p;
+			jb->id_len = id.len;
+			jb->id_escaped = id.escaped;
 			return NULL;
 		}
 		sk_json_skip(j);
 		return "jobId must be a string";
 	}
-	if (jb->with_since && sk_json_str_is(key, "sinceSeq") && !jb->seen_since) {
+	if ((jb->wants & JOB_BODY_SINCE) && sk_json_str_is(key, "sinceSeq") && !jb->seen_since) {
 		jb->seen_since = 1;
 		if (sk_json_peek(j) == SK_JSON_NULL) {
 			sk_json_null(j);
 			return NULL;
 		}
-		sk_json saved = *j; /* a fraction, a sign or an overflow fails the reader: rewind */
-		if (sk_json_peek(j) == SK_JSON_NUMBER && sk_json_u64(j, &jb->since) == 0) {
-			jb->has_since = 1;
-			return NULL;
+		const char *bad = job_body_u64(j, &jb->since,
+					       "sinceSeq must be a non-negative integer or null");
+		jb->has_since = bad == NULL;
+		return bad;
+	}
+	if ((jb->wants & JOB_BODY_KEEPALIVE) && sk_json_str_is(key, "keepaliveMs") &&
+	    !jb->seen_keepalive) {
+		jb->seen_keepalive = 1;
+		const char *bad = job_body_u64(j, &jb->keepalive_ms, "keepaliveMs is out of range");
+		if (bad || jb->keepalive_ms < KEEPALIVE_MIN_MS || jb->keepalive_ms > KEEPALIVE_MAX_MS)
+			return "keepaliveMs must be an integer from 100 to 3600000";
+		return NULL;
+	}
+	if ((jb->wants & JOB_BODY_SIZE) && sk_json_str_is(key, "cols") && !jb->seen_cols) {
+		jb->seen_cols = 1;
+		return job_body_u64(j, &jb->cols, "cols must be an integer from 1 to 10000");
+	}
+	if ((jb->wants & JOB_BODY_SIZE) && sk_json_str_is(key, "rows") && !jb->seen_rows) {
+		jb->seen_rows = 1;
+		return job_body_u64(j, &jb->rows, "rows must be an integer from 1 to 10000");
+	}
+	if ((jb->wants & JOB_BODY_SIGNAL) && sk_json_str_is(key, "signal") && !jb->seen_signal) {
+		jb->seen_signal = 1;
+		sk_json_str name;
+		if (sk_json_peek(j) == SK_JSON_STRING && sk_json_string(j, &name) == 0) {
+			if (!name.escaped && name.len < sizeof jb->signal) {
+				memcpy(jb->signal, name.p, name.len);
+				jb->signal[name.len] = '\0';
+			}
+			return NULL; /* an unknown name is the route's to refuse, naming the known */
 		}
-		*j = saved;
 		sk_json_skip(j);
-		return "sinceSeq must be a non-negative integer or null";
+		return "signal must be a string";
 	}
 	sk_json_skip(j);
 	return NULL;
 }
 
-/* Reads {"jobId": "...", "sinceSeq": N|null} (poll) or {"jobId": "..."} (cancel). Answers the
- * request itself and returns NULL when the body is refused or the job is unknown. */
-static struct job *job_of(struct http_request *req, int with_since, int *has_since,
-			  uint64_t *since)
+struct job *job_of(struct http_request *req, struct job_body *jb)
 {
-	struct job_body jb = { with_since, 0, 0, 0, { NULL, 0, 0 }, 0 };
-	if (read_json_body(req, "read the job request", job_body_member, &jb) < 0)
+	if (read_json_body(req, "read the job request", job_body_member, jb) < 0)
 		return NULL;
-	if (!jb.seen_id) {
+	if (!jb->seen_id) {
 		reply_error(req, 400, "REQUEST_INVALID", "Request invalid: jobId is required");
 		return NULL;
 	}
-	*has_since = jb.has_since;
-	*since = jb.since;
-	sk_json_str id = jb.id;
 	struct job *found = NULL;
 	/* Ids are plain ASCII by construction; an escaped or overlong one names no job. */
-	if (!id.escaped && id.len <= REQUEST_JOB_ID_MAX) {
+	if (!jb->id_escaped && jb->id_len <= REQUEST_JOB_ID_MAX) {
 		char key_id[REQUEST_JOB_ID_MAX + 1];
-		memcpy(key_id, id.p, id.len);
-		key_id[id.len] = '\0';
-		if (strlen(key_id) == id.len)
-			found = find(key_id);
+		memcpy(key_id, jb->id_p, jb->id_len);
+		key_id[jb->id_len] = '\0';
+		if (strlen(key_id) == jb->id_len)
+			found = job_find(key_id);
 	}
 	if (found == NULL) {
 		char shown[80];
-		util_printable(id.p, id.len, shown, sizeof shown);
+		util_printable(jb->id_p, jb->id_len, shown, sizeof shown);
 		reply_error(req, 404, "JOB_NOT_FOUND", "No job '%s' in this agent", shown);
 	}
 	return found;
 }
 
-/* First frame with seq > since (frames are in seq order). */
-static size_t first_after(const struct job *j, uint64_t since)
+size_t job_first_after(const struct job *j, uint64_t since)
 {
-	size_t lo = 0, hi = j->nframes;
+	size_t lo = j->first, hi = j->nframes;
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
 		if (j->frames[mid]->seq <= since)
@@ -371,7 +461,8 @@ static size_t first_after(const struct job *j, uint64_t since)
 struct poll_send {
 	struct http_request *req;
 	struct job *job;          /* pinned: not evicted while its frames are being sent */
-	size_t start, next, end;  /* frames [next, end) still to send, from start */
+	size_t next, end;         /* frames [next, end) still to send */
+	int sent_one;             /* a frame went out: the next one follows a comma */
 	int finished;             /* the ending as it was when the poll came */
 	struct outcome outcome;
 };
@@ -410,6 +501,10 @@ static void poll_pump(void *ctx)
 	struct poll_send *ps = ctx;
 	const struct job *j = ps->job;
 	while (http_reply_queued(ps->req) < HTTP_OUTPUT_HIGH) {
+		if (ps->next < j->first)
+			ps->next = j->first; /* a terminal job dropped them meanwhile: its seq shows */
+		if (ps->end < ps->next)
+			ps->end = ps->next;
 		struct evbuffer *b = evbuffer_new();
 		int ok = b != NULL;
 		int last = ps->next == ps->end;
@@ -417,7 +512,8 @@ static void poll_pump(void *ctx)
 			ok = poll_ending(b, ps) == 0;
 		} else if (ok) {
 			const struct job_frame *f = j->frames[ps->next];
-			ok = ps->next == ps->start || evbuffer_add(b, ",", 1) == 0;
+			ok = !ps->sent_one || evbuffer_add(b, ",", 1) == 0;
+			ps->sent_one = 1;
 			ok = ok && frame_data(b, f->stream, f->seq, f->data, f->len) == 0;
 			ps->next++;
 		}
@@ -443,9 +539,8 @@ static void poll_gone(void *ctx)
 
 void jobs_poll(struct http_request *req)
 {
-	int has_since;
-	uint64_t since = 0;
-	struct job *j = job_of(req, 1, &has_since, &since);
+	struct job_body jb = { .wants = JOB_BODY_SINCE };
+	struct job *j = job_of(req, &jb);
 	if (j == NULL)
 		return;
 	struct poll_send *ps = calloc(1, sizeof *ps);
@@ -460,7 +555,7 @@ void jobs_poll(struct http_request *req)
 	}
 	ps->req = req;
 	ps->job = j;
-	ps->next = ps->start = has_since ? first_after(j, since) : 0;
+	ps->next = jb.has_since ? job_first_after(j, jb.since) : j->first;
 	ps->end = j->nframes;
 	ps->finished = j->finished;
 	ps->outcome = j->outcome;
@@ -480,9 +575,8 @@ void jobs_poll(struct http_request *req)
 
 void jobs_cancel(struct http_request *req)
 {
-	int has_since;
-	uint64_t since;
-	struct job *j = job_of(req, 0, &has_since, &since);
+	struct job_body jb = { .wants = 0 };
+	struct job *j = job_of(req, &jb);
 	if (j == NULL)
 		return;
 	if (!j->finished) {

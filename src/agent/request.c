@@ -268,8 +268,60 @@ static int read_framing(sk_json *j, struct cmd_request *r)
 	return sk_json_skip(j);
 }
 
+
+static int read_stdin(sk_json *j, struct cmd_request *r)
+{
+	if (sk_json_peek(j) == SK_JSON_TRUE || sk_json_peek(j) == SK_JSON_FALSE)
+		return sk_json_bool(j, &r->stdin_pipe);
+	set_invalid(r, "stdin must be true or false");
+	return sk_json_skip(j);
+}
+
+/* One of a terminal's dimensions: 0 when it is not one in range. */
+static unsigned read_dimension(sk_json *j)
+{
+	uint64_t v = 0;
+	sk_json saved = *j; /* a fraction, a sign or an overflow fails the reader: rewind */
+	if (sk_json_peek(j) == SK_JSON_NUMBER && sk_json_u64(j, &v) == 0)
+		return v >= 1 && v <= REQUEST_PTY_MAX ? (unsigned)v : 0;
+	*j = saved;
+	sk_json_skip(j);
+	return 0;
+}
+
+static int read_pty(sk_json *j, struct cmd_request *r)
+{
+	if (sk_json_peek(j) == SK_JSON_NULL)
+		return sk_json_null(j);
+	if (sk_json_peek(j) != SK_JSON_OBJECT || sk_json_object_begin(j) < 0) {
+		set_invalid(r, "pty must be an object {cols, rows}");
+		return sk_json_skip(j);
+	}
+	unsigned cols = 0, rows = 0;
+	int seen_cols = 0, seen_rows = 0, more;
+	sk_json_str k;
+	while ((more = sk_json_object_key(j, &k)) == 1) {
+		if (sk_json_str_is(&k, "cols") && !seen_cols) {
+			seen_cols = 1;
+			cols = read_dimension(j);
+		} else if (sk_json_str_is(&k, "rows") && !seen_rows) {
+			seen_rows = 1;
+			rows = read_dimension(j);
+		} else if (sk_json_skip(j) < 0) {
+			return -1;
+		}
+	}
+	if (more < 0)
+		return -1;
+	if (cols == 0 || rows == 0)
+		set_invalid(r, "pty cols and rows must be integers from 1 to %d", REQUEST_PTY_MAX);
+	r->cols = cols;
+	r->rows = rows;
+	return 0;
+}
+
 enum { F_COMMAND = 1, F_TIMEOUT = 2, F_DEADLINE = 4, F_CWD = 8, F_WORKDIR = 16, F_ENV = 32, F_JOB = 64,
-       F_CAP = 128, F_KEEPALIVE = 256, F_FRAMING = 512 };
+       F_CAP = 128, F_KEEPALIVE = 256, F_FRAMING = 512, F_STDIN = 1024, F_PTY = 2048 };
 
 int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 {
@@ -301,7 +353,9 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			: sk_json_str_is(&key, "jobId") ? F_JOB
 			: sk_json_str_is(&key, "outputCap") ? F_CAP
 			: sk_json_str_is(&key, "keepaliveMs") ? F_KEEPALIVE
-			: sk_json_str_is(&key, "framing") ? F_FRAMING : 0;
+			: sk_json_str_is(&key, "framing") ? F_FRAMING
+			: sk_json_str_is(&key, "stdin") ? F_STDIN
+			: sk_json_str_is(&key, "pty") ? F_PTY : 0;
 		int step;
 		if (bit == 0 || (seen & bit)) {
 			/* Unknown members are skipped like any JSON reader would; a repeated one is
@@ -321,6 +375,8 @@ int cmd_request_parse(const char *body, size_t len, struct cmd_request *r)
 			case F_CAP: step = read_output_cap(&j, r); break;
 			case F_KEEPALIVE: step = read_keepalive(&j, r); break;
 			case F_FRAMING: step = read_framing(&j, r); break;
+			case F_STDIN: step = read_stdin(&j, r); break;
+			case F_PTY: step = read_pty(&j, r); break;
 			default: step = read_job_id(&j, r); break;
 			}
 		}

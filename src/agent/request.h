@@ -1,7 +1,9 @@
 /*
  * request.h — the body shared by POST /v1/exec and POST /v1/jobs/start (docs/protocol.md §3.3, §6):
  * {"command": [...], "timeoutMs"|"deadlineMs": N, "cwd"|"workingDirectory": "...",
- *  "env": {...}, "jobId": "...", "outputCap": N, "keepaliveMs": N, "framing": "binary"}. The newer field names win when both spellings are present.
+ *  "env": {...}, "jobId": "...", "outputCap": N, "keepaliveMs": N, "framing": "binary",
+ *  "stdin": bool, "pty": {"cols": N, "rows": N}} (the last two for jobs alone, §6 jobStdin and
+ *  jobPty). The newer field names win when both spellings are present.
  */
 #ifndef SANDKIT_AGENT_REQUEST_H
 #define SANDKIT_AGENT_REQUEST_H
@@ -13,6 +15,10 @@
 
 /* Caller-chosen job ids: 1-64 of [A-Za-z0-9_-] (docs/protocol.md §6). */
 #define REQUEST_JOB_ID_MAX 64
+
+/* A terminal's columns and rows, each from 1: far past any screen, and within the kernel's
+ * 16-bit winsize. */
+#define REQUEST_PTY_MAX 10000
 
 /* The environment every command starts from; the request's env may replace PATH. */
 #define REQUEST_DEFAULT_PATH "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -32,6 +38,8 @@ struct cmd_request {
 	/* framing (docs/protocol.md §6 binaryFrames): "ndjson", the default, or "binary". A job
 	 * start has no stream and ignores it. */
 	enum framing framing;
+	int stdin_pipe;       /* "stdin": true */
+	unsigned cols, rows;  /* "pty": both set, or both 0 */
 	/* Set when the body is JSON but says something the protocol refuses: for exec this
 	 * becomes a requestInvalid frame after the 200, for jobs a 400. Static or in reason_buf. */
 	const char *invalid;

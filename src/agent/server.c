@@ -9,6 +9,7 @@
 #include "handler.h"
 #include "http.h"
 #include "jobs.h"
+#include "jobs_live.h"
 #include "log.h"
 #include "preview.h"
 #include "stream.h"
@@ -27,7 +28,9 @@
 /* Descriptors kept out of the connections' budget: stdio, root, listener, event loop, signal
  * pipe, and what a request opens for a moment; and each job's pipes and pidfd. */
 #define FDS_RESERVED 16
-#define FDS_PER_JOB 3
+/* A job: its pidfd and two output pipes, or its terminal's master and a duplicate for input,
+ * and an input pipe: four at most. */
+#define FDS_PER_JOB 4
 
 struct route {
 	const char *path;
@@ -47,6 +50,11 @@ static const struct route routes[] = {
 	{ "/v1/jobs/start", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_start },
 	{ "/v1/jobs/poll", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_poll },
 	{ "/v1/jobs/cancel", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_cancel },
+	{ "/v1/jobs/stdin", HTTP_POST, 0, HTTP_BODY_STREAMED, jobs_stdin },
+	{ "/v1/jobs/resize", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_resize },
+	{ "/v1/jobs/signal", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_signal },
+	{ "/v1/jobs/stream", HTTP_POST, 0, HTTP_BODY_BUFFERED, jobs_stream },
+	{ "/v1/jobs/list", HTTP_GET, 0, HTTP_BODY_NONE, jobs_list },
 	{ "/v1/files", HTTP_GET, 0, HTTP_BODY_NONE, files_get },
 	{ "/v1/files", HTTP_PUT, 0, HTTP_BODY_BUFFERED, files_put },
 	{ "/v1/files/raw", HTTP_GET, 0, HTTP_BODY_NONE, files_raw_get },
@@ -94,7 +102,8 @@ static void health(struct http_request *req)
 	    evbuffer_add_printf(b,
 				"{\"protocolVersion\":%d,\"bootId\":\"%s\",\"status\":\"%s\","
 				"\"features\":[\"binaryFrames\",\"jobIdempotency\",\"keepalive\",\"outputCap\",\"rawFiles\","
-				"\"fs\",\"fsTar\",\"fsWatch\"%s%s]}",
+				"\"fs\",\"fsTar\",\"fsWatch\",\"jobStdin\",\"jobPty\",\"jobSignal\","
+				"\"jobStream\",\"jobList\"%s%s]}",
 				AGENT_PROTOCOL_VERSION, agent.boot_id,
 				agent.activated ? "ready" : "awaiting-network-verification",
 				agent.cfg.capability ? ",\"capability\"" : "",

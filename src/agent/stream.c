@@ -79,7 +79,7 @@ static void on_end(void *ctx, const struct outcome *o)
 	finish(s, o);
 }
 
-static const struct command_sink stream_sink = { on_frame, on_end };
+static const struct command_sink stream_sink = { on_frame, on_end, NULL };
 
 /*
  * The caller went away mid-stream: the connection saw EOF or a reset (it keeps reading while
@@ -140,6 +140,11 @@ void stream_exec(struct http_request *req)
 	if (r.invalid) {
 		outcome_error(&early, "requestInvalid", "%s", r.invalid);
 		finish(s, &early);
+	} else if (r.stdin_pipe || r.cols > 0) {
+		/* Input goes to a job by its id, which an exec stream has none of. */
+		outcome_error(&early, "requestInvalid", "stdin and pty are for jobs "
+			      "(POST /v1/jobs/start), which take input at /v1/jobs/stdin");
+		finish(s, &early);
 	} else if (pr != PATH_OK) {
 		char shown[REPLY_SHOWN_PATH_MAX];
 		util_printable(r.cwd, r.cwd_len, shown, sizeof shown);
@@ -153,7 +158,7 @@ void stream_exec(struct http_request *req)
 	} else {
 		/* outputCap 0 asks for no cap at all. */
 		uint64_t cap = !r.has_output_cap ? 0 : r.output_cap ? r.output_cap : UINT64_MAX;
-		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, 0, cap };
+		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, 0, cap, 0, 0, 0 };
 		s->cmd = command_start(&spec, &stream_sink, s, &early);
 		if (s->cmd)
 			http_reply_watch(req, on_drained, on_gone, s);
