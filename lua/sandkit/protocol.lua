@@ -135,7 +135,11 @@ local function attempt(conn, target, operation, method, body, max_body)
     max_error_body = protocol.MAX_ERROR_BODY,
     header_deadline = core.now() + conn.header_timeout,
   }
-  if type(body) == "table" then
+  if type(body) == "table" and body.bytes then
+    -- Bytes held whole (a job's input): sent like JSON text, and so as safe to send again.
+    headers["Content-Type"] = body.content_type or "application/octet-stream"
+    spec.body = body.bytes
+  elseif type(body) == "table" then
     headers["Content-Type"] = body.content_type or "application/octet-stream"
     spec.body_reader, spec.body_length, spec.on_body = body.reader, body.length, body.on_body
     -- The bytes may take long to send; what bounds the wait is their stopping.
@@ -194,7 +198,9 @@ local function send(conn, operation, method, path, body, max_body)
       verdict, replacement = transport:settle(operation, err, target, replayed)
     end
     -- A streamed body was read as it went: there is nothing left to send again.
-    if replayed or verdict ~= "replay" or type(body) == "table" then return nil, replacement or err end
+    if replayed or verdict ~= "replay" or (type(body) == "table" and not body.bytes) then
+      return nil, replacement or err
+    end
     replayed = true
   end
 end
@@ -287,6 +293,10 @@ local function command_body(operation, argv, opts, conn)
   local body = { command = argv, timeoutMs = ms, cwd = opts.cwd }
   if opts.env and next(opts.env) then body.env = opts.env end
   if opts.job_id then body.jobId = opts.job_id end
+  -- jobStdin and jobPty (§6): sent only when asked, so a start without them is the same
+  -- request to every agent.
+  if opts.stdin then body.stdin = true end
+  if opts.pty then body.pty = { cols = opts.pty.cols, rows = opts.pty.rows } end
   -- A stream needs no cap: backpressure already bounds what is held. Unless asked, none.
   if operation == RUN and conn and conn.features and conn.features.outputCap then
     body.outputCap = to_integer(cap or 0)
@@ -328,6 +338,11 @@ end
 local stream_mt = {}
 stream_mt.__index = stream_mt
 
+--- A stream's operation: errors name it (RUN for exec, the job stream's for a job).
+local function stream_operation(self)
+  return self.operation or RUN
+end
+
 function stream_mt:close()
   if not self.finished then
     self.finished = true
@@ -361,12 +376,12 @@ function stream_mt:next()
       elseif ftype == "error" then
         -- The command's own ending: it surfaces as a failure, never as a stream that stopped.
         return end_stream(self, protocol.command_error(frame.code, frame.message,
-          { operation = RUN }))
+          { operation = stream_operation(self), job_id = self.job_id }))
       end
       return frame
     elseif frame == false then
       if core.now() >= self.deadline then
-        return end_stream(self, errors.unanswered(RUN, string.format(
+        return end_stream(self, errors.unanswered(stream_operation(self), string.format(
           "no terminal frame arrived within %gs of the command's timeout", self.grace)))
       end
       wait.ready(t, self.deadline)
@@ -375,15 +390,16 @@ function stream_mt:next()
       -- unknown — reported as a format problem it would look safe to repeat.
       local what = kind == "undecodable" and "an output frame did not decode"
         or "an output frame did not parse"
-      local cause = errors.unexpected(RUN, kind == "undecodable" and "data" or "frame", detail)
-      return end_stream(self, errors.unanswered(RUN, what, { cause = cause }))
+      local operation = stream_operation(self)
+      local cause = errors.unexpected(operation, kind == "undecodable" and "data" or "frame", detail)
+      return end_stream(self, errors.unanswered(operation, what, { cause = cause }))
     else
       local st = t:state()
       if st.ok then
-        return end_stream(self, errors.unanswered(RUN,
+        return end_stream(self, errors.unanswered(stream_operation(self),
           "the output stream ended without a terminal frame"))
       end
-      return end_stream(self, errors.unanswered(RUN,
+      return end_stream(self, errors.unanswered(stream_operation(self),
         "the output stream failed: " .. tostring(st.error)))
     end
   end
@@ -399,7 +415,18 @@ function protocol.exec(conn, argv, opts)
   local resp
   resp, err = send(conn, RUN, "POST", "/v1/exec", body)
   if not resp then return nil, err end
-  local decoder = core.decoder(nil, opts.keep_base64 == true)
+  -- The whole body is bounded by the command's timeout plus a grace: a sandbox frozen
+  -- mid-command must not hold its caller for ever.
+  return protocol.frame_stream(conn, resp, { deadline = started + opts.timeout + conn.grace,
+    keep_base64 = opts.keep_base64 })
+end
+
+--- The stream of frames of a 2xx answer whose body is exec-shaped (§3.3): an exec's, or a
+-- job's live stream (§6 jobStream). how: deadline (absolute: past it without a terminal frame
+-- the stream fails; math.huge for none), keep_base64, operation and job_id (what its errors
+-- name).
+function protocol.frame_stream(conn, resp, how)
+  local decoder = core.decoder(nil, how.keep_base64 == true)
   if answered_binary(conn, resp) then decoder:binary() end
   -- Keep-alives are consumed by the decoder, never yielded; one that comes unasked fails the
   -- stream as any frame it cannot read does.
@@ -408,10 +435,10 @@ function protocol.exec(conn, argv, opts)
     transfer = resp.transfer,
     client = resp.client,
     decoder = decoder,
-    -- The whole body is bounded by the command's timeout plus a grace: a sandbox frozen
-    -- mid-command must not hold its caller for ever.
-    deadline = started + opts.timeout + conn.grace,
+    deadline = how.deadline,
     grace = conn.grace,
+    operation = how.operation,
+    job_id = how.job_id,
     finished = false,
   }, stream_mt)
 end
@@ -422,7 +449,7 @@ function protocol.job_start(conn, argv, opts)
   local bad = opts.id ~= nil and options.id(JOB_START, opts.id, options.JOB_ID)
   if bad then return nil, bad end
   local body, err = command_body(JOB_START, argv, { timeout = opts.timeout, cwd = opts.cwd,
-    env = opts.env, job_id = opts.id })
+    env = opts.env, job_id = opts.id, stdin = opts.stdin, pty = opts.pty })
   if not body then return nil, err end
   -- Resending a start is safe only when it names its job and the agent promised to start a
   -- named job once (§6 jobIdempotency).

@@ -37,6 +37,7 @@ local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
 local session_fs = require "sandkit.session_fs"
+local session_jobs = require "sandkit.session_jobs"
 local wait = require "sandkit.wait"
 
 local sandbox = {}
@@ -66,6 +67,8 @@ local NEEDS = {
 }
 -- A session's files as a filesystem (sandkit.session_fs): `fs`, and `watch` for a watch.
 for what, need in pairs(session_fs.NEEDS) do NEEDS[what] = need end
+-- Interactive jobs (sandkit.session_jobs): `stdin`, `pty`, and `jobs` for the list and signals.
+for what, need in pairs(session_jobs.NEEDS) do NEEDS[what] = need end
 
 --- A provider may say why it lacks a capability (provider.refusals[capability]), e.g. where
 -- to turn instead; otherwise the refusal names the provider and the capability.
@@ -83,8 +86,8 @@ local LIST_OPTIONS = options_check.set{ "labels" }
 local COMMAND_OPTIONS = options_check.set{ "timeout", "cwd", "env" }
 -- keep_base64 is a relay's (sandkit.ngx): stdout/stderr frames carry the wire's base64, checked,
 -- instead of decoded `data`. It cannot be cut into lines, which needs the bytes.
-local RUN_OPTIONS = options_check.set{ "output_cap", "lines", "keep_base64" }
-local EXEC_OPTIONS = options_check.set{ "output_cap", "max_output" }
+local RUN_OPTIONS = options_check.set{ "output_cap", "lines", "keep_base64", "stdin" }
+local EXEC_OPTIONS = options_check.set{ "output_cap", "max_output", "stdin" }
 local JOB_OPTIONS = options_check.set{ "id" }
 local FRAMES_OPTIONS = options_check.set{ "since", "interval" }
 local TRANSFER_OPTIONS = options_check.set{ "progress" }
@@ -343,10 +346,18 @@ local function open_stream(session, argv, opts)
     return nil, errors.invalid_input(protocol.OPERATIONS.run, "lines",
       "lines = true needs the output's bytes, and keep_base64 keeps them encoded")
   end
+  if opts and opts.stdin ~= nil and opts.keep_base64 then
+    return nil, errors.invalid_input(protocol.OPERATIONS.run, "stdin",
+      "a command with stdin runs as a job, whose frames carry bytes, not keep_base64's base64")
+  end
   local conn, err = connection(session)
   if not conn then return nil, err end
   local stream
-  stream, err = ops(conn).exec(conn, argv, command_options(session, opts, conn))
+  if opts and opts.stdin ~= nil then
+    stream, err = session_jobs.input_stream(session, argv, command_options(session, opts, conn), opts.stdin)
+  else
+    stream, err = ops(conn).exec(conn, argv, command_options(session, opts, conn))
+  end
   if not stream then return nil, explain_end(session, err) end
   stream = ending_stream(session, stream)
   if opts and opts.lines then return lines.wrap(stream) end
@@ -755,6 +766,9 @@ function job_mt:frames(opts)
     end
   end
 end
+
+session_jobs.install(session_mt, job_mt, { gate = gate, connection = connection,
+  command_options = command_options })
 
 sandbox.session_metatable = session_mt
 sandbox.job_metatable = job_mt

@@ -31,6 +31,7 @@ struct stdin_write {
 	uint64_t offset;      /* where the next byte of the body belongs */
 	int close;            /* close the input after the body */
 	int paused;
+	int superseded;       /* a newer write took over: this one takes nothing more */
 };
 
 static void stdin_write_free(struct stdin_write *w)
@@ -98,6 +99,12 @@ static int stdin_data(void *ctx, const char *p, size_t n)
 	}
 	if (n == 0)
 		return 0;
+	if (w->superseded) {
+		reply_error(w->req, 409, "JOB_STDIN_BUSY", "a newer write to job '%s''s input took "
+			    "over; the agent took %" PRIu64 " bytes of it", j->id, j->stdin_taken);
+		stdin_write_free(w);
+		return -1;
+	}
 	/* Refused mid-body, the write goes: the http layer hears no end of it after -1. */
 	if (input_refusal(j, &(const char *){ NULL })) {
 		reply_input_refused(w->req, j);
@@ -202,12 +209,17 @@ void jobs_stdin(struct http_request *req)
 			    j->stdin_taken, j->id);
 		return;
 	}
-	/* One writer at a time, so that two cannot interleave new bytes; a writer that died is
-	 * seen gone within the agent's stall timeout, or at once when its connection closed. */
+	/* One writer at a time, so that two cannot interleave new bytes: the newest takes over.
+	 * The one before may be a writer killed mid-write, whose connection the agent cannot see
+	 * closed while its body waits in the socket (paused): its next piece is refused. */
 	if (j->writer) {
-		reply_error(req, 409, "JOB_STDIN_BUSY",
-			    "another write to job '%s''s input is still being taken", j->id);
-		return;
+		struct stdin_write *old = j->writer;
+		old->superseded = 1;
+		j->writer = NULL;
+		if (old->paused) {
+			old->paused = 0;
+			http_body_resume(old->req);
+		}
 	}
 	const struct http_head *h = http_request_head(req);
 	/* New bytes, or a close, that the job can no longer take are refused before the body is

@@ -30,8 +30,8 @@ local provider_mt = {}
 provider_mt.__index = provider_mt
 
 local CAPABILITIES = { files = true, jobs = true, reconnect = true, preview = false,
-  pause_resume = false, snapshot = false, list = false, fs = true, watch = true,
-  set_lifetime = false, labels = false }
+  pause_resume = false, snapshot = false, list = false, fs = true, watch = true, stdin = true,
+  pty = true, set_lifetime = false, labels = false }
 
 local transport_mt = {}
 transport_mt.__index = transport_mt

@@ -174,8 +174,8 @@ end
 -- otherwise, and callers branch on this flag rather than call and fail.
 function provider_mt:capabilities()
   return { files = true, jobs = true, reconnect = true, pause_resume = true, fs = true, watch = true,
-    preview = #self.preview_ports > 0, list = false, snapshot = false, set_lifetime = false,
-    labels = false }
+    stdin = true, pty = true, preview = #self.preview_ports > 0, list = false, snapshot = false,
+    set_lifetime = false, labels = false }
 end
 
 -- Errors -------------------------------------------------------------------------------------

@@ -75,8 +75,8 @@ end
 -- what the data plane's single-file calls and shell commands give.
 local function capabilities(agent)
   return { files = true, jobs = agent, reconnect = true, preview = false, pause_resume = true,
-    snapshot = false, list = false, fs = agent, watch = agent, isolation = "none",
-    set_lifetime = false, labels = true }
+    snapshot = false, list = false, fs = agent, watch = agent, stdin = agent, pty = agent,
+    isolation = "none", set_lifetime = false, labels = true }
 end
 
 --- Why a session without an agent lacks what it lacks (sandbox.lua's refusals).
@@ -88,6 +88,10 @@ local REFUSALS = {
   -- The data plane's sandboxes have an idle auto-suspend and no end: expires_at is nil here.
   set_lifetime = "an Azure sandbox has no lifetime to set; it runs until terminated "
     .. "(auto_suspend pauses an idle one)",
+  stdin = "an Azure session without an agent runs commands through the data plane, which takes no "
+    .. "input; create the sandbox with agent = true",
+  pty = "an Azure session without an agent runs commands through the data plane, which has no "
+    .. "terminal; create the sandbox with agent = true",
 }
 
 -- The provider -------------------------------------------------------------------------------

@@ -215,6 +215,7 @@ end
 
 function provider_mt:capabilities()
   return { files = true, jobs = true, reconnect = true, list = true, fs = true, watch = true, preview = false,
+    stdin = true, pty = true,
     pause_resume = true, snapshot = false, set_lifetime = true, labels = true }
 end
 

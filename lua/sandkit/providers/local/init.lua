@@ -143,6 +143,7 @@ end
 function provider_mt:capabilities()
   return {
     files = true, jobs = true, reconnect = true, list = true, fs = true, watch = true,
+    stdin = true, pty = true,
     -- Unconfined, a session shares this machine's loopback; confined, its agent forwards.
     preview = true,
     pause_resume = false, snapshot = false,
