@@ -84,7 +84,7 @@ JIT_CORE := $(if $(LUA_INCDIR)$(IS_LUAJIT),,$(if $(HAVE_LUAJIT),jit-core))
 SRC_CFLAGS := -Isrc
 COMMON_H := $(wildcard src/common/*.h)
 
-CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c src/lua_sigv4.c \
+CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c src/terminal.c src/lua_sigv4.c \
             src/signals.c src/lua_ed25519.c src/lua_tar.c src/lua_fslist.c \
             src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
             src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c \

@@ -201,6 +201,7 @@ int luaopen_sandkit_core(lua_State *L)
 	skl_open_process(L);
 	skl_open_sigv4(L);
 	skl_open_signals(L);
+	skl_open_terminal(L);
 	skl_open_ed25519(L);
 	skl_open_tar(L);
 	skl_open_fslist(L);

@@ -16,6 +16,7 @@ void skl_open_transfer(lua_State *L); /* transfer.c glue: client, request, wait 
 void skl_open_process(lua_State *L);  /* process.c: spawn, signals, files */
 void skl_open_sigv4(lua_State *L);    /* sigv4.c glue: sigv4 */
 void skl_open_signals(lua_State *L);  /* signals.c: trap, caught */
+void skl_open_terminal(lua_State *L); /* terminal.c: raw mode, size, reading what is ready */
 /* The read end of the pipe a trapped signal writes to, or -1 before any core.trap: core.wait
  * and core.poll watch it so a trapped signal ends their wait. */
 int skl_signal_fd(void);

@@ -3,7 +3,8 @@
  * `sandkit` command: it has a remote command to stop and a session to remove before it goes.
  *
  *   core.trap{ core.SIGINT, core.SIGTERM }   -- catch these from now on; true | nil, err
- *                                               (SIGINT, SIGTERM, SIGHUP, SIGPIPE)
+ *                                               (SIGINT, SIGTERM, SIGHUP, SIGPIPE, and
+ *                                               SIGWINCH: a terminal's new size)
  *   core.caught()                            -- the first signal caught since the last call, or nil
  *
  * Once a trap is set, core.wait and core.poll return as soon as a trapped signal arrives: the
@@ -56,8 +57,8 @@ static int core_trap(lua_State *L)
 		sigs[i] = (int)skc_checkinteger(L, -1);
 		lua_pop(L, 1);
 		luaL_argcheck(L, sigs[i] == SIGINT || sigs[i] == SIGTERM || sigs[i] == SIGHUP ||
-				  sigs[i] == SIGPIPE, 1,
-			      "only SIGINT, SIGTERM, SIGHUP and SIGPIPE can be trapped");
+				  sigs[i] == SIGPIPE || sigs[i] == SIGWINCH, 1,
+			      "only SIGINT, SIGTERM, SIGHUP, SIGPIPE and SIGWINCH can be trapped");
 	}
 	if (trap_pipe[0] < 0 && pipe2(trap_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		lua_pushnil(L);
@@ -115,4 +116,6 @@ void skl_open_signals(lua_State *L)
 	lua_setfield(L, -2, "SIGHUP");
 	lua_pushinteger(L, SIGPIPE);
 	lua_setfield(L, -2, "SIGPIPE");
+	lua_pushinteger(L, SIGWINCH);
+	lua_setfield(L, -2, "SIGWINCH");
 }

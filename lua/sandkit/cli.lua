@@ -12,6 +12,7 @@
 -- being made the signal is held until it exists, so that it can be removed.
 
 local cli_files = require "sandkit.cli_files"
+local cli_jobs = require "sandkit.cli_jobs"
 local core = require "sandkit.core"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
@@ -152,6 +153,7 @@ local OPTIONS = {
     help = "refuse an import of more entries (default 1000000)" },
 }
 for name, spec in pairs(cli_files.OPTIONS) do OPTIONS[name] = spec end
+for name, spec in pairs(cli_jobs.OPTIONS) do OPTIONS[name] = spec end
 
 --- Options every command takes (and that may come before the command).
 local GLOBAL = {
@@ -164,17 +166,22 @@ local GLOBAL = {
 
 --- Raised through sandkit's code when a signal ends a wait.
 local INTERRUPTED = setmetatable({}, { __tostring = function() return "interrupted" end })
-local interrupt = { pending = nil, armed = false }
+local interrupt = { pending = nil, armed = false, winch = false }
 
---- Takes note of a caught signal; raises INTERRUPTED when one is pending and waits may end.
+--- Takes note of a caught signal; raises INTERRUPTED when one is pending and waits may end. A
+-- SIGWINCH is news for an interactive command's terminal (take_winch), never an interruption.
 local function check_signals()
   local sig = core.caught()
-  if sig and not interrupt.pending then interrupt.pending = sig end
+  if sig == core.SIGWINCH then
+    interrupt.winch = true
+  elseif sig and not interrupt.pending then
+    interrupt.pending = sig
+  end
   if interrupt.pending and interrupt.armed then error(INTERRUPTED, 0) end
 end
 
 local function install_signals()
-  assert(core.trap{ core.SIGINT, core.SIGTERM, core.SIGHUP, core.SIGPIPE })
+  assert(core.trap{ core.SIGINT, core.SIGTERM, core.SIGHUP, core.SIGPIPE, core.SIGWINCH })
   -- Every wait of the command goes through here (sandkit.wait): a trapped signal wakes
   -- core.wait at once, and the wait then ends by raising.
   wait.register{
@@ -388,6 +395,10 @@ local function run(ctx)
   if o.lifetime and o.session and not o.create then
     return fail(EXIT_USAGE, "--lifetime is for a session this run creates (--create, or no --session)")
   end
+  if (o.interactive or o.tty) and (o.lines or o.output_cap) then
+    return fail(EXIT_USAGE, "-i and -t follow a job, which keeps the agent's cap and writes output as it comes: "
+      .. "--lines and --output-cap are for a run without them")
+  end
   local copts = { timeout = o.timeout or DEFAULT_TIMEOUT, cwd = o.cwd, env = env_map(o.env),
     output_cap = o.output_cap, lines = o.lines }
   local sandbox = ctx.sandbox
@@ -400,6 +411,14 @@ local function run(ctx)
     session, err = run_session(sandbox, o.session, o.create, o.lifetime)
     if not session then return no_session(err) end
   end
+  if o.interactive or o.tty then
+    local status = cli_jobs.interactive(ctx.helpers, session, ctx.argv, copts, o.tty)
+    local removed = not throwaway or remove_throwaway(sandbox, session.id)
+    if status == 0 and not removed then return EXIT_SANDKIT end
+    return status
+  end
+  local unforwarded = {}
+  cli_jobs.warn_unforwarded(unforwarded)
   local exit
   local ok, failure = interruptible(function()
     local stream, serr = session:stream(ctx.argv, copts)
@@ -420,6 +439,7 @@ local function run(ctx)
   end)
   -- Closing mid-stream drops the connection, which the agent takes as: stop the command.
   if ctx.stream then ctx.stream:close() end
+  cli_jobs.warn_unforwarded(unforwarded)
   local removed = not throwaway or remove_throwaway(sandbox, session.id)
   local status
   if interrupt.pending then
@@ -743,11 +763,13 @@ end
 -- `session` the argument naming the session the command works in (opened before it runs).
 local COMMANDS = {
   { name = "run", handler = run, argv = true,
-    options = { "session", "create", "lifetime", "timeout", "cwd", "env", "output-cap", "lines" },
-    synopsis = "run [--session NAME [--create]] [--timeout S] [--cwd DIR] [--env K=V]...\n"
+    options = { "session", "create", "lifetime", "timeout", "cwd", "env", "output-cap", "lines",
+      "interactive", "tty" },
+    synopsis = "run [-i | -t] [--session NAME [--create]] [--timeout S] [--cwd DIR] [--env K=V]...\n"
       .. "      [--output-cap BYTES] [--lines] [--lifetime S] -- ARGV...",
     summary = "run ARGV in a session (a throwaway one without --session), streaming its\n"
-      .. "output as it comes; exits with its status" },
+      .. "output as it comes; exits with its status. -i forwards standard input, -t\n"
+      .. "runs ARGV on a terminal (this one raw meanwhile; Ctrl-C reaches ARGV)" },
   { name = "create", handler = create, args = { "[NAME]" },
     options = { "lifetime", "env", "label", "image", "memory", "pids", "cpus", "disk", "json" },
     synopsis = "create [NAME] [--lifetime S] [--env K=V]... [--label K=V]... [--image NAME]\n"
@@ -805,6 +827,29 @@ local COMMANDS = {
   { name = "help", args = { "[COMMAND]" }, synopsis = "help [COMMAND]",
     summary = "this text, or a command's own" },
 }
+local HELPERS = {
+  fail = fail, one_line = one_line, print_json = print_json,
+  interruptible = interruptible, interrupted = function() return interrupt.pending ~= nil end,
+  interrupted_status = interrupted_status, open_session = open_session, no_session = no_session,
+  write_frame = write_frame, check_signals = check_signals, command_ended = command_ended,
+  take_winch = function()
+    local winch = interrupt.winch
+    interrupt.winch = false
+    return winch
+  end,
+  fail_error = function(err) return fail(status_of_error(err), one_line(err)) end,
+  env_map = env_map,
+  EXIT_FAILED = EXIT_FAILED, EXIT_USAGE = EXIT_USAGE, DEFAULT_TIMEOUT = DEFAULT_TIMEOUT,
+}
+-- shell after run, job ls and job attach after job cancel: cli_jobs.lua's.
+do
+  local jobs = cli_jobs.commands(HELPERS)
+  table.insert(COMMANDS, 2, jobs[1])
+  local at = 1
+  while COMMANDS[at].name ~= "job cancel" do at = at + 1 end
+  table.insert(COMMANDS, at + 1, jobs[2])
+  table.insert(COMMANDS, at + 2, jobs[3])
+end
 -- cp and fs NAME …: cli_files.lua's, listed after get.
 do
   local at = 1
@@ -1132,7 +1177,7 @@ function cli.main(args)
     return fail(err.code == "INVALID_INPUT" and EXIT_USAGE or EXIT_FAILED, one_line(err))
   end
   install_signals()
-  local ctx = { sandbox = sandbox, opts = p.opts, args = p.args, argv = p.argv }
+  local ctx = { sandbox = sandbox, opts = p.opts, args = p.args, argv = p.argv, helpers = HELPERS }
   if command.session then
     ctx.session, err = open_session(sandbox, p.args[command.session])
     if not ctx.session then return no_session(err) end

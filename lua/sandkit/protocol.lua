@@ -363,7 +363,7 @@ end
 --- The next frame: a table (stdout/stderr with seq and data, or the exit frame), nil when the
 -- stream ended with its exit frame, or nil and an error. After an error, or once the exit
 -- frame was delivered, it returns nil (and the same error) for ever.
-function stream_mt:next()
+local function step(self, block)
   if self.finished then return nil, self.failed end
   local t = self.transfer
   while true do
@@ -384,6 +384,7 @@ function stream_mt:next()
         return end_stream(self, errors.unanswered(stream_operation(self), string.format(
           "no terminal frame arrived within %gs of the command's timeout", self.grace)))
       end
+      if not block then return false end
       wait.ready(t, self.deadline)
     elseif kind then
       -- A frame arrived, so the command ran: a frame that cannot be read leaves its outcome
@@ -404,6 +405,20 @@ function stream_mt:next()
     end
   end
 end
+
+function stream_mt:next()
+  return step(self, true)
+end
+
+--- As next, without waiting: false when no frame has arrived yet (the stream is a pollable:
+-- stream:pollfd(), :events() and :timeout() say what to wait on with others).
+function stream_mt:poll()
+  return step(self, false)
+end
+
+function stream_mt:pollfd() return self.transfer:pollfd() end
+function stream_mt:events() return self.transfer:events() end
+function stream_mt:timeout() return self.transfer:timeout() end
 
 --- Starts a command and returns its output stream once the agent's headers arrived. With
 -- opts.keep_base64, stdout/stderr frames carry `base64` (the wire's text, checked) instead of
