@@ -40,7 +40,8 @@ static int core_tty_raw(lua_State *L)
 		return push_failure(L, "tcgetattr");
 	raw = saved;
 	cfmakeraw(&raw);
-	if (tcsetattr(fd, TCSAFLUSH, &raw) < 0)
+	/* TCSANOW: what was typed before keeps its place, and goes to the command. */
+	if (tcsetattr(fd, TCSANOW, &raw) < 0)
 		return push_failure(L, "tcsetattr");
 	lua_pushlstring(L, (const char *)&saved, sizeof saved);
 	return 1;
@@ -54,7 +55,8 @@ static int core_tty_restore(lua_State *L)
 	luaL_argcheck(L, len == sizeof(struct termios), 2, "not a terminal's saved settings");
 	struct termios t;
 	memcpy(&t, saved, sizeof t);
-	if (tcsetattr(fd, TCSAFLUSH, &t) < 0)
+	/* TCSADRAIN: the command's last output is shown under the settings it was written for. */
+	if (tcsetattr(fd, TCSADRAIN, &t) < 0)
 		return push_failure(L, "tcsetattr");
 	lua_pushboolean(L, 1);
 	return 1;
