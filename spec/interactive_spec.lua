@@ -105,7 +105,7 @@ describe("an interactive job of a confined local session", function()
 
   it("delivers each byte once when a writer is killed mid-write and another process writes again from the same offset",
     function()
-      local p = assert(session:spawn({ "sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.02; done; exec wc -c" },
+      assert(session:spawn({ "sh", "-c", "while [ ! -e /tmp/go ]; do sleep 0.02; done; exec wc -c" },
         { timeout = 60, stdin = true, id = "killed-writer" }))
       local size = 8 * 1024 * 1024
       -- A second process writes 8 MiB to a command that reads nothing yet: the agent takes its

@@ -22,6 +22,7 @@ local LOCATIONS = [[
     location = /exec { content_by_lua_block { require("support.nginx_app").exec() } }
     location = /fanout { content_by_lua_block { require("support.nginx_app").fanout() } }
     location = /files { content_by_lua_block { require("support.nginx_app").files() } }
+    location = /interactive { content_by_lua_block { require("support.nginx_app").interactive() } }
     location = /thread_fanout { content_by_lua_block { require("support.nginx_app").thread_fanout() } }
     location = /leave { content_by_lua_block { require("support.nginx_app").leave_early() } }
     location = /timer { content_by_lua_block { require("support.nginx_app").in_timer() } }
@@ -108,6 +109,19 @@ describe("sandkit inside an nginx worker", function()
     assert.equal("create /watched.txt", seen.watch[1])
     assert.equal("timeout", seen.reason)
   end)
+
+  it("writes a job's input, follows its frames live, resizes its terminal and signals it over cosockets",
+    function()
+      local answer = post("/interactive", {})
+      assert.equal(200, answer.status, answer.body .. gateway:error_log())
+      local seen = cjson.decode(answer.body)
+      assert.equal("live\n", seen.first)
+      assert.equal("more\nexit 0", seen.rest)
+      assert.equal("43 132", seen.size)
+      assert.equal(130, seen.code)
+      assert.equal(2, seen.signal)
+      assert.equal(3, seen.jobs)
+    end)
 
   it("streams server-sent events, the exit status as the last event", function()
     local answer = post("/stream", { "sh", "-c", "printf 'a b'; exit 4" }, "&format=sse")

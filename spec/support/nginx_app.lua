@@ -140,6 +140,37 @@ function app.files()
   reply(seen)
 end
 
+--- POST ?root=R&session=ID -> what an interactive job did over cosockets: input written and
+-- resent (taken once), its frames followed live, a terminal job resized, a job signalled, the
+-- list of jobs.
+function app.interactive()
+  local session = session_of(local_sandbox())
+  local seen = {}
+  local ok, err = pcall(function()
+    local p = assert(session:spawn({ "cat" }, { timeout = 30, stdin = true }))
+    local frames = p:frames()
+    assert(p:write("live\n"))
+    seen.first = frames().data
+    assert(p:write("live\nmore\n", 0))
+    assert(p:close_stdin())
+    local rest = {}
+    for frame in frames do rest[#rest + 1] = frame.type == "exit" and ("exit " .. frame.code) or frame.data end
+    seen.rest = table.concat(rest)
+    local t = assert(session:spawn({ "sh", "-c", "read x; stty size" }, { timeout = 30, pty = { cols = 80, rows = 24 } }))
+    assert(t:resize(132, 43))
+    assert(t:write("\r"))
+    local out = {}
+    for frame in t:frames() do if frame.data then out[#out + 1] = frame.data end end
+    seen.size = table.concat(out):match("(%d+ %d+)")
+    local sleeper = assert(session:spawn({ "sleep", "30" }, { timeout = 60 }))
+    assert(sleeper:signal("INT"))
+    seen.code, seen.signal = sleeper:wait()
+    seen.jobs = #assert(session:jobs())
+  end)
+  if not ok then return fail(500, tostring(err)) end
+  reply(seen)
+end
+
 --- POST ?root=R&session=ID, body: a list of argvs -> their stdout, run as sandkit.run tasks.
 function app.fanout()
   local argvs = body_json()
