@@ -59,6 +59,31 @@ describe("a session without an agent's files as a filesystem", function()
   end)
 end)
 
+describe("a session without an agent's interactive jobs", function()
+  it("are refused as OPERATION_NOT_SUPPORTED, saying why, with nothing sent", function()
+    local dp = azure_dataplane.new():expect("execute_shell_command", 0):expect("read_file", 0)
+      :expect("agent_port_url", 0)
+    local session = native_session(dp)
+    local caps = session:capabilities()
+    assert.is_false(caps.stdin)
+    assert.is_false(caps.pty)
+    for _, call in ipairs{
+      function() return session:spawn({ "cat" }, { timeout = 5, stdin = true }) end,
+      function() return session:spawn({ "sh" }, { timeout = 5, pty = { cols = 80, rows = 24 } }) end,
+      function() return session:exec({ "cat" }, { timeout = 5, stdin = "input" }) end,
+      function() return session:jobs() end,
+    } do
+      local ok, err = call()
+      assert.is_nil(ok)
+      assert.equal("OPERATION_NOT_SUPPORTED", err.code)
+    end
+    local ok, err = session:spawn({ "cat" }, { timeout = 5, stdin = true })
+    assert.is_nil(ok)
+    assert.matches("takes no input", err.message)
+    dp:verify()
+  end)
+end)
+
 describe("a command on a session without an agent", function()
   it("comes back as the agent would stream it: stdout, stderr without the wrapper's nonce, then the exit", function()
     local dp = azure_dataplane.new():on("execute_shell_command", run_here):expect("agent_port_url", 0)
