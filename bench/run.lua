@@ -69,6 +69,11 @@ local IMAGE_VS_PLAIN = 1.5
 local MEMORY_LIMIT_VS_NONE = 0.95
 --- The memory limit of the stream that measures what one costs.
 local STREAM_MEMORY = 512 * common.MIB
+-- Interactive jobs: a keystroke echoed through a terminal job, 256 MiB of standard input against
+-- curl -T of the same bytes, a followed job's frame after the process wrote it.
+local ECHO_P50, ECHO_P99 = 2, 10          -- ms
+local STDIN_VS_CURL = 0.5
+local FOLLOW_P50 = 5                      -- ms
 
 local function quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
@@ -398,6 +403,21 @@ local function rows(results)
     row("list 10,000 entries", nil, nil, nil, "<= " .. LIST_10K_MS .. " ms", "NO")
   end
 
+  local it = results.interactive
+  if it.failed then
+    row("keystroke echo, terminal job", nil, nil, nil, "p50 <= " .. ECHO_P50 .. " ms", "NO")
+    row("stdin 256 MiB into wc -c vs curl -T", nil, nil, nil, ">= " .. STDIN_VS_CURL .. "x", "NO")
+    row("followed frame after it was written", nil, nil, nil, "p50 <= " .. FOLLOW_P50 .. " ms", "NO")
+  else
+    row("keystroke echo p50 / p99, terminal job", ms(it.echo.p50) .. " / " .. ms(it.echo.p99), nil, nil,
+      "<= " .. ECHO_P50 .. " / " .. ECHO_P99 .. " ms", met(it.echo.p50 <= ECHO_P50 and it.echo.p99 <= ECHO_P99))
+    local ratio = it.stdin.sandkit / it.stdin.curl
+    row("stdin 256 MiB into wc -c vs curl -T", mb(it.stdin.sandkit), "curl -T raw upload: " .. mb(it.stdin.curl),
+      times(ratio), ">= " .. STDIN_VS_CURL .. "x", met(ratio >= STDIN_VS_CURL))
+    row("followed frame after it was written p50", ms(it.follow.p50) .. " (p99 " .. ms(it.follow.p99) .. ")",
+      nil, nil, "<= " .. FOLLOW_P50 .. " ms", met(it.follow.p50 <= FOLLOW_P50))
+  end
+
   local g = results.gateway
   local gs = g.stream
   if gs.failed then
@@ -506,6 +526,8 @@ results.slow = step("slow consumer (1 GiB, 1 ms per frame)", lua_script("slow.lu
 results.files = step("files (1 GiB put and get: sandkit, curl -T, curl -o, a local copy)", lua_script("files.lua"))
 results.dirs = step("directories (10,000 files, 100 MB, in and out: sandkit, tar with curl, write_files; a "
   .. "10,000-entry listing)", lua_script("dirs.lua"))
+results.interactive = step("interactive jobs (keystroke echo, 256 MiB of stdin against curl -T, followed "
+  .. "frames)", lua_script("interactive.lua"))
 results.gateway = { stream = step("gateway (1 GiB through nginx, curl -sN on the agent)",
   lua_script("gateway.lua", "stream")) }
 for _, n in ipairs(GATEWAY_FANOUT) do

@@ -156,7 +156,8 @@ function app.interactive()
     local rest = {}
     for frame in frames do rest[#rest + 1] = frame.type == "exit" and ("exit " .. frame.code) or frame.data end
     seen.rest = table.concat(rest)
-    local t = assert(session:spawn({ "sh", "-c", "read x; stty size" }, { timeout = 30, pty = { cols = 80, rows = 24 } }))
+    local t = assert(session:spawn({ "sh", "-c", "read x; stty size" },
+      { timeout = 30, pty = { cols = 80, rows = 24 } }))
     assert(t:resize(132, 43))
     assert(t:write("\r"))
     local out = {}
