@@ -109,4 +109,32 @@ describe("the OpenResty example", function()
     assert.equal('<span class="stdout">one\n</span><span class="stderr">two\n</span>', output, page)
     assert.equal("exit 3", page:match('<p id="status">(.-)</p>'))
   end)
+
+  it("opens a shell on a terminal page in headless Chromium: typed input, a resize, and the shell ends with the page",
+    function()
+      assert(files.execute("test -x " .. CHROMIUM), "this spec needs Debian's chromium")
+      if not files.execute("test -f examples/openresty/node_modules/@xterm/xterm/lib/xterm.js") then
+        pending("the terminal page needs xterm.js, which examples/openresty/setup.sh installs with npm, "
+          .. "and run.sh could not")
+        return
+      end
+      local profile = nginx.temp_dir()
+      local out = profile .. "/report.json"
+      local driver = assert(core.spawn({ "/usr/bin/python3", "spec/support/cdp_terminal.py", CHROMIUM, profile .. "/profile",
+        "http://127.0.0.1:" .. port, TOKEN }, { stdout = out, stderr = profile .. "/driver.log", setsid = true,
+        env = processes.env({ HOME = profile }) }))
+      local finished = reaped(driver, 2 * BROWSER_TIMEOUT)
+      if not finished then
+        os.execute("kill -KILL -- -" .. driver)
+        core.reap(driver, true)
+      end
+      local text = files.read(out) or ""
+      local logged = files.read(profile .. "/driver.log") or ""
+      core.remove_tree(profile)
+      assert.is_true(finished, "the driver did not finish")
+      local report = cjson.decode(text ~= "" and text or "{}")
+      assert.is_true(report.ok, tostring(report.step) .. "\n" .. tostring(report.text) .. "\n" .. logged)
+      assert.equal(string.format("%d %d", report.size[2], report.size[1]), report.stty)
+      assert.is_true(report.gone_after <= 1, "the shell outlived its page by " .. tostring(report.gone_after) .. " s")
+    end)
 end)

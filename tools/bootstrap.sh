@@ -14,15 +14,17 @@ demo="make gcc pkg-config lua5.4 liblua5.4-dev lua-cjson libcurl4-openssl-dev li
 libarchive-dev bubblewrap passt slirp4netns iproute2"
 # busted and luacheck run the suite and the lint. nginx with its Lua module and lua-resty-core
 # runs the nginx specs and examples/openresty, on the C module built for LuaJIT (luajit2 and its
-# headers); chromium loads that example's page in its end-to-end spec. lua-yaml reads
+# headers); chromium loads that example's pages in its end-to-end specs, the terminal page over
+# lua-nginx-websocket, driven through python3-websocket (its xterm.js comes from npm, which the
+# example's setup.sh runs: Node's own packages bring it). lua-yaml reads
 # kubeconfigs, and python3-kubernetes and python3-cryptography referee the Kubernetes specs.
 # lua5.1 and its headers are what `luarocks --lua-version=5.1` builds an OpenResty install with;
 # the packaging spec takes that path, and packs its source rock with zip. The specs' fakes and
 # clients use LuaSocket, cqueues, curl, openssl and procps. busybox-static is the whole system
 # of the images the image specs import; mmdebstrap builds the one image they build.
 check="$demo lua-busted lua-check lua-socket lua-cqueues luarocks luajit2 libluajit2-5.1-dev nginx
-libnginx-mod-http-lua lua-resty-core chromium curl openssl procps lua-yaml python3-kubernetes
-python3-cryptography lua5.1 liblua5.1-0-dev zip busybox-static mmdebstrap
+libnginx-mod-http-lua lua-resty-core lua-nginx-websocket chromium python3-websocket curl openssl procps
+lua-yaml python3-kubernetes python3-cryptography lua5.1 liblua5.1-0-dev zip busybox-static mmdebstrap
 e2fsprogs fuse-overlayfs"
 bench="$check python3 nodejs valgrind"
 

@@ -9,6 +9,10 @@
 --   POST   /sessions/{id}/runs             { "argv": […], "timeout": s } -> 201 { "events": "/runs/{ticket}" }
 --   GET    /runs/{ticket}                  -> text/event-stream (for EventSource, which cannot POST
 --                                             or send headers: the ticket is single-use, 60 s)
+--   POST   /sessions/{id}/terminals        -> 201 { "socket": "/terminals/{ticket}" }
+--   GET    /terminals/{ticket}?cols=C&rows=R  a WebSocket to a shell on a terminal of the session
+--                                           (the ticket instead of the token, as for /runs/)
+--   GET    /sessions/{id}/jobs             -> { "jobs": [ { id, argv, running, pty, … } ] }
 --   PUT    /sessions/{id}/files?path=/p    body: the bytes -> 204
 --   GET    /sessions/{id}/files?path=/p    -> the bytes
 --   DELETE /sessions/{id}                  -> 204
@@ -22,6 +26,7 @@
 -- each route under sandkit.ngx.handle, which logs what a route raises and answers it with a 500.
 
 local cjson = require "cjson.safe"
+local ws_server = require "nginx.websocket.server"
 local sandkit = require "sandkit"
 local sk_ngx = require "sandkit.ngx"
 
@@ -32,6 +37,14 @@ local DEFAULT_TIMEOUT = 60
 local MAX_TIMEOUT = 3600
 --- How long a run ticket waits for its EventSource.
 local TICKET_TTL = 60
+--- A terminal's shell lives at most this long, like any command of the gateway.
+local TERMINAL_TIMEOUT = MAX_TIMEOUT
+--- A terminal's size when the page gives none, and the most it may ask for (sandkit's bound).
+local DEFAULT_COLS, DEFAULT_ROWS, MAX_SIZE = 80, 24, 10000
+--- One WebSocket message from the page: keystrokes or a paste, far under this.
+local MAX_MESSAGE = 64 * 1024
+--- What a terminal runs: the session's bash when it has one, else its sh, as a login shell.
+local SHELL = { "/bin/sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi" }
 --- Arguments and bytes of one command: far more than a command line needs.
 local MAX_ARGS = 256
 local MAX_ARG_BYTES = 64 * 1024
@@ -184,6 +197,18 @@ function gateway.sessions()
     if not ok then return refuse(503, "no room for another run ticket: " .. tostring(err)) end
     return json_reply(201, { events = "/runs/" .. ticket })
   end
+  if rest == "/terminals" and method == "POST" then
+    session_of(id)
+    local ticket = new_ticket()
+    local ok, err = ngx.shared.sandkit_runs:add(ticket, cjson.encode{ session = id, terminal = true }, TICKET_TTL)
+    if not ok then return refuse(503, "no room for another terminal ticket: " .. tostring(err)) end
+    return json_reply(201, { socket = "/terminals/" .. ticket })
+  end
+  if rest == "/jobs" and method == "GET" then
+    local list, err = session_of(id):jobs()
+    if not list then return refuse(502, err:external().message) end
+    return json_reply(200, { jobs = list })
+  end
   if rest == "/files" and (method == "PUT" or method == "GET") then
     return files(session_of(id), method)
   end
@@ -201,6 +226,75 @@ function gateway.runs()
   runs:delete(ticket)
   local run = cjson.decode(text)
   return stream(session_of(run.session), run)
+end
+
+--- A size from the page's query: an integer from 1 to MAX_SIZE, or the default.
+local function dimension(text, default)
+  local n = tonumber(text)
+  if not n or n % 1 ~= 0 or n < 1 or n > MAX_SIZE then return default end
+  return n
+end
+
+--- location /terminals/ — a WebSocket to a shell on a terminal of the session (a ticket made by
+-- POST /sessions/{id}/terminals, single use). The page sends text messages, JSON: {"input":
+-- "…"} (what was typed) or {"resize": [cols, rows]}; the gateway sends the terminal's output as
+-- binary messages, and {"exit": code} as text when the shell ends. When the page goes, the
+-- shell goes with it: its job is cancelled, which kills its process group.
+function gateway.terminal()
+  local ticket = ngx.var.uri:match("^/terminals/(%x+)$")
+  local runs = ngx.shared.sandkit_runs
+  local text = ticket and runs:get(ticket)
+  if not text or not runs:add("used:" .. ticket, true, TICKET_TTL) then return refuse(404, "no such terminal") end
+  runs:delete(ticket)
+  local entry = cjson.decode(text)
+  if not entry.terminal then return refuse(404, "no such terminal") end
+  local session = session_of(entry.session)
+  local cols, rows = dimension(ngx.var.arg_cols, DEFAULT_COLS), dimension(ngx.var.arg_rows, DEFAULT_ROWS)
+  local wb, werr = ws_server:new{ max_payload_len = MAX_MESSAGE }
+  if not wb then return refuse(400, "a WebSocket is needed: " .. tostring(werr)) end
+  local shell, err = session:spawn(SHELL, { timeout = TERMINAL_TIMEOUT, pty = { cols = cols, rows = rows } })
+  if not shell then
+    wb:send_text(cjson.encode{ failure = err:external().message })
+    return wb:send_close()
+  end
+  -- nginx.conf's lua_check_client_abort would end this request at once when the page goes,
+  -- before anything below could run: the shell is cancelled first.
+  ngx.on_abort(function()
+    shell:cancel()
+    ngx.exit(499)
+  end)
+  -- Output on a light thread of its own, input here: a cosocket takes one reader and one writer.
+  local output = ngx.thread.spawn(function()
+    local ok, failure = pcall(function()
+      for frame in shell:frames() do
+        if frame.type == "exit" then
+          wb:send_text(cjson.encode{ exit = frame.code })
+        elseif not wb:send_binary(frame.data) then
+          return
+        end
+      end
+    end)
+    if not ok then wb:send_text(cjson.encode{ failure = tostring(failure) }) end
+  end)
+  while true do
+    local data, kind, rerr = wb:recv_frame()
+    if not data and not (rerr and rerr:find("timeout", 1, true)) then break end
+    if kind == "close" then break end
+    if kind == "ping" then wb:send_pong(data) end
+    if kind == "text" then
+      local message = cjson.decode(data)
+      if type(message) == "table" and type(message.input) == "string" then
+        if not shell:write(message.input) then break end
+      elseif type(message) == "table" and type(message.resize) == "table" then
+        local c = dimension(message.resize[1], nil)
+        local r = dimension(message.resize[2], nil)
+        if c and r then shell:resize(c, r) end
+      end
+    end
+  end
+  shell:cancel()
+  ngx.thread.kill(output)
+  wb:send_close()
 end
 
 return gateway

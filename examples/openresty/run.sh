@@ -12,6 +12,8 @@ if [ -z "${SANDKIT_NO_BUILD:-}" ]; then
 	make -s all BUILD="$build" >&2
 fi
 build=$(cd "$build" && pwd)
+# The terminal page's xterm.js (npm's @xterm/xterm), installed once.
+[ -f examples/openresty/node_modules/@xterm/xterm/lib/xterm.js ] || sh examples/openresty/setup.sh
 port=${PORT:-8080}
 state=$(mktemp -d)
 mkdir -p "$state/temp"
