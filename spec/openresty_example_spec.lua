@@ -120,9 +120,9 @@ describe("the OpenResty example", function()
       end
       local profile = nginx.temp_dir()
       local out = profile .. "/report.json"
-      local driver = assert(core.spawn({ "/usr/bin/python3", "spec/support/cdp_terminal.py", CHROMIUM, profile .. "/profile",
-        "http://127.0.0.1:" .. port, TOKEN }, { stdout = out, stderr = profile .. "/driver.log", setsid = true,
-        env = processes.env({ HOME = profile }) }))
+      local driver = assert(core.spawn({ "/usr/bin/python3", "spec/support/cdp_terminal.py", CHROMIUM,
+        profile .. "/profile", "http://127.0.0.1:" .. port, TOKEN },
+        { stdout = out, stderr = profile .. "/driver.log", setsid = true, env = processes.env({ HOME = profile }) }))
       local finished = reaped(driver, 2 * BROWSER_TIMEOUT)
       if not finished then
         os.execute("kill -KILL -- -" .. driver)
