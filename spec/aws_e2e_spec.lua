@@ -9,6 +9,7 @@ local http = require "sandkit.http"
 local aws_control_plane = require "support.aws_control_plane"
 local aws_endpoint_proxy = require "support.aws_endpoint_proxy"
 local fs_roundtrip = require "support.fs_roundtrip"
+local interactive_roundtrip = require "support.interactive_roundtrip"
 
 local IMAGE = "arn:aws:lambda:us-east-1:123456789012:microvm-image:sbx"
 --- Health probes the proxy answers 502 before the restore ends.
@@ -98,6 +99,11 @@ describe("an aws session end to end", function()
     local before = #cp:calls_to("CreateMicrovmAuthToken")
     fs_roundtrip.check(fs_roundtrip.run(session, src, "/tree"), "/tree")
     assert.is_true(#cp:calls_to("CreateMicrovmAuthToken") > before + 10, "every request minted its token")
+  end)
+
+  it("runs interactive jobs through the proxy: input taken once, a terminal resized, a signal, live frames", function()
+    local session = assert(sandbox_for(cp, { ca_file = proxy.ca_file }):create{})
+    interactive_roundtrip.check(interactive_roundtrip.run(session))
   end)
 
   it("reaches the agent only with every minted header and the port header, never with a bearer", function()

@@ -81,7 +81,7 @@ describe("the aws provider", function()
     assert.is_false(caps.preview, "no declared ports, no preview")
     assert.same({ files = true, jobs = true, reconnect = true, pause_resume = true,
       preview = false, list = false, snapshot = false, fs = true, watch = true, set_lifetime = false,
-      labels = false }, caps)
+      labels = false, stdin = true, pty = true }, caps)
     assert.is_true(sandbox_for(cp, { preview_ports = { 8080 } }):capabilities().preview,
       "a declared port makes preview real")
     assert.same({}, cp:calls(), "capabilities ask AWS nothing")

@@ -5,6 +5,7 @@ local sandkit = require "sandkit"
 local core = require "sandkit.core"
 local azure_fleet = require "support.azure_fleet"
 local fs_roundtrip = require "support.fs_roundtrip"
+local interactive_roundtrip = require "support.interactive_roundtrip"
 
 local fleet, sandbox
 before_each(function()
@@ -50,6 +51,12 @@ describe("an azure agent session on a real agent", function()
     local src = fs_roundtrip.tree()
     finally(function() core.remove_tree(src) end)
     fs_roundtrip.check(fs_roundtrip.run(session, src, "/tree"), "/tree")
+    assert.is_true(session:terminate())
+  end)
+
+  it("runs interactive jobs through the route: input taken once, a terminal resized, a signal, live frames", function()
+    local session = assert(sandbox:create{})
+    interactive_roundtrip.check(interactive_roundtrip.run(session))
     assert.is_true(session:terminate())
   end)
 

@@ -9,6 +9,7 @@ local kubernetes = require "sandkit.providers.kubernetes"
 local files = require "support.files"
 local kube_cluster = require "support.kube_cluster"
 local fs_roundtrip = require "support.fs_roundtrip"
+local interactive_roundtrip = require "support.interactive_roundtrip"
 
 local NS = kube_cluster.NAMESPACE
 local NS_PATTERN = NS:gsub("%-", "%%-")
@@ -111,6 +112,12 @@ describe("a kubernetes sandbox", function()
     local src = fs_roundtrip.tree()
     finally(function() require("sandkit.core").remove_tree(src) end)
     fs_roundtrip.check(fs_roundtrip.run(session, src, "/tree"), "/tree")
+    assert(session:terminate())
+  end)
+
+  it("runs interactive jobs on the pod's agent, each request under a capability", function()
+    local session = assert(assert(cluster:sandbox{}):create{ id = "interactive-1" })
+    interactive_roundtrip.check(interactive_roundtrip.run(session))
     assert(session:terminate())
   end)
 
@@ -247,11 +254,12 @@ describe("a kubernetes sandbox", function()
     end
   end)
 
-  it("offers files, jobs, reconnect, list, pause/resume, fs, watch, lifetimes and labels, "
+  it("offers files, jobs, reconnect, list, pause/resume, fs, watch, lifetimes, labels, stdin and pty, "
       .. "and refuses preview and snapshot", function()
     local sb = assert(cluster:sandbox{})
     assert.same({ files = true, jobs = true, reconnect = true, list = true, fs = true, watch = true,
-      preview = false, pause_resume = true, snapshot = false, set_lifetime = true, labels = true },
+      preview = false, pause_resume = true, snapshot = false, set_lifetime = true, labels = true,
+      stdin = true, pty = true },
       sb:capabilities())
     local session = assert(sb:create{ id = "caps-1" })
     local before = #cluster:requests()
