@@ -314,6 +314,49 @@ describe("an interactive job of a confined local session", function()
   end)
 end)
 
+describe("an interactive job's input against a fake agent", function()
+  local FEATURES = { "jobIdempotency", "jobStdin", "jobPty", "jobSignal", "jobStream", "jobList" }
+
+  it("is sent again at the same offset when an answer is lost, and counts on what the agent has", function()
+    local session, server = agent_session.open([[function(req, conn)
+      local respond = require "support.respond"
+      if req.path == "/v1/jobs/start" then return respond.json(conn, "200 OK", { jobId = "j1" }) end
+      conn.state.writes = (conn.state.writes or 0) + 1
+      -- The first write's answer is lost: the connection closes once its body was read.
+      if conn.state.writes == 1 then return conn:close() end
+      local offset = tonumber(req.query:match("offset=(%d+)"))
+      respond.json(conn, "200 OK", { offset = offset + #req.body, closed = false })
+    end]], nil, FEATURES)
+    local p = assert(session:spawn({ "cat" }, { timeout = 10, stdin = true }))
+    assert(p:write("hello"))
+    assert(p:write("!"))
+    local writes = server:requests_to("/v1/jobs/stdin")
+    server:stop()
+    assert.equal(3, #writes)
+    assert.equal("jobId=j1&offset=0", writes[1].query)
+    assert.equal("hello", writes[1].body)
+    assert.equal("jobId=j1&offset=0", writes[2].query, "the resend names the same offset")
+    assert.equal("jobId=j1&offset=5", writes[3].query)
+  end)
+
+  it("gives up after three sends whose answers were all lost, saying so", function()
+    local session, server = agent_session.open([[function(req, conn)
+      local respond = require "support.respond"
+      if req.path == "/v1/jobs/start" then return respond.json(conn, "200 OK", { jobId = "j1" }) end
+      return conn:close()
+    end]], nil, FEATURES)
+    local p = assert(session:spawn({ "cat" }, { timeout = 10, stdin = true }))
+    local ok, err = p:write("x")
+    local writes = server:requests_to("/v1/jobs/stdin")
+    server:stop()
+    assert.is_nil(ok)
+    assert.equal("SANDBOX_UNREACHABLE", err.code, tostring(err))
+    -- Three of sandkit's, and the transport's own resend of a pooled connection found closed.
+    assert.is_true(#writes >= 3 and #writes <= 4, #writes .. " sends")
+    for _, w in ipairs(writes) do assert.equal("jobId=j1&offset=0", w.query) end
+  end)
+end)
+
 describe("an interactive job on an agent without the extensions", function()
   it("is refused before anything is sent", function()
     local session, server = agent_session.open([[function(req, conn, respond)
