@@ -110,7 +110,7 @@ describe("sandkit-agent in capability mode", function()
     local health = assert(raw.request(agent.port, "GET", "/v1/health?version=1"))
     assert.equal(200, health.status)
     assert.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch",
-      "capability" },
+      "jobStdin", "jobPty", "jobSignal", "jobStream", "jobList", "capability" },
       cjson.decode(health.body).features)
   end)
 

@@ -143,19 +143,21 @@ describe("sandkit-agent's interactive jobs", function()
   end)
 
   it("lets a new write take over one still being taken, refusing the old one's next new byte", function()
-    local _, id = start{ command = { "sh", "-c", "sleep 1; cat" }, stdin = true }
+    -- A command that reads nothing: the old write stops once the agent's buffer is full.
+    local _, id = start{ command = { "sleep", "30" }, stdin = true }
     local old = assert(raw.connect(A.port))
     local h = A:auth()
     h["Content-Length"] = tostring(2 * 1024 * 1024)
     assert(old:request("POST", "/v1/jobs/stdin?jobId=" .. id .. "&offset=0", h))
     old:settimeout(0.05)
     old:send(string.rep("o", 1024 * 1024))
-    local taken
+    local taken, last
     assert.is_true(within(10, function()
       local _, value = A:json("GET", "/v1/jobs/list")
+      last = taken
       for _, job in ipairs(value.jobs) do if job.jobId == id then taken = job.stdinOffset end end
-      return taken and taken > 0
-    end))
+      return taken > 0 and taken == last
+    end), "the old write stopped")
     local res, value = A:json("POST", "/v1/jobs/stdin?jobId=" .. id .. "&offset=" .. string.format("%d", taken)
       .. "&close=1", "new")
     assert.equal(200, res.status, res.body)
@@ -165,6 +167,7 @@ describe("sandkit-agent's interactive jobs", function()
     local status = old:read_head()
     assert.equal(409, status)
     old:close(true)
+    A:req("POST", "/v1/jobs/cancel", { jobId = id })
   end)
 
   it("streams a job live from a cursor with keep-alives, ending with its exit frame", function()

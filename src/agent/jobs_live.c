@@ -130,7 +130,8 @@ static void stdin_end(void *ctx, int complete)
 	struct stdin_write *w = ctx;
 	if (complete) {
 		struct job *j = w->job;
-		if (w->close && !j->stdin_closed) {
+		/* A write another took over closes nothing: the newer one's bytes may follow. */
+		if (w->close && !w->superseded && !j->stdin_closed) {
 			j->stdin_closed = 1;
 			if (j->cmd)
 				command_input_close(j->cmd);
