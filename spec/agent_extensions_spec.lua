@@ -32,7 +32,8 @@ describe("sandkit-agent extensions", function()
     assert.are.equal(0, A:stop())
   end)
 
-  it("advertises binaryFrames, keepalive, outputCap, rawFiles, the fs and the interactive job extensions in health", function()
+  it("advertises binaryFrames, keepalive, outputCap, rawFiles, the fs and the interactive job extensions",
+    function()
     local _, health = A:json("GET", "/v1/health", nil, false)
     assert.are.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch",
         "jobStdin", "jobPty", "jobSignal", "jobStream", "jobList" },

@@ -53,8 +53,8 @@ describe("sandkit-agent (bearer mode)", function()
       assert.are.equal(A.boot_id, body.bootId)
       assert.matches("^%x+%-%x+%-4%x+%-[89ab]%x+%-%x+$", body.bootId)
       assert.are.equal("ready", body.status)
-      assert.are.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar", "fsWatch",
-        "jobStdin", "jobPty", "jobSignal", "jobStream", "jobList" },
+      assert.are.same({ "binaryFrames", "jobIdempotency", "keepalive", "outputCap", "rawFiles", "fs", "fsTar",
+        "fsWatch", "jobStdin", "jobPty", "jobSignal", "jobStream", "jobList" },
         body.features)
     end)
 

@@ -419,7 +419,7 @@ void jobs_stream(struct http_request *req)
 	f->since = jb.since;
 	f->has_since = jb.has_since;
 	if (http_reply_start(req, 200, "application/x-ndjson", -1) < 0 ||
-	    (jb.seen_keepalive && (f->keepalive = keepalive_start(req, jb.keepalive_ms)) == NULL)) {
+	    (jb.seen_keepalive && (f->keepalive = keepalive_start(req, jb.keepalive_ms, FRAMING_NDJSON)) == NULL)) {
 		http_reply_cut(req);
 		http_reply_end(req);
 		free(f);
