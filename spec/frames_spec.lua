@@ -321,6 +321,28 @@ describe("the frame decoder", function()
     end
   end)
 
+  it("reads an output frame in the agent's own member order as it reads the same members in another", function()
+    -- The agent's order is read by position; anything odd inside it must end as the general
+    -- reading of the line ends, frame or failure.
+    for _, case in ipairs({
+      { "1", "YQ==" }, { "0", "" }, { "01", "YQ==" }, { "-1", "YQ==" }, { "1.0", "YQ==" },
+      { "9223372036854775807", "YQ==" }, { "9223372036854775808", "YQ==" },
+      { "18446744073709551616", "YQ==" }, { "1", "\\/w==" }, { "1", "\\u0041A==" },
+      { "1", 'YQ==\\"' }, { "1", "YQ\31==" }, { "1", 'YQ==","x":"a' }, { "1", 'YQ==","data":"Yg==' },
+      { "1", "YQ" }, { "1", "!" },
+    }) do
+      local seq, data = case[1], case[2]
+      local agent = core.decoder()
+      agent:feed('{"t":"stdout","seq":' .. seq .. ',"data":"' .. data .. '"}\n')
+      local other = core.decoder()
+      other:feed('{"data":"' .. data .. '","t":"stdout","seq":' .. seq .. '}\n')
+      local a, a_kind = agent:next()
+      local b, b_kind = other:next()
+      assert.same(b, a, seq .. " " .. data)
+      assert.equal(b_kind, a_kind, seq .. " " .. data)
+    end
+  end)
+
   it("holds a line well above a 64 KiB frame by default", function()
     local data = core.b64encode(string.rep("x", 65536))
     -- Escaping every '/' doubles the line; still under the default limit.

@@ -49,6 +49,31 @@ struct decoder {
 	size_t max_line;
 };
 
+/*
+ * The decoder's metatable is upvalue 1 of each method, so a method knows its decoder by one
+ * comparison of metatables rather than luaL_checkudata's look-up of the type's name in the
+ * registry: next() runs once per frame, and a frame of a short line costs a few hundred ns.
+ * The metatable also holds the names a frame's table is built with, at the FRAME_KEY_ indices
+ * below, so that building it hashes no C string (lua_setfield's look-up of its key).
+ */
+enum { FRAME_KEY_TYPE = 1, FRAME_KEY_SEQ, FRAME_KEY_DATA, FRAME_KEY_BASE64, FRAME_KEY_STDOUT,
+       FRAME_KEY_STDERR, FRAME_KEYS };
+static const char *const frame_key_names[FRAME_KEYS] = { NULL, "type", "seq", "data", "base64",
+							 "stdout", "stderr" };
+
+static struct decoder *check_method(lua_State *L)
+{
+	struct decoder *u = lua_touserdata(L, 1);
+	int same = u != NULL && lua_getmetatable(L, 1) && lua_rawequal(L, -1, lua_upvalueindex(1));
+	if (u != NULL)
+		lua_pop(L, 1);
+	if (!same)
+		u = luaL_checkudata(L, 1, DECODER_MT); /* raises the usual error */
+	if (u->d == NULL)
+		luaL_argerror(L, 1, "decoder is closed");
+	return u;
+}
+
 static struct decoder *check(lua_State *L, int idx)
 {
 	struct decoder *u = luaL_checkudata(L, idx, DECODER_MT);
@@ -62,22 +87,34 @@ sk_frames *skl_check_decoder(lua_State *L, int idx)
 	return check(L, idx)->d;
 }
 
-void skl_push_frame(lua_State *L, const sk_frame *f)
+/* Sets t[k] = v, t and v on top of the stack, k one of the names the metatable at mt holds. */
+static void set_frame_key(lua_State *L, int mt, int k)
 {
+	lua_rawgeti(L, mt, k);
+	lua_insert(L, -2);
+	lua_rawset(L, -3);
+}
+
+void skl_push_frame(lua_State *L, int decoder, const sk_frame *f)
+{
+	if (f->type == SK_FRAME_STDOUT || f->type == SK_FRAME_STDERR) {
+		/* The frame nearly every stream is made of, built with the metatable's names. */
+		lua_getmetatable(L, decoder);
+		int mt = lua_gettop(L);
+		lua_createtable(L, 0, 3);
+		lua_rawgeti(L, mt, f->type == SK_FRAME_STDOUT ? FRAME_KEY_STDOUT : FRAME_KEY_STDERR);
+		set_frame_key(L, mt, FRAME_KEY_TYPE);
+		skc_pushu64(L, f->seq);
+		set_frame_key(L, mt, FRAME_KEY_SEQ);
+		lua_pushlstring(L, (const char *)f->data, f->data_len);
+		set_frame_key(L, mt, f->data_is_base64 ? FRAME_KEY_BASE64 : FRAME_KEY_DATA);
+		lua_remove(L, mt);
+		return;
+	}
 	switch (f->type) {
 	case SK_FRAME_STDOUT:
 	case SK_FRAME_STDERR:
-		lua_createtable(L, 0, 3);
-		if (f->type == SK_FRAME_STDOUT)
-			lua_pushliteral(L, "stdout");
-		else
-			lua_pushliteral(L, "stderr");
-		lua_setfield(L, -2, "type");
-		skc_pushu64(L, f->seq);
-		lua_setfield(L, -2, "seq");
-		lua_pushlstring(L, (const char *)f->data, f->data_len);
-		lua_setfield(L, -2, f->data_is_base64 ? "base64" : "data");
-		break;
+		break; /* above */
 	case SK_FRAME_EXIT:
 		lua_createtable(L, 0, 5);
 		lua_pushliteral(L, "exit");
@@ -162,7 +199,7 @@ static int decoder_new(lua_State *L)
 
 static int decoder_binary(lua_State *L)
 {
-	struct decoder *u = check(L, 1);
+	struct decoder *u = check_method(L);
 	/* A syntax changed mid-body would read what came under one as the other. */
 	luaL_argcheck(L, u->input_len == 0 && sk_frames_pending(u->d) == 0, 1,
 		      "the syntax is chosen before the first feed()");
@@ -172,7 +209,7 @@ static int decoder_binary(lua_State *L)
 
 static int decoder_admit(lua_State *L)
 {
-	struct decoder *u = check(L, 1);
+	struct decoder *u = check_method(L);
 	/* The kinds beyond the default a stream may ask for; output, exit and error are always
 	 * taken. */
 	static const char *const names[] = { "keepalive", NULL };
@@ -184,7 +221,7 @@ static int decoder_admit(lua_State *L)
 
 static int decoder_expect(lua_State *L)
 {
-	struct decoder *u = check(L, 1);
+	struct decoder *u = check_method(L);
 	/* The kinds a stream may take in place of the default (keep-alives are admit's). */
 	static const char *const names[] = { "stdout", "stderr", "exit", "error", "event", "end", NULL };
 	static const enum sk_frame_type kinds[] = { SK_FRAME_STDOUT, SK_FRAME_STDERR, SK_FRAME_EXIT,
@@ -200,7 +237,7 @@ static int decoder_expect(lua_State *L)
 
 static int decoder_feed(lua_State *L)
 {
-	struct decoder *u = check(L, 1);
+	struct decoder *u = check_method(L);
 	size_t len;
 	const char *s = luaL_checklstring(L, 2, &len);
 	if (u->input_len > 0) {
@@ -222,7 +259,7 @@ static int decoder_feed(lua_State *L)
 
 static int decoder_next(lua_State *L)
 {
-	struct decoder *u = check(L, 1);
+	struct decoder *u = check_method(L);
 	/* Only the unterminated last line is left: it waits for the next feed() where it is, unless
 	 * it is already over the limit (or the decoder failed), which is reported now. */
 	if (u->input_len > 0 && u->input >= u->tail && sk_frames_failure(u->d) == SK_FRAMES_NO_FAILURE &&
@@ -233,7 +270,7 @@ static int decoder_next(lua_State *L)
 	sk_frame f;
 	int r = sk_frames_decode(u->d, &u->input, &u->input_len, &f);
 	if (r == SK_FRAMES_FRAME) {
-		skl_push_frame(L, &f);
+		skl_push_frame(L, 1, &f);
 		sk_frames_release(u->d);
 		/* A chunk used up is let go now rather than at the next feed(): a relay's stream
 		 * waits on its client right after this frame, and would hold the chunk meanwhile. */
@@ -255,7 +292,7 @@ static int decoder_next(lua_State *L)
 
 static int decoder_pending(lua_State *L)
 {
-	struct decoder *u = check(L, 1);
+	struct decoder *u = check_method(L);
 	lua_pushinteger(L, (lua_Integer)(sk_frames_pending(u->d) + u->input_len));
 	return 1;
 }
@@ -337,8 +374,16 @@ void skl_open_frames(lua_State *L)
 		{ NULL, NULL },
 	};
 	if (luaL_newmetatable(L, DECODER_MT)) {
+		for (int k = FRAME_KEY_TYPE; k < FRAME_KEYS; k++) {
+			lua_pushstring(L, frame_key_names[k]);
+			lua_rawseti(L, -2, k);
+		}
 		lua_newtable(L);
-		skc_setfuncs(L, methods);
+		for (const luaL_Reg *m = methods; m->name != NULL; m++) {
+			lua_pushvalue(L, -2);
+			lua_pushcclosure(L, m->func, 1);
+			lua_setfield(L, -2, m->name);
+		}
 		lua_setfield(L, -2, "__index");
 		lua_pushcfunction(L, decoder_close);
 		lua_setfield(L, -2, "__gc");

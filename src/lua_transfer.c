@@ -368,7 +368,7 @@ static int transfer_decode(lua_State *L)
 			/* Consuming may resume the transfer and move the buffer: re-peek after it. */
 			sk_transfer_consume(u->t, n - left);
 			if (r == SK_FRAMES_FRAME) {
-				skl_push_frame(L, &f);
+				skl_push_frame(L, 2, &f);
 				sk_frames_release(d);
 				return 1;
 			}

@@ -27,7 +27,7 @@ void skl_open_fslist(lua_State *L);   /* a listing's page read into entries */
 struct sk_frame;
 struct sk_frames;
 /* Pushes one decoded frame as the table the Lua layer hands to callers. */
-void skl_push_frame(lua_State *L, const struct sk_frame *f);
+void skl_push_frame(lua_State *L, int decoder, const struct sk_frame *f);
 /* The decoder userdata at idx (raises when it is not one, or is closed). */
 struct sk_frames *skl_check_decoder(lua_State *L, int idx);
 /* Pushes nil, the failure kind ("unparsable", "undecodable", "too_long", "no_memory") and the

@@ -282,36 +282,99 @@ static int parse_event(sk_frames *d, const struct fields *f, sk_frame *out)
 	return 0;
 }
 
+/*
+ * An output frame in the form sandkit-agent writes, {"t":"stdout","seq":N,"data":"…"} with
+ * nothing else in the line, read by position: most frames of a chatty command are a short line
+ * each, and the general scan costs them more than everything else the decoder does. Returns 1
+ * with t, seq and data filled, or 0 for anything else (another order, a space, a leading zero,
+ * a number of 20 digits), which scan_fields reads. The data string is taken as the span up to
+ * the line's closing `"}` without looking inside it: a quote, a backslash or a control byte
+ * there is no base64 symbol, so its decoding fails, and then the line is read again by
+ * scan_fields (CANONICAL_RETRY), which words every refusal.
+ */
+static int canonical_output(const char *line, size_t len, struct fields *f)
+{
+	static const char t_head[] = "{\"t\":\"std", seq_head[] = "\",\"seq\":", data_head[] = ",\"data\":\"";
+	/* The 19 digits of the largest number below 10^19, which a uint64_t holds without a check. */
+	enum { SEQ_DIGITS_MAX = 19 };
+	const char *p = line, *end = line + len;
+	if (len < sizeof t_head - 1 + 3 + sizeof seq_head - 1 + 1 + sizeof data_head - 1 + 2 ||
+	    memcmp(p, t_head, sizeof t_head - 1) != 0)
+		return 0;
+	p += sizeof t_head - 1;
+	if (memcmp(p, "out", 3) != 0 && memcmp(p, "err", 3) != 0)
+		return 0;
+	p += 3;
+	if (memcmp(p, seq_head, sizeof seq_head - 1) != 0)
+		return 0;
+	p += sizeof seq_head - 1;
+	const char *digits = p;
+	uint64_t seq = 0;
+	while (p < end && p - digits < SEQ_DIGITS_MAX && *p >= '0' && *p <= '9')
+		seq = seq * 10 + (uint64_t)(*p++ - '0');
+	if (p == digits || (*digits == '0' && p - digits > 1))
+		return 0;
+	if ((size_t)(end - p) < sizeof data_head - 1 + 2 || memcmp(p, data_head, sizeof data_head - 1) != 0 ||
+	    end[-2] != '"' || end[-1] != '}')
+		return 0;
+	p += sizeof data_head - 1;
+	f->t.p = line + 6;
+	f->t.len = 6;
+	f->seq = seq;
+	f->data.p = p;
+	f->data.len = (size_t)(end - 2 - p);
+	f->has_t = f->has_seq = f->has_data = 1;
+	return 1;
+}
+
+/* parse_fields's answer when a line canonical_output took must be read by scan_fields after
+ * all. */
+#define CANONICAL_RETRY (-100)
+
+static int parse_fields(sk_frames *d, const struct fields *f, int canonical, sk_frame *out);
+
 static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 {
 	sk_json j;
 	struct fields f;
 	memset(&f, 0, sizeof f);
+	if (canonical_output(line, len, &f)) {
+		int r = parse_fields(d, &f, 1, out);
+		if (r != CANONICAL_RETRY)
+			return r;
+		memset(&f, 0, sizeof f);
+	}
 	sk_json_init(&j, line, len);
 	if (scan_fields(&j, &f) < 0)
 		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s at byte %ld",
 		            j.err ? j.err : "malformed JSON", (long)(j.p - line));
-	if (!f.has_t)
+	return parse_fields(d, &f, 0, out);
+}
+
+/* The frame the members f make, checked as its kind requires. */
+static int parse_fields(sk_frames *d, const struct fields *f, int canonical, sk_frame *out)
+{
+	if (!f->has_t)
 		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 		            "missing field `t`", -1);
 
 	memset(out, 0, sizeof *out);
-	if (sk_json_str_is(&f.t, "stdout") || sk_json_str_is(&f.t, "stderr")) {
-		out->type = f.t.p[3] == 'o' ? SK_FRAME_STDOUT : SK_FRAME_STDERR;
-		if (!f.has_seq || !f.has_data)
+	if (sk_json_str_is(&f->t, "stdout") || sk_json_str_is(&f->t, "stderr")) {
+		out->type = f->t.p[3] == 'o' ? SK_FRAME_STDOUT : SK_FRAME_STDERR;
+		if (!f->has_seq || !f->has_data)
 			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
-			            f.has_seq ? "missing field `data`" : "missing field `seq`", -1);
+			            f->has_seq ? "missing field `data`" : "missing field `seq`", -1);
 		/* Lua 5.4 integers are signed 64-bit; a larger counter cannot be handed on exactly. */
-		if (f.seq > (uint64_t)INT64_MAX)
+		if (f->seq > (uint64_t)INT64_MAX)
 			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 			            "seq out of range", -1);
-		out->seq = f.seq;
-		const char *b64 = f.data.p;
-		size_t b64_len = f.data.len;
+		out->seq = f->seq;
+		const char *b64 = f->data.p;
+		size_t b64_len = f->data.len;
 		size_t base = 0;
-		if (f.data.escaped) {
+		if (f->data.escaped) {
 			/* Only a writer that escapes '/' gets here; unescape, then decode after it. */
-			long n = unescape_into(d, &f.data, 0);
+			long n = unescape_into(d, &f->data, 0);
 			if (n < 0)
 				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
 			b64 = (const char *)d->scratch;
@@ -322,7 +385,7 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 		if (d->keep_base64) {
 			/* Checked, not decoded: the text itself is what goes on, and needs no room. */
 			if (sk_b64_check(b64, b64_len, &n) < 0)
-				return fail(d, SK_FRAMES_UNDECODABLE,
+				return canonical ? CANONICAL_RETRY : fail(d, SK_FRAMES_UNDECODABLE,
 				            "an output frame did not decode: %s (at symbol %ld)",
 				            "data was not valid base64", (long)n);
 			out->data = (const unsigned char *)b64;
@@ -332,57 +395,57 @@ static int parse_line(sk_frames *d, const char *line, size_t len, sk_frame *out)
 			if (reserve((void **)&d->scratch, &d->scratch_cap,
 			            base + SK_B64_DECODED_MAX(b64_len), 0) < 0)
 				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
-			b64 = f.data.escaped ? (const char *)d->scratch : b64;
+			b64 = f->data.escaped ? (const char *)d->scratch : b64;
 			if (sk_b64_decode(b64, b64_len, d->scratch + base, &n) < 0)
-				return fail(d, SK_FRAMES_UNDECODABLE,
+				return canonical ? CANONICAL_RETRY : fail(d, SK_FRAMES_UNDECODABLE,
 				            "an output frame did not decode: %s (at symbol %ld)",
 				            "data was not valid base64", (long)n);
 			out->data = d->scratch + base;
 			out->data_len = n;
 		}
-	} else if (sk_json_str_is(&f.t, "exit")) {
+	} else if (sk_json_str_is(&f->t, "exit")) {
 		out->type = SK_FRAME_EXIT;
-		if (!f.has_code_num || f.code_num < INT32_MIN || f.code_num > INT32_MAX)
+		if (!f->has_code_num || f->code_num < INT32_MIN || f->code_num > INT32_MAX)
 			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 			            "an exit frame needs an integer `code`", -1);
-		out->code = (int32_t)f.code_num;
-		out->truncated = f.has_truncated && f.truncated;
-		if (f.has_signal && f.signal >= 0 && f.signal <= INT32_MAX) {
+		out->code = (int32_t)f->code_num;
+		out->truncated = f->has_truncated && f->truncated;
+		if (f->has_signal && f->signal >= 0 && f->signal <= INT32_MAX) {
 			out->has_signal = 1;
-			out->signal = (int32_t)f.signal;
+			out->signal = (int32_t)f->signal;
 		}
-		out->oom = f.has_oom && f.oom;
-	} else if (sk_json_str_is(&f.t, "keepalive")) {
+		out->oom = f->has_oom && f->oom;
+	} else if (sk_json_str_is(&f->t, "keepalive")) {
 		out->type = SK_FRAME_KEEPALIVE;
 		/* It is counted nowhere and says nothing: a member that would make it mean
 		 * something (a seq above all) is a frame this client cannot read. */
-		if (f.has_seq || f.has_data || f.has_code_num || f.has_code_str || f.has_message ||
-		    f.has_truncated || f.has_signal || f.has_oom)
+		if (f->has_seq || f->has_data || f->has_code_num || f->has_code_str || f->has_message ||
+		    f->has_truncated || f->has_signal || f->has_oom)
 			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 			            "a keepalive frame carries nothing but `t`", -1);
-	} else if (sk_json_str_is(&f.t, "error")) {
+	} else if (sk_json_str_is(&f->t, "error")) {
 		out->type = SK_FRAME_ERROR;
-		if (!f.has_code_str || !f.has_message)
+		if (!f->has_code_str || !f->has_message)
 			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 			            "an error frame needs string `code` and `message`", -1);
-		long cn = unescape_into(d, &f.code_str, 0);
-		long mn = cn < 0 ? -1 : unescape_into(d, &f.message, (size_t)cn);
+		long cn = unescape_into(d, &f->code_str, 0);
+		long mn = cn < 0 ? -1 : unescape_into(d, &f->message, (size_t)cn);
 		if (mn < 0)
 			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
 		out->error_code = (const char *)d->scratch;
 		out->error_code_len = (size_t)cn;
 		out->message = (const char *)d->scratch + cn;
 		out->message_len = (size_t)mn;
-	} else if (sk_json_str_is(&f.t, "event")) {
+	} else if (sk_json_str_is(&f->t, "event")) {
 		out->type = SK_FRAME_EVENT;
-		if (parse_event(d, &f, out) < 0)
+		if (parse_event(d, f, out) < 0)
 			return SK_FRAMES_FAILED;
-	} else if (sk_json_str_is(&f.t, "end")) {
+	} else if (sk_json_str_is(&f->t, "end")) {
 		out->type = SK_FRAME_END;
-		if (!f.has_reason)
+		if (!f->has_reason)
 			return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s",
 			            "an end frame needs a string `reason`", -1);
-		long n = unescape_into(d, &f.reason, 0);
+		long n = unescape_into(d, &f->reason, 0);
 		if (n < 0)
 			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
 		out->reason = (const char *)d->scratch;
