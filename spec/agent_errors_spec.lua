@@ -109,6 +109,24 @@ describe("sandkit-agent answers for mounts and permissions", function()
       res.body)
   end)
 
+  it("answers a raw upload that fills the filesystem with 413 NO_SPACE, leaving no file behind", function()
+    A = assert(start_agent())
+    if not mounted(A.root .. "/small", "size=512k") then
+      pending("mounting a tmpfs needs root")
+      return
+    end
+    -- The first read (at most 256 KiB) is written by the agent, and the rest, past the 1 MiB
+    -- from which the agent splices a body into its file, meets the full filesystem in a
+    -- splice; small enough that what is left after the refusal is read and dropped before the
+    -- connection closes (CLOSE_LINGER_MAX), so that this sender, which reads only after
+    -- sending, hears the answer.
+    local res = A:req("PUT", "/v1/files/raw?path=/small/big", ("x"):rep(1536 * 1024))
+    assert.are.equal(413, res.status, res.body)
+    assert.are.equal("NO_SPACE: No room for '/small/big': the filesystem or the disk quota is full",
+      res.body)
+    assert.are.equal("", (agent_process.run("ls -A " .. shell_quote(A.root .. "/small"))))
+  end)
+
   it("answers a read-only filesystem and a path the agent's user may not use with 403 PERMISSION_DENIED", function()
     if not am_root() then
       pending("a file the agent may not read, and a read-only mount, need root to make")

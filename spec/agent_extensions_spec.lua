@@ -287,6 +287,20 @@ describe("sandkit-agent extensions", function()
       assert.is_false(exists(A.root .. "/unauth"))
     end)
 
+    it("takes a body on either side of the length from which it splices, byte for byte", function()
+      -- HTTP_SPLICE_MIN (src/agent/http.h): a body this long or longer goes by splice(2).
+      local splice_min = 1024 * 1024
+      for _, size in ipairs({ splice_min - 1, splice_min, splice_min + 1, 3 * splice_min + 12345 }) do
+        local contents = {}
+        for i = 1, math.ceil(size / 8) do contents[i] = string.format("%07x\n", i) end
+        contents = table.concat(contents):sub(1, size)
+        local res = A:req("PUT", "/v1/files/raw?path=spliced", contents)
+        assert.are.equal(204, res.status, res.body)
+        assert.is_true(read_file(A.root .. "/spliced") == contents, "the file differs at size " .. size)
+      end
+      os.remove(A.root .. "/spliced")
+    end)
+
     it("moves 1 GiB each way with the agent's memory flat", function()
       local size, piece = 1024 * 1024 * 1024, string.rep("0123456789abcdef", 65536)
       local before = peak_rss_kb(A.pid)

@@ -267,6 +267,14 @@ static void recv_free(struct file_recv *fr)
 	free(fr);
 }
 
+/* Writing the temporary file failed with err: the answer says why, and the upload goes. */
+static void recv_failed(void *ctx, int err)
+{
+	struct file_recv *fr = ctx;
+	reply_fs_errno(fr->req, err, fr->p, fr->plen, "write a file", 1);
+	recv_free(fr);
+}
+
 static int recv_data(void *ctx, const char *data, size_t n)
 {
 	struct file_recv *fr = ctx;
@@ -275,8 +283,7 @@ static int recv_data(void *ctx, const char *data, size_t n)
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
-			reply_fs_errno(fr->req, w == 0 ? EIO : errno, fr->p, fr->plen, "write a file", 1);
-			recv_free(fr);
+			recv_failed(fr, w == 0 ? EIO : errno);
 			return -1;
 		}
 		data += w;
@@ -364,7 +371,7 @@ void files_raw_put(struct http_request *req)
 		reply_fs_errno(req, errno, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
-	http_body_stream(req, recv_data, recv_end, fr);
+	http_body_stream_to_fd(req, recv_data, recv_end, recv_failed, fr, fr->fd);
 	return;
 fail:
 	recv_free(fr);

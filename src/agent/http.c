@@ -5,6 +5,8 @@
 #include "log.h"
 #include "util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -74,6 +76,10 @@ struct conn {
 	int head_lead;
 	int depth;               /* >0 while the connection's own callbacks run: no freeing then */
 	int dead;                /* closed while depth > 0; freed when it returns to 0 */
+	/* While a body is spliced into a file: the socket's own read event (libevent reads
+	 * nothing meanwhile) and the pipe between socket and file, -1 when there is none. */
+	struct event *splice_ev;
+	int pipe_fd[2];
 };
 
 struct http_request {
@@ -93,6 +99,8 @@ struct http_request {
 	int body_paused;             /* http_body_pause: no piece until http_body_resume */
 	int (*on_data)(void *, const char *, size_t);
 	void (*on_end)(void *, int);
+	void (*on_sink_failed)(void *, int);
+	int sink_fd;                 /* >= 0: the body may be spliced into it */
 	void *body_ctx;
 	/* the reply */
 	int replying;                /* a streamed reply started */
@@ -396,10 +404,61 @@ void http_body_resume(struct http_request *req)
 	kick(req->conn);
 }
 
+void http_body_stream_to_fd(struct http_request *req, int (*data)(void *, const char *, size_t),
+			    void (*end)(void *, int), void (*failed)(void *, int), void *ctx, int fd)
+{
+	req->on_sink_failed = failed;
+	req->sink_fd = fd;
+	http_body_stream(req, data, end, ctx);
+}
+
 /* ---- connections ---- */
+
+/* The pipe a splice needs at most: 1 MiB, Linux's default ceiling for an unprivileged pipe
+ * (/proc/sys/fs/pipe-max-size), so that one splice can take what a wake-up finds; where it is
+ * refused the pipe keeps its 64 KiB and the splice moves less at a time. */
+#define SPLICE_PIPE (1024 * 1024)
+
+static void on_splice(evutil_socket_t fd, short what, void *arg);
+
+/* Reads of the connection go back to libevent, and the pipe goes. */
+static void stop_splice(struct conn *c, int read_again)
+{
+	if (c->splice_ev == NULL)
+		return;
+	event_free(c->splice_ev);
+	c->splice_ev = NULL;
+	close(c->pipe_fd[0]);
+	close(c->pipe_fd[1]);
+	c->pipe_fd[0] = c->pipe_fd[1] = -1;
+	if (read_again)
+		bufferevent_enable(c->bev, EV_READ);
+}
+
+/* The body's reads move from libevent to on_splice. -1 when the pipe or the event could not be
+ * had: the body is then read as any other. */
+static int start_splice(struct conn *c)
+{
+	if (pipe2(c->pipe_fd, O_NONBLOCK | O_CLOEXEC) < 0)
+		return -1;
+	(void)fcntl(c->pipe_fd[1], F_SETPIPE_SZ, SPLICE_PIPE);
+	c->splice_ev = event_new(srv.cfg.base, bufferevent_getfd(c->bev), EV_READ | EV_PERSIST, on_splice, c);
+	if (c->splice_ev == NULL || event_add(c->splice_ev, NULL) < 0) {
+		if (c->splice_ev)
+			event_free(c->splice_ev);
+		c->splice_ev = NULL;
+		close(c->pipe_fd[0]);
+		close(c->pipe_fd[1]);
+		c->pipe_fd[0] = c->pipe_fd[1] = -1;
+		return -1;
+	}
+	bufferevent_disable(c->bev, EV_READ);
+	return 0;
+}
 
 static void conn_free(struct conn *c)
 {
+	stop_splice(c, 0);
 	listener_remove(&c->entry);
 	event_free(c->timer);
 	bufferevent_free(c->bev);
@@ -491,8 +550,13 @@ static int read_body(struct conn *c)
 		body_complete(c);
 		return 1;
 	}
-	if (avail == 0)
+	if (avail == 0) {
+		/* What came with the head went through on_data; the rest, if long, goes by splice. */
+		if (req->sink_fd >= 0 && !req->head.chunked && c->splice_ev == NULL &&
+		    req->body_left >= HTTP_SPLICE_MIN && start_splice(c) < 0)
+			req->sink_fd = -1;
 		return 0;
+	}
 	size_t take = avail < HTTP_BODY_PIECE ? avail : HTTP_BODY_PIECE;
 	const char *p = (const char *)evbuffer_pullup(in, (ev_ssize_t)take);
 	if (p == NULL) {
@@ -565,6 +629,7 @@ static void admit(struct conn *c, size_t head_len)
 		return;
 	}
 	req->conn = c;
+	req->sink_fd = -1;
 	evbuffer_remove(in, req->head_buf, head_len);
 	c->req = req;
 	evtimer_del(c->timer);
@@ -793,6 +858,54 @@ static void process(struct conn *c)
 		;
 }
 
+/* Moves what the socket holds of a spliced body into the pipe and from the pipe into the file;
+ * the bytes never enter the agent. */
+static void spliced(struct conn *c, int fd)
+{
+	struct http_request *req = c->req;
+	if (req == NULL || req->finished || req->body_done || req->body_left == 0) {
+		stop_splice(c, 1);
+		return;
+	}
+	size_t want = req->body_left < SPLICE_PIPE ? (size_t)req->body_left : SPLICE_PIPE;
+	ssize_t n = splice(fd, NULL, c->pipe_fd[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return;
+	if (n <= 0) {
+		conn_close(c); /* the caller went away mid-body: the handler hears it through end(0) */
+		return;
+	}
+	req->body_left -= (uint64_t)n;
+	for (size_t left = (size_t)n; left > 0;) {
+		ssize_t w = splice(c->pipe_fd[0], NULL, req->sink_fd, NULL, left, SPLICE_F_MOVE);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			int err = w == 0 ? EIO : errno;
+			stop_splice(c, 1); /* what the pipe still holds is dropped with it */
+			req->sink_fd = -1;
+			req->on_sink_failed(req->body_ctx, err);
+			return;
+		}
+		left -= (size_t)w;
+	}
+	arm(c, srv.cfg.stall_timeout_ms);
+	if (req->body_left == 0) {
+		stop_splice(c, 1);
+		body_complete(c);
+	}
+}
+
+static void on_splice(evutil_socket_t fd, short what, void *arg)
+{
+	(void)what;
+	struct conn *c = arg;
+	enter(c);
+	spliced(c, fd);
+	process(c);
+	leave(c);
+}
+
 static void on_read(struct bufferevent *bev, void *arg)
 {
 	(void)bev;
@@ -867,6 +980,7 @@ void conn_open(int fd)
 		free(c);
 		return;
 	}
+	c->pipe_fd[0] = c->pipe_fd[1] = -1;
 	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);

@@ -152,4 +152,16 @@ void http_body_stream(struct http_request *req, int (*data)(void *ctx, const cha
 void http_body_pause(struct http_request *req);
 void http_body_resume(struct http_request *req);
 
+/*
+ * As http_body_stream, for a body that goes unchanged into the file fd: what arrived with the
+ * head still goes through data, and a body of a known length of at least HTTP_SPLICE_MIN is
+ * then moved from the socket into fd by splice(2) through a pipe, never read by the agent.
+ * failed(ctx, err) is told when writing fd failed with errno err; it answers, as data does
+ * before it returns -1.
+ */
+#define HTTP_SPLICE_MIN (1024 * 1024)
+void http_body_stream_to_fd(struct http_request *req, int (*data)(void *ctx, const char *p, size_t n),
+			    void (*end)(void *ctx, int complete), void (*failed)(void *ctx, int err),
+			    void *ctx, int fd);
+
 #endif
