@@ -157,13 +157,15 @@ test:
 # once, in the Lua 5.4 pass, and every other spec under both Lua 5.4 and LuaJIT: a spec file not
 # named here runs twice, so a new one is never left out of either pass.
 #   agent_*_spec.lua, agent_spec.lua: the C agent, driven over sockets; Lua only builds the
-#     requests (the tokens sandkit mints are checked by real agents in the kubernetes specs).
+#     requests (the tokens sandkit mints are checked by real agents in the kubernetes specs);
+#     agent_containerfile_spec.lua builds it as its image does and reads what it links against.
 #   nginx_*_spec.lua, openresty_example_spec.lua: the client runs inside nginx's Lua module,
 #     which is LuaJIT whatever runs busted; busted's side only sends HTTP to nginx.
 #   packaging_spec.lua: builds and installs for Lua 5.4 and for the 5.1 ABI by name.
 #   local_image_build_spec.lua: mmdebstrap builds a Debian system, a minute or two, and the
 #     interpreter only asks for it.
 ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agent_confine_spec.lua \
+              spec/agent_containerfile_spec.lua \
               spec/agent_containment_spec.lua spec/agent_errors_spec.lua spec/agent_extensions_spec.lua \
               spec/agent_fs_spec.lua spec/agent_http_spec.lua spec/agent_lifetime_spec.lua spec/agent_spec.lua \
               spec/nginx_handle_spec.lua spec/nginx_kubernetes_spec.lua spec/nginx_protocol_spec.lua \

@@ -1,0 +1,55 @@
+-- deploy/agent/Containerfile, the agent's image: it builds the agent alone from what it copies,
+-- and installs a package for every library the agent links against. Only C is built and
+-- inspected here, so the interpreter running busted changes nothing (the Makefile's ONCE_SPECS).
+
+local core = require "sandkit.core"
+local files = require "support.files"
+
+describe("deploy/agent/Containerfile", function()
+  local text = assert(files.read("deploy/agent/Containerfile"))
+
+  it("builds the agent alone from what it copies, with `make agent`", function()
+    local dir = files.temp_dir()
+    local ok, err = pcall(function()
+      for from, to in text:gmatch("COPY (%S+) (%S+)") do
+        if not from:find("^%-%-") then
+          assert(files.execute("cp -r " .. files.shell_quote(from) .. " " .. files.shell_quote(dir .. "/" .. to)))
+        end
+      end
+      local make = assert(text:match("\nRUN (make agent[^\n]*)\n"))
+      assert(files.execute("cd " .. files.shell_quote(dir) .. " && " .. make .. " >build.log 2>&1"),
+        files.read(dir .. "/build.log"))
+      assert.same({ "agent-obj", "sandkit-agent" }, (function()
+        local names = core.listdir(dir .. "/build")
+        table.sort(names)
+        return names
+      end)())
+    end)
+    core.remove_tree(dir)
+    assert(ok, err)
+  end)
+
+  it("installs a package for every library the agent links against", function()
+    local packages = {}
+    local runtime = text:match("FROM [^\n]*slim\n(.*)$")
+    for list in runtime:gmatch("apt%-get install %-y %-%-no%-install%-recommends ([^\n&]+)") do
+      for name in list:gmatch("%S+") do packages[name] = true end
+    end
+    local readelf = assert(io.popen("readelf -d " .. files.shell_quote(os.getenv("SANDKIT_AGENT"))))
+    local needed = {}
+    for lib in readelf:read("a"):gmatch("NEEDED%)%s+Shared library: %[([^%]]+)%]") do needed[#needed + 1] = lib end
+    readelf:close()
+    assert.is_true(#needed >= 3, "the agent links against libevent, libcrypto and libc")
+    for _, lib in ipairs(needed) do
+      local owner = io.popen("dpkg -S '*/" .. lib .. "' 2>/dev/null")
+      local found = false
+      for line in owner:read("a"):gmatch("[^\n]+") do
+        local package = line:match("^([^:]+):")
+        -- The C library is in every Debian image.
+        if packages[package] or package == "libc6" then found = true end
+      end
+      owner:close()
+      assert.is_true(found, lib .. " comes from no package the image installs")
+    end
+  end)
+end)
