@@ -7,9 +7,11 @@
 #                            libcrypto's and libarchive's headers, no Lua or libcurl
 #                            (deploy/agent/Containerfile)
 #   make check               installs missing Debian packages, lints, builds, runs the busted suite
-#                            under Lua 5.4 and, where the interpreter matters, under LuaJIT
-#                            (test and test-luajit)
-#   make test-times          the same two passes, with each spec file's and case's time
+#                            under Lua 5.4 and, where the interpreter matters, under LuaJIT, its
+#                            spec files concurrently (test-parallel)
+#   make test                the Lua 5.4 pass alone, one file after another (BUSTED_ARGS: files)
+#   make test-luajit         the LuaJIT pass alone, likewise (TEST_LUAJIT_ARGS: files)
+#   make test-times          both passes one after the other, with each spec file's and case's time
 #   make rock                packs build/sandkit-scm-1.src.rock from the files git tracks
 #   make check-asan          the same suite with the C core and the agent under ASan + UBSan
 #   make demo                installs what the demo needs, builds, runs examples/quickstart.lua
