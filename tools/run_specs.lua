@@ -96,7 +96,7 @@ end
 --- The counts on busted's closing line, from a log.
 local function counts(log)
   local text = read_file(log) or ""
-  local ok, failed, errors, pending = text:match("(%d+) successes? / (%d+) failures? / (%d+) errors? / (%d+) pending")
+  local ok, failed, errors, pending = text:match("(%d+) success%a* / (%d+) failures? / (%d+) errors? / (%d+) pending")
   return ok and { ok = tonumber(ok), failed = tonumber(failed), errors = tonumber(errors),
     pending = tonumber(pending) }
 end
