@@ -93,10 +93,14 @@ local function read_file(path)
   return text
 end
 
---- The counts on busted's closing line, from a log.
+--- The counts on busted's closing line, from a log: the last such line, as a spec's own output
+-- may hold one of a busted it ran.
 local function counts(log)
-  local text = read_file(log) or ""
-  local ok, failed, errors, pending = text:match("(%d+) success%a* / (%d+) failures? / (%d+) errors? / (%d+) pending")
+  local ok, failed, errors, pending
+  for line in (read_file(log) or ""):gmatch("[^\n]+") do
+    local o, f, e, p = line:match("^(%d+) success%a* / (%d+) failures? / (%d+) errors? / (%d+) pending")
+    if o then ok, failed, errors, pending = o, f, e, p end
+  end
   return ok and { ok = tonumber(ok), failed = tonumber(failed), errors = tonumber(errors),
     pending = tonumber(pending) }
 end
