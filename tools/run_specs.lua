@@ -10,7 +10,7 @@
 -- DIR/NAME/<spec>.log. At most N run at once, the slowest first (so no long file starts last and
 -- runs alone at the end), the slowest known from the --times files (the first that names a file
 -- wins; a file none names counts as the slowest, so a new spec starts early). --record writes
--- each file's time to FILE for the next run.
+-- each file's time to FILE for the next run ("SECONDS PASS SPEC CPU-SECONDS" lines, slowest first).
 --
 -- An --alone spec's bound is a timing behaviour (a latency percentile, a concurrency of
 -- sleeps), measured against a machine the suite itself keeps busy otherwise: it runs after all
@@ -75,7 +75,7 @@ local function read_times(paths)
     local f = io.open(path)
     if f then
       for line in f:lines() do
-        local seconds, pass, spec = line:match("^([%d.]+) (%S+) (%S+)$")
+        local seconds, pass, spec = line:match("^([%d.]+) (%S+) (%S+)")
         local key = seconds and pass .. " " .. spec
         if key and not known[key] then known[key] = tonumber(seconds) end
       end
@@ -105,14 +105,21 @@ local function counts(log)
     pending = tonumber(pending) }
 end
 
+--- The status, the wall-clock seconds and the CPU seconds (user + system, of the file's whole
+-- process tree) from a job's done file, once the job has written it.
 local function read_done(path)
-  local f = io.open(path)
-  if not f then return nil end
-  local line = f:read("l")
-  f:close()
-  local status, start, finish = (line or ""):match("^(%d+) ([%d.]+) ([%d.]+)$")
+  local text = read_file(path)
+  local status, start, finish = (text or ""):match("^(%d+) ([%d.]+) ([%d.]+)\n")
   if not status then return nil end
-  return tonumber(status), tonumber(finish) - tonumber(start)
+  -- `times`: the shell's own user and system time, then its children's, as "<m>m<s>s".
+  local cpu, line = 0, 0
+  for l in text:gmatch("[^\n]+") do
+    line = line + 1
+    if line == 3 then
+      for m, sec in l:gmatch("(%d+)m([%d.]+)s") do cpu = cpu + tonumber(m) * 60 + tonumber(sec) end
+    end
+  end
+  return tonumber(status), tonumber(finish) - tonumber(start), cpu
 end
 
 local o = parse(arg)
@@ -147,20 +154,23 @@ local count = #shards + #alone
 local function start(job)
   -- The shell reports the status and the clock at both ends in one file, written whole.
   os.execute(("{ s=$(date +%%s.%%N); %s %s >%s 2>&1 </dev/null; r=$?; e=$(date +%%s.%%N); "
-    .. "echo \"$r $s $e\" >%s.tmp && mv %s.tmp %s; } &"):format(job.pass.command, shell_quote(job.spec),
+    .. "{ echo \"$r $s $e\"; times; } >%s.tmp && mv %s.tmp %s; } &"):format(job.pass.command, shell_quote(job.spec),
       shell_quote(job.log), shell_quote(job.done), shell_quote(job.done), shell_quote(job.done)))
 end
 
-local function report(job, status, seconds)
+local cpu_total = 0
+
+local function report(job, status, seconds, cpu)
   local c = counts(job.log)
   local failed = status ~= 0 or not c or c.failed + c.errors > 0
-  finished[#finished + 1] = { key = job.key, seconds = seconds }
+  finished[#finished + 1] = { key = job.key, seconds = seconds, cpu = cpu }
+  cpu_total = cpu_total + cpu
   if c then
     for k, v in pairs(c) do total[k] = total[k] + v end
   end
   if failed then failures[#failures + 1] = job end
-  io.stdout:write(("[%3d/%d] %-6s %7.1fs  %-7s %s%s\n"):format(#finished, count, failed and "FAILED" or "ok",
-    seconds, job.pass.name, job.spec,
+  io.stdout:write(("[%3d/%d] %-6s %6.1fs %6.1fs cpu  %-7s %s%s\n"):format(#finished, count,
+    failed and "FAILED" or "ok", seconds, cpu, job.pass.name, job.spec,
     c and ("  (%d ok%s%s)"):format(c.ok, c.pending > 0 and (", " .. c.pending .. " pending") or "",
       c.failed + c.errors > 0 and (", " .. (c.failed + c.errors) .. " failed") or "") or "  (no busted summary)"))
   io.stdout:flush()
@@ -177,9 +187,9 @@ local function run(jobs, width)
     end
     os.execute("sleep " .. POLL_SECONDS)
     for i = #running, 1, -1 do
-      local status, seconds = read_done(running[i].done)
+      local status, seconds, cpu = read_done(running[i].done)
       if status then
-        report(running[i], status, seconds)
+        report(running[i], status, seconds, cpu)
         table.remove(running, i)
       end
     end
@@ -204,7 +214,7 @@ if o.record then
   local f = io.open(o.record, "w")
   if f then
     table.sort(finished, function(a, b) return a.seconds > b.seconds end)
-    for _, r in ipairs(finished) do f:write(("%.1f %s\n"):format(r.seconds, r.key)) end
+    for _, r in ipairs(finished) do f:write(("%.1f %s %.1f\n"):format(r.seconds, r.key, r.cpu)) end
     f:close()
   end
 end
@@ -213,8 +223,8 @@ for _, job in ipairs(failures) do
   io.stdout:write(("\n==== FAILED: %s under %s (%s) ====\n%s\n"):format(job.spec, job.pass.name, job.log,
     read_file(job.log) or "(no log)"))
 end
-io.stdout:write(("\n%d successes / %d failures / %d errors / %d pending in %d files: %.1f s\n"):format(total.ok,
-  total.failed, total.errors, total.pending, count, wall))
+io.stdout:write(("\n%d successes / %d failures / %d errors / %d pending in %d files: %.1f s, %.1f s of CPU\n")
+  :format(total.ok, total.failed, total.errors, total.pending, count, wall, cpu_total))
 if #failures > 0 then
   io.stdout:write("Failed:\n")
   for _, job in ipairs(failures) do io.stdout:write(("  %s  %s\n"):format(job.pass.name, job.spec)) end
