@@ -23,8 +23,12 @@ local assert = require "luassert"
 
 local protocol_cases = {}
 
---- Timeouts short enough that a stall is exercised in a fraction of a second.
+--- Timeouts short enough that a stall is exercised in a fraction of a second. The header bound
+-- is given by the cases whose behaviour it is (an agent that does not answer, a slow body after
+-- prompt headers); every other case has ANSWER_TIMEOUT, as its fake answers at once and a bound of
+-- 0.3 s would fail a prompt answer whenever a busy machine delays the fake's process that long.
 protocol_cases.HEADER_TIMEOUT = 0.3
+protocol_cases.ANSWER_TIMEOUT = 5
 protocol_cases.ERROR_BODY_TIMEOUT = 0.3
 
 --- A sandkit error as plain data; anything else as it is.
@@ -56,7 +60,7 @@ protocol_cases.UNSET = setmetatable({}, { __tostring = function() return "unset"
 --- Opens a session on the fake agent at url through the public API (the agent provider).
 function protocol_cases.open(url, options)
   local sb_options = { provider = "agent", url = url, token = "test-token",
-    header_timeout = protocol_cases.HEADER_TIMEOUT,
+    header_timeout = protocol_cases.ANSWER_TIMEOUT,
     error_body_timeout = protocol_cases.ERROR_BODY_TIMEOUT, grace = 1 }
   for k, v in pairs(options or {}) do
     if v == protocol_cases.UNSET then sb_options[k] = nil else sb_options[k] = v end
@@ -343,6 +347,7 @@ case("does not cut off a slow body after prompt headers", {
     respond.frames(conn, { '{"t":"stdout","seq":0,"data":"aGk="}\n',
       '{"t":"exit","code":0,"truncated":false}\n' }, %g)
   end]], 2 * protocol_cases.HEADER_TIMEOUT),
+  options = { header_timeout = protocol_cases.HEADER_TIMEOUT },
   act = items_of,
   check = function(items)
     assert.equal(2, #items, "every frame arrived")
@@ -689,6 +694,7 @@ local STALL = [[function(req, conn) conn:sleep(60) end]]
 
 case("is refused within the bound, saying the agent did not answer", {
   route = STALL,
+  options = { header_timeout = protocol_cases.HEADER_TIMEOUT },
   act = function(session, h)
     local started = h.now()
     local r = exec_error(session)
@@ -705,6 +711,7 @@ case("is refused within the bound, saying the agent did not answer", {
 
 case("is not retryable for runCommand: the command may have started", {
   route = STALL,
+  options = { header_timeout = protocol_cases.HEADER_TIMEOUT },
   act = exec_error,
   check = function(r)
     assert.equal("SANDBOX_OUTCOME_UNKNOWN", r.err.code)
@@ -716,6 +723,7 @@ case("is not retryable for runCommand: the command may have started", {
 
 case("stays retryable for a file read, which is idempotent", {
   route = STALL,
+  options = { header_timeout = protocol_cases.HEADER_TIMEOUT },
   act = function(session)
     local bytes, err = session:read_file("/a.txt")
     return { bytes = bytes, err = plain(err) }
