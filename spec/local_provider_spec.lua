@@ -290,11 +290,12 @@ describe("the local provider", function()
   end)
 
   it("ends a session with a lifetime: its agent leaves and the session reads as absent", function()
-    local session = assert(sandbox:create{ id = "brief", lifetime = 1 })
+    -- Three seconds: a session started on a loaded machine must still be seen serving first.
+    local session = assert(sandbox:create{ id = "brief", lifetime = 3 })
     local pid = session.record.pid
     assert.equal("ok\n", assert(session:exec({ "echo", "ok" }, { timeout = 5 })).stdout)
-    -- The agent leaves on its own once the second is over; bounded wait for that.
-    local deadline = core.now() + 10
+    -- The agent leaves on its own once the three seconds are over; bounded wait for that.
+    local deadline = core.now() + 15
     while core.alive(pid) and not core.reap(pid) and core.now() < deadline do
       require("sandkit.wait").sleep(0.05)
     end
