@@ -197,7 +197,8 @@ ALONE_SPECS := spec/nginx_worker_spec.lua
 # files do not meet. Each file's output is kept in $(BUILD)/spec-logs/<pass>/; the failed ones
 # are printed at the end, named, and fail the target. Refresh the committed times with
 # `cp $(BUILD)/spec_times.txt tools/spec_times.txt` when files are added or change much.
-TEST_JOBS ?= 4
+# Two files a core: a file waits on its processes and sockets about as long as it computes.
+TEST_JOBS ?= $(shell echo $$((2 * $$(nproc 2>/dev/null || echo 1))))
 test-parallel: once-specs-exist
 	$(LUA) tools/run_specs.lua --jobs $(TEST_JOBS) --logs $(BUILD)/spec-logs \
 	  --times $(BUILD)/spec_times.txt --times tools/spec_times.txt --record $(BUILD)/spec_times.txt \
