@@ -11,6 +11,8 @@
 -- runs alone at the end), the slowest known from the --times files (the first that names a file
 -- wins; a file none names counts as the slowest, so a new spec starts early). --record writes
 -- each file's time to FILE for the next run ("SECONDS PASS SPEC CPU-SECONDS" lines, slowest first).
+-- A file's CPU time is its busted's and every process busted waited for; a daemon that left its
+-- tree (an agent that outlives a case, say) is not counted.
 --
 -- An --alone spec's bound is a timing behaviour (a latency percentile, a concurrency of
 -- sleeps), measured against a machine the suite itself keeps busy otherwise: it runs after all
