@@ -22,6 +22,7 @@ typedef struct sk_frame {
   int truncated;
   int has_signal;
   int32_t signal;
+  int oom;
   const char *error_code;
   size_t error_code_len;
   const char *message;
