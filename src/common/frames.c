@@ -537,6 +537,18 @@ static void gathered(sk_frames *d)
 	d->line_len = 0;
 }
 
+/* What one decoded frame means to the caller, whichever syntax it came in: an admitted
+ * keep-alive did its work by arriving, so the next frame is read; a frame gathered in the
+ * decoder's own buffer empties it for the next one (a failed stream leaves it as it was). */
+static int settle(sk_frames *d, int held, int r, const sk_frame *out)
+{
+	if (r == SK_FRAMES_FRAME && out->type == SK_FRAME_KEEPALIVE)
+		r = SK_FRAMES_AGAIN;
+	if (held && r != SK_FRAMES_FAILED)
+		gathered(d);
+	return r;
+}
+
 static int decode_binary(sk_frames *d, const char **in, size_t *in_len, sk_frame *out)
 {
 	while (*in_len > 0) {
@@ -580,10 +592,7 @@ static int decode_binary(sk_frames *d, const char **in, size_t *in_len, sk_frame
 		}
 		int r = parse_binary(d, frame[0], frame + SK_FRAMES_BINARY_HEAD,
 				     total - SK_FRAMES_BINARY_HEAD, out);
-		if (r == SK_FRAMES_FRAME && out->type == SK_FRAME_KEEPALIVE)
-			r = SK_FRAMES_AGAIN;
-		if (held && r != SK_FRAMES_FAILED)
-			gathered(d);
+		r = settle(d, held, r, out);
 		if (r != SK_FRAMES_AGAIN)
 			return r;
 	}
@@ -676,11 +685,7 @@ int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *ou
 		*in_len -= take;
 		int held = line == d->line;
 		int r = blank(line, len) ? SK_FRAMES_AGAIN : parse_line(d, line, len, out);
-		/* An admitted keep-alive did its work by arriving: the next line is read. */
-		if (r == SK_FRAMES_FRAME && out->type == SK_FRAME_KEEPALIVE)
-			r = SK_FRAMES_AGAIN;
-		if (held && r != SK_FRAMES_FAILED)
-			gathered(d);
+		r = settle(d, held, r, out);
 		if (r != SK_FRAMES_AGAIN)
 			return r;
 	}
