@@ -158,8 +158,9 @@ describe("sandkit-agent's files as a filesystem", function()
     end)
 
     it("refuses a listing 503 while pages their callers do not read pass 16 MiB, and frees them as they go", function()
-      -- Callers whose receive window is a few KiB, so that what they do not read stays in the
-      -- agent rather than in the kernel's buffers: LuaSocket cannot make one, Python can.
+      -- Callers whose receive window is a few KiB, so that what they do not read stays on the
+      -- agent's side, where the kernel's send queue takes one piece of a page at most (its
+      -- loopback send buffer would take them whole): LuaSocket cannot make one, Python can.
       local stall = [[
 import os, socket, sys, time
 port, token, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])

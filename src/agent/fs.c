@@ -507,6 +507,7 @@ static void page_pump(void *ctx)
 			/* The length was announced: a page cut short is no page to its caller. */
 			if (piece)
 				evbuffer_free(piece);
+			http_reply_hold_unsent(ps->req, 0);
 			http_reply_cut(ps->req);
 			http_reply_end(ps->req);
 			page_free(ps);
@@ -519,6 +520,7 @@ static void page_pump(void *ctx)
 	}
 	if (evbuffer_get_length(ps->page) > 0)
 		return; /* the rest when the connection drains */
+	http_reply_hold_unsent(ps->req, 0);
 	http_reply_end(ps->req);
 	page_free(ps);
 }
@@ -541,6 +543,8 @@ static void send_page(struct http_request *req, struct evbuffer *page)
 		page_free(ps);
 		return;
 	}
+	/* What the kernel takes of a page is no longer charged: it takes one piece at most. */
+	http_reply_hold_unsent(req, PAGE_PIECE);
 	http_reply_watch(req, page_pump, page_gone, ps);
 	page_pump(ps);
 }

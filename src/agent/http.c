@@ -360,6 +360,12 @@ size_t http_reply_queued(const struct http_request *req)
 	return evbuffer_get_length(bufferevent_get_output(req->conn->bev));
 }
 
+void http_reply_hold_unsent(struct http_request *req, int bytes)
+{
+	setsockopt(bufferevent_getfd(req->conn->bev), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &bytes,
+		   sizeof bytes);
+}
+
 void http_reply_watch(struct http_request *req, void (*drain)(void *), void (*gone)(void *),
 		      void *ctx)
 {

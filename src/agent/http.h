@@ -126,6 +126,15 @@ void http_reply_cut(struct http_request *req);
  * the request is freed right after it.
  */
 size_t http_reply_queued(const struct http_request *req);
+
+/*
+ * Keeps at most about `bytes` of this connection's replies unsent in the kernel (0: the
+ * kernel's default again). A loopback socket's send buffer starts at the kernel's maximum
+ * (4 MiB here), which would take a whole reply a caller does not read out of the agent's
+ * accounting: a producer that budgets what its callers have not taken sets this, so that
+ * what they leave stays where its budget counts it.
+ */
+void http_reply_hold_unsent(struct http_request *req, int bytes);
 void http_reply_watch(struct http_request *req, void (*drain)(void *ctx), void (*gone)(void *ctx),
 		      void *ctx);
 
