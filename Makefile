@@ -188,9 +188,8 @@ once-specs-exist:
 # concurrent sleeps take), which the rest of the suite running beside them would measure too:
 # test-parallel runs them after every other file, one at a time. cli_interactive_spec plays a
 # terminal whose keystrokes wait on bounded reads of a shell's echo, which a loaded machine
-# stretches past them; agent_fs_spec's unread-pages budget was not reached beside the other
-# files in two runs out of three, and always is alone.
-ALONE_SPECS := spec/nginx_worker_spec.lua spec/cli_interactive_spec.lua spec/agent_fs_spec.lua
+# stretches past them.
+ALONE_SPECS := spec/nginx_worker_spec.lua spec/cli_interactive_spec.lua
 
 # Both passes of check at once: every spec file under Lua 5.4 and BOTH_SPECS under LuaJIT, each
 # file its own busted process, TEST_JOBS of them at a time, the slowest first (by the times
