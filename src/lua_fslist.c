@@ -8,10 +8,18 @@
  *                           | nil, why, offset (from 0): not a page this client takes
  *
  * The rules are every JSON answer's (protocol.md §4): strict JSON by json.c, no object naming a
- * member twice (json_unique.c, first), nesting bounded; then the page's own shape: `entries` a
- * list of objects each with a string `name`, `path` and `type` (file, dir, symlink or other),
- * whole numbers `size` and `mode`, a number `mtime`, and a string `target` or none; `next` a
- * string or null. Other members are passed over.
+ * member twice (json_unique.c), nesting bounded; then the page's own shape: `entries` a list of
+ * objects each with a string `name`, `path` and `type` (file, dir, symlink or other), whole
+ * numbers `size` and `mode`, a number `mtime`, and a string `target` or none; `next` a string or
+ * null. Other members are passed over.
+ *
+ * A page whose objects name only the members above, each once, is known to name none twice from
+ * the reading itself; only a page with another member (whose value may hold objects of its own),
+ * a member named twice, or a fault, is walked again by json_unique.c, whose answer comes first,
+ * as if it had run first. That second walk was a fifth of a page's reading.
+ *
+ * The member names and the four types are Lua strings made once (upvalues of list_page), so an
+ * entry's table takes them without a string lookup each.
  */
 #include <stdint.h>
 #include <string.h>
@@ -27,7 +35,11 @@ struct page {
 	lua_State *L;
 	sk_json j;
 	const char *why;
+	int unsure;      /* a member the reading passed over or saw twice: json_unique.c decides */
 };
+
+/* list_page's upvalues: the member names, then the types, then "next". */
+enum { UP_NAME = 1, UP_TYPE_FILE = 8, UP_NEXT = 12 };
 
 static int refuse(struct page *pg, const char *why)
 {
@@ -71,9 +83,11 @@ static int read_number(struct page *pg, double *out)
 	return 0;
 }
 
-static void push_string(struct page *pg, const sk_json_str *s, const char *field)
+/* Sets the member whose name is upvalue `key` of the table on top to the string s. */
+static void set_string(struct page *pg, const sk_json_str *s, int key)
 {
 	lua_State *L = pg->L;
+	lua_pushvalue(L, lua_upvalueindex(key));
 	if (!s->escaped) {
 		lua_pushlstring(L, s->p, s->len);
 	} else {
@@ -81,7 +95,7 @@ static void push_string(struct page *pg, const sk_json_str *s, const char *field
 		char *out = skc_buffinitsize(L, &b, s->len);
 		skc_pushresultsize(&b, sk_json_unescape(s, out));
 	}
-	lua_setfield(L, -2, field);
+	lua_rawset(L, -3);
 }
 
 static const char *const entry_members[] = { "name", "path", "type", "size", "mode", "mtime", "target" };
@@ -102,7 +116,8 @@ static int read_entry(struct page *pg)
 		unsigned i = 0;
 		while (i < sizeof entry_members / sizeof entry_members[0] && !sk_json_str_is(&key, entry_members[i]))
 			i++;
-		if (i == sizeof entry_members / sizeof entry_members[0]) {
+		if (i == sizeof entry_members / sizeof entry_members[0] || (seen & (1u << i))) {
+			pg->unsure = 1;
 			if (sk_json_skip(j) < 0)
 				return refuse(pg, "an entry is not JSON");
 			continue;
@@ -118,20 +133,26 @@ static int read_entry(struct page *pg)
 					t++;
 				if (t == sizeof entry_types / sizeof entry_types[0])
 					return refuse(pg, "an entry's type is none of file, dir, symlink, other");
+				lua_pushvalue(L, lua_upvalueindex(UP_NAME + 2));
+				lua_pushvalue(L, lua_upvalueindex(UP_TYPE_FILE + (int)t));
+				lua_rawset(L, -3);
+			} else {
+				set_string(pg, &s, UP_NAME + (int)i);
 			}
-			push_string(pg, &s, entry_members[i]);
 		} else if (i == 3 || i == 4) {
 			uint64_t n;
 			if (sk_json_peek(j) != SK_JSON_NUMBER || sk_json_u64(j, &n) < 0 || n > (uint64_t)INT64_MAX)
 				return refuse(pg, "an entry's size or mode is not a whole number");
+			lua_pushvalue(L, lua_upvalueindex(UP_NAME + (int)i));
 			lua_pushinteger(L, (lua_Integer)n);
-			lua_setfield(L, -2, entry_members[i]);
+			lua_rawset(L, -3);
 		} else {
 			double t;
 			if (sk_json_peek(j) != SK_JSON_NUMBER || read_number(pg, &t) < 0)
 				return refuse(pg, "an entry's mtime is not a number");
+			lua_pushvalue(L, lua_upvalueindex(UP_NAME + 5));
 			lua_pushnumber(L, t);
-			lua_setfield(L, -2, "mtime");
+			lua_rawset(L, -3);
 		}
 	}
 	if (more < 0)
@@ -141,14 +162,13 @@ static int read_entry(struct page *pg)
 	return 0;
 }
 
-static int list_page(lua_State *L)
+/* nil, why, offset when json_unique.c refuses the text (returns 3), else 0. */
+static int refused_as_json(lua_State *L, const char *text, size_t len)
 {
-	size_t len;
-	const char *text = luaL_checklstring(L, 1, &len);
 	sk_json_unique_report report;
 	switch (sk_json_unique(text, len, &report)) {
 	case SK_JSON_UNIQUE_OK:
-		break;
+		return 0;
 	case SK_JSON_UNIQUE_REPEATED:
 		lua_pushnil(L);
 		lua_pushliteral(L, "an object names a member twice");
@@ -162,19 +182,25 @@ static int list_page(lua_State *L)
 	default:
 		return luaL_error(L, "not enough memory to read a listing's page");
 	}
-	struct page pg = { L, { 0 }, NULL };
+}
+
+static int list_page(lua_State *L)
+{
+	size_t len;
+	const char *text = luaL_checklstring(L, 1, &len);
+	struct page pg = { L, { 0 }, NULL, 0 };
 	sk_json_init(&pg.j, text, len);
 	lua_newtable(L);
 	int result = lua_gettop(L);
 	lua_Integer n = 0;
-	int has_entries = 0, more;
+	int has_entries = 0, has_next = 0, more;
 	sk_json_str key;
 	if (sk_json_object_begin(&pg.j) < 0) {
 		refuse(&pg, "the page is not an object");
 		goto fail;
 	}
 	while ((more = sk_json_object_key(&pg.j, &key)) == 1) {
-		if (sk_json_str_is(&key, "entries")) {
+		if (sk_json_str_is(&key, "entries") && !has_entries) {
 			has_entries = 1;
 			if (sk_json_peek(&pg.j) != SK_JSON_ARRAY || sk_json_array_begin(&pg.j) < 0) {
 				refuse(&pg, "entries is not a list");
@@ -190,7 +216,8 @@ static int list_page(lua_State *L)
 				refuse(&pg, "entries is not JSON");
 				goto fail;
 			}
-		} else if (sk_json_str_is(&key, "next")) {
+		} else if (sk_json_str_is(&key, "next") && !has_next) {
+			has_next = 1;
 			enum sk_json_kind kind = sk_json_peek(&pg.j);
 			if (kind == SK_JSON_NULL) {
 				sk_json_null(&pg.j);
@@ -201,9 +228,11 @@ static int list_page(lua_State *L)
 				refuse(&pg, "next is neither a string nor null");
 				goto fail;
 			}
-			push_string(&pg, &s, "next");
-		} else if (sk_json_skip(&pg.j) < 0) {
-			goto fail;
+			set_string(&pg, &s, UP_NEXT);
+		} else {
+			pg.unsure = 1;
+			if (sk_json_skip(&pg.j) < 0)
+				goto fail;
 		}
 	}
 	if (more < 0 || sk_json_finish(&pg.j) < 0) {
@@ -214,10 +243,15 @@ static int list_page(lua_State *L)
 		refuse(&pg, "the page has no entries");
 		goto fail;
 	}
+	/* Its nil, why and offset go on top of the page made, which is let go. */
+	if (pg.unsure && refused_as_json(L, text, len))
+		return 3;
 	lua_settop(L, result);
 	return 1;
 fail:
 	lua_settop(L, result - 1);
+	if (refused_as_json(L, text, len))
+		return 3;
 	lua_pushnil(L);
 	lua_pushstring(L, pg.why ? pg.why : "the page is not JSON");
 	lua_pushinteger(L, (lua_Integer)(pg.j.p - text));
@@ -226,6 +260,11 @@ fail:
 
 void skl_open_fslist(lua_State *L)
 {
-	lua_pushcfunction(L, list_page);
+	for (size_t i = 0; i < sizeof entry_members / sizeof entry_members[0]; i++)
+		lua_pushstring(L, entry_members[i]);
+	for (size_t i = 0; i < sizeof entry_types / sizeof entry_types[0]; i++)
+		lua_pushstring(L, entry_types[i]);
+	lua_pushliteral(L, "next");
+	lua_pushcclosure(L, list_page, UP_NEXT);
 	lua_setfield(L, -2, "list_page");
 }

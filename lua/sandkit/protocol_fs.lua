@@ -89,8 +89,14 @@ function fs.list(conn, path, depth, limit, cursor)
     if not page then
       return nil, errors.unexpected(LIST, "page", string.format("%s (at byte %d)", why, at))
     end
-    for i = 1, #page do entries[#entries + 1] = page[i] end
     local after = page.next
+    -- The first page is the list itself (a listing of one page, the usual one, is not copied).
+    if #entries == 0 then
+      entries, page.next = page, nil
+    else
+      local n = #entries
+      for i = 1, #page do entries[n + i] = page[i] end
+    end
     -- A cursor that does not move would page for ever.
     if after and after == cursor and #page == 0 then
       return nil, errors.unexpected(LIST, "next", "the cursor did not move")

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,8 @@
 /* A list level's names are chosen in batches (the smallest names after the last one taken, in
  * one pass over the directory): the listed directory's own level takes up to a whole page at
  * once, so a directory of 10,000 entries is read once for a page of them; a deeper level takes
- * 1024 at a time. A level holds 256 bytes a name it chose, so a page at the deepest holds
- * 10,000 + 31 × 1024 names (about 10 MiB) at the worst. */
+ * 1024 at a time. A level holds 272 bytes a name it chose (the name, its sort key and its
+ * place), so a page at the deepest holds 10,000 + 31 × 1024 names (about 11 MiB) at the worst. */
 #define LIST_BATCH_DEEP 1024
 /* One getdents64 call's buffer. */
 #define DENTS_BUF (32 * 1024)
@@ -199,10 +200,26 @@ static size_t json_string_at(char *out, const char *s, size_t len)
 	return o;
 }
 
+/* v in decimal at out; returns the digits written. */
+static size_t decimal_at(char *out, unsigned long long v)
+{
+	char digits[20];
+	size_t n = 0;
+	do {
+		digits[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v > 0);
+	for (size_t i = 0; i < n; i++)
+		out[i] = digits[n - 1 - i];
+	return n;
+}
+
 /* {"name":…,"path":…,"type":…,"size":…,"mode":…,"mtime":…[,"target":…]} for name in dirfd,
- * whose caller path is path, built whole and added at once. -1 when memory ran out. */
-static int entry_json(struct evbuffer *b, const char *name, const char *path, size_t path_len,
-		      int dirfd, const struct stat *st)
+ * whose caller path is path, built whole and added at once. The numbers are written by hand: a
+ * page formats ten thousand entries, and snprintf's format parsing was a tenth of the agent's
+ * time for it. -1 when memory ran out. */
+static int entry_json(struct evbuffer *b, const char *name, size_t name_len, const char *path,
+		      size_t path_len, int dirfd, const struct stat *st)
 {
 	/* One entry at a time in a single-threaded loop: one buffer serves every listing. */
 	static char out[ENTRY_JSON_MAX];
@@ -213,14 +230,37 @@ static int entry_json(struct evbuffer *b, const char *name, const char *path, si
 	size_t o = 0;
 	memcpy(out, "{\"name\":", 8);
 	o = 8;
-	o += json_string_at(out + o, name, strlen(name));
+	o += json_string_at(out + o, name, name_len);
 	memcpy(out + o, ",\"path\":", 8);
 	o += 8;
 	o += json_string_at(out + o, path, path_len);
-	int n = snprintf(out + o, sizeof out - o, ",\"type\":\"%s\",\"size\":%lld,\"mode\":%u,\"mtime\":%lld.%09ld",
-			 type_name(st->st_mode), (long long)st->st_size, (unsigned)(st->st_mode & 07777),
-			 (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec);
-	o += (size_t)n;
+	const char *type = type_name(st->st_mode);
+	size_t type_len = strlen(type);
+	memcpy(out + o, ",\"type\":\"", 9);
+	o += 9;
+	memcpy(out + o, type, type_len);
+	o += type_len;
+	memcpy(out + o, "\",\"size\":", 9);
+	o += 9;
+	/* A size is never negative; as %lld would show one, it is shown signed. */
+	if (st->st_size < 0)
+		out[o++] = '-';
+	o += decimal_at(out + o, st->st_size < 0 ? 0ULL - (unsigned long long)st->st_size
+						 : (unsigned long long)st->st_size);
+	memcpy(out + o, ",\"mode\":", 8);
+	o += 8;
+	o += decimal_at(out + o, (unsigned)(st->st_mode & 07777));
+	memcpy(out + o, ",\"mtime\":", 9);
+	o += 9;
+	long long sec = (long long)st->st_mtim.tv_sec;
+	if (sec < 0)
+		out[o++] = '-';
+	o += decimal_at(out + o, sec < 0 ? 0ULL - (unsigned long long)sec : (unsigned long long)sec);
+	out[o++] = '.';
+	unsigned long nsec = (unsigned long)st->st_mtim.tv_nsec;
+	for (int i = 8; i >= 0; i--, nsec /= 10)
+		out[o + (size_t)i] = (char)('0' + nsec % 10);
+	o += 9;
 	if (tn >= 0) {
 		memcpy(out + o, ",\"target\":", 10);
 		o += 10;
@@ -247,16 +287,38 @@ struct lister {
 };
 
 /* A batch of names, the smallest ones after a given name: a max-heap of slots while the
- * directory is read (the largest kept name on top, replaced by any smaller one), then sorted. */
+ * directory is read (the largest kept name on top, replaced by any smaller one), then sorted.
+ * Each slot also holds its name's first eight bytes as a big-endian number (zero-padded), which
+ * orders names as strcmp does: most comparisons are one of those, and strcmp decides only
+ * between names that share their first eight bytes. Sorting a directory of 10,000 names by
+ * strcmp alone was an eighth of the agent's time for its listing. */
 struct batch {
 	char (*names)[256];
+	uint64_t *keys;  /* by slot */
 	size_t *heap;    /* slot numbers */
 	size_t n, cap;
 };
 
+static uint64_t name_key(const char *name, size_t len)
+{
+	uint64_t k = 0;
+	for (size_t i = 0; i < 8; i++)
+		k = k << 8 | (i < len ? (unsigned char)name[i] : 0);
+	return k;
+}
+
+/* Orders a name (with its key) against a slot's, as strcmp would. */
+static int name_cmp(const struct batch *b, uint64_t key, const char *name, size_t slot)
+{
+	if (key != b->keys[slot])
+		return key < b->keys[slot] ? -1 : 1;
+	return strcmp(name, b->names[slot]);
+}
+
 static int slot_less(const struct batch *b, size_t i, size_t j)
 {
-	return strcmp(b->names[b->heap[i]], b->names[b->heap[j]]) < 0;
+	size_t si = b->heap[i];
+	return name_cmp(b, b->keys[si], b->names[si], b->heap[j]) < 0;
 }
 
 static void heap_swap(struct batch *b, size_t i, size_t j)
@@ -285,15 +347,18 @@ static void offer(struct batch *b, const char *name, size_t len)
 {
 	if (len > 255)
 		return; /* no filesystem here names one so: nothing a caller could use */
+	uint64_t key = name_key(name, len);
 	if (b->n < b->cap) {
 		size_t i = b->n++;
 		b->heap[i] = i;
+		b->keys[i] = key;
 		memcpy(b->names[i], name, len + 1);
 		while (i > 0 && slot_less(b, (i - 1) / 2, i)) {
 			heap_swap(b, i, (i - 1) / 2);
 			i = (i - 1) / 2;
 		}
-	} else if (strcmp(name, b->names[b->heap[0]]) < 0) {
+	} else if (name_cmp(b, key, name, b->heap[0]) < 0) {
+		b->keys[b->heap[0]] = key;
 		memcpy(b->names[b->heap[0]], name, len + 1);
 		sift_down(b, 0, b->n);
 	}
@@ -333,13 +398,14 @@ static int select_names(struct lister *l, int dirfd, const char *after, struct b
 	return 0;
 }
 
-static int emit(struct lister *l, int dirfd, const char *name, size_t path_len, const struct stat *st)
+static int emit(struct lister *l, int dirfd, const char *name, size_t name_len, size_t path_len,
+		const struct stat *st)
 {
 	char shown[2 * PATHS_MAX + 2];
 	memcpy(shown, l->shown, l->shown_len);
 	memcpy(shown + l->shown_len, l->path, path_len + 1);
 	if ((!l->first && evbuffer_add(l->out, ",", 1) < 0) ||
-	    entry_json(l->out, name, shown, l->shown_len + path_len, dirfd, st) < 0) {
+	    entry_json(l->out, name, name_len, shown, l->shown_len + path_len, dirfd, st) < 0) {
 		l->failed = 1;
 		return -1;
 	}
@@ -423,13 +489,15 @@ static int list_level(struct lister *l, int *dirfd, size_t prefix_len, unsigned 
 				return 0;
 		}
 	}
-	struct batch b = { NULL, NULL, 0, depth == 1 ? FS_LIST_LIMIT_MAX : LIST_BATCH_DEEP };
+	struct batch b = { NULL, NULL, NULL, 0, depth == 1 ? FS_LIST_LIMIT_MAX : LIST_BATCH_DEEP };
 	if (b.cap > l->limit - l->count)
 		b.cap = l->limit - l->count;
 	b.names = malloc(b.cap * sizeof *b.names);
+	b.keys = malloc(b.cap * sizeof *b.keys);
 	b.heap = malloc(b.cap * sizeof *b.heap);
-	if (b.names == NULL || b.heap == NULL) {
+	if (b.names == NULL || b.keys == NULL || b.heap == NULL) {
 		free(b.names);
+		free(b.keys);
 		free(b.heap);
 		l->failed = 1;
 		return -1;
@@ -455,7 +523,7 @@ static int list_level(struct lister *l, int *dirfd, size_t prefix_len, unsigned 
 			if (prefix_len > 0)
 				l->path[prefix_len] = '/';
 			memcpy(l->path + at, name, n + 1);
-			if (emit(l, *dirfd, name, at + n, &st) < 0 ||
+			if (emit(l, *dirfd, name, n, at + n, &st) < 0 ||
 			    (S_ISDIR(st.st_mode) && !l->full &&
 			     descend(l, dirfd, prefix_len, name, at + n, depth, NULL) < 0)) {
 				r = -1;
@@ -468,6 +536,7 @@ static int list_level(struct lister *l, int *dirfd, size_t prefix_len, unsigned 
 		has_after = 1;
 	}
 	free(b.names);
+	free(b.keys);
 	free(b.heap);
 	return r;
 }
@@ -671,7 +740,8 @@ void fs_stat(struct http_request *req)
 		size_t n = fs_shown_path(rel, shown);
 		const char *name = strcmp(rel, ".") == 0 ? "/" : strrchr(shown, '/') + 1;
 		if (evbuffer_add(b, "{\"exists\":true,\"entry\":", 23) < 0 ||
-		    entry_json(b, name, shown, n, dirfd, &st) < 0 || evbuffer_add(b, "}", 1) < 0)
+		    entry_json(b, name, strlen(name), shown, n, dirfd, &st) < 0 ||
+		    evbuffer_add(b, "}", 1) < 0)
 			goto oom;
 	}
 	reply_json(req, 200, b);
