@@ -32,6 +32,13 @@
 #define FIBER_STACK ((size_t)512 * 1024)
 #define FIBER_GUARD ((size_t)4096)
 
+/* Bytes of the stream gathered before the reader runs on them. A switch to the reader and back
+ * costs two system calls (swapcontext saves and restores the signal mask), and the pieces a
+ * socket hands over on loopback average 4 KiB: an archive of 10,000 files of 10 KB took 26,000
+ * pieces, 52,000 sigprocmask calls and 34,000 writes, where pieces of 64 KiB make libarchive hand
+ * most such files over in one block. */
+#define UNTAR_GATHER ((size_t)64 * 1024)
+
 /* Characters of an entry's path shown in an error: the message stays a line. */
 #define SHOWN_MAX 200
 
@@ -145,6 +152,8 @@ struct sk_untar {
 	const char *in;
 	size_t in_len;
 	int in_end, stopping, saw_end;
+	char *gather;              /* UNTAR_GATHER bytes: the stream's pieces, gathered */
+	size_t gathered;
 #ifdef FIBER_ASAN
 	const void *caller_bottom;
 	size_t caller_size;
@@ -652,17 +661,23 @@ sk_untar *sk_untar_new(int targetfd, sk_open_fn open_beneath, uint64_t max_entri
 	sk_untar *u = calloc(1, sizeof *u);
 	if (u == NULL)
 		return NULL;
+	if ((u->gather = malloc(UNTAR_GATHER)) == NULL) {
+		free(u);
+		return NULL;
+	}
 	u->stack = mmap(NULL, FIBER_STACK + FIBER_GUARD, PROT_READ | PROT_WRITE,
 			MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (u->stack == MAP_FAILED || mprotect(u->stack, FIBER_GUARD, PROT_NONE) < 0) {
 		if (u->stack != MAP_FAILED)
 			munmap(u->stack, FIBER_STACK + FIBER_GUARD);
+		free(u->gather);
 		free(u);
 		return NULL;
 	}
 	unsigned char r[8];
 	if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
 		munmap(u->stack, FIBER_STACK + FIBER_GUARD);
+		free(u->gather);
 		free(u);
 		return NULL;
 	}
@@ -699,19 +714,43 @@ static void resume(sk_untar *u)
 	to_reader(u);
 }
 
+/* The reader takes p whole (it has asked for the next piece when this returns). */
+static void feed(sk_untar *u, const char *p, size_t n)
+{
+	u->in = p;
+	u->in_len = n;
+	resume(u);
+	u->in_len = 0;
+}
+
 int sk_untar_write(sk_untar *u, const void *p, size_t n)
 {
-	if (u->state != FIBER_DONE && n > 0) {
-		u->in = p;
-		u->in_len = n;
-		resume(u);
-		u->in_len = 0;
+	const char *src = p;
+	while (n > 0 && u->state != FIBER_DONE) {
+		if (u->gathered == 0 && n >= UNTAR_GATHER) {
+			feed(u, src, n); /* a piece as large as a gathering goes as it is */
+			break;
+		}
+		size_t take = n < UNTAR_GATHER - u->gathered ? n : UNTAR_GATHER - u->gathered;
+		memcpy(u->gather + u->gathered, src, take);
+		u->gathered += take;
+		src += take;
+		n -= take;
+		if (u->gathered == UNTAR_GATHER) {
+			u->gathered = 0;
+			feed(u, u->gather, UNTAR_GATHER);
+		}
 	}
 	return u->f.kind == SK_TAR_OK ? 0 : -1;
 }
 
 int sk_untar_finish(sk_untar *u)
 {
+	if (u->gathered > 0 && u->state != FIBER_DONE) {
+		size_t n = u->gathered;
+		u->gathered = 0;
+		feed(u, u->gather, n);
+	}
 	u->in_end = 1;
 	while (u->state != FIBER_DONE)
 		resume(u);
@@ -762,6 +801,7 @@ void sk_untar_free(sk_untar *u)
 	drop_file(u);
 	drop_parent(u);
 	free(u->metas);
+	free(u->gather);
 	munmap(u->stack, FIBER_STACK + FIBER_GUARD);
 	free(u);
 }
@@ -945,22 +985,30 @@ static int produce(sk_tar *t)
 	return 0;
 }
 
+/* Fills buf as far as cap: a header and a small file's data are pieces of their own, and a
+ * reader handed each alone (a Lua string, a copy into libcurl's buffer) paid per piece for a
+ * tree of small files. */
 long sk_tar_read(sk_tar *t, void *buf, size_t cap)
 {
 	if (t->f.kind != SK_TAR_OK)
 		return -1;
-	while (t->out_off == t->out_len) {
-		if (t->state == TAR_CLOSED)
-			return 0;
-		if (produce(t) < 0)
-			return -1;
+	size_t done = 0;
+	while (done < cap) {
+		if (t->out_off == t->out_len) {
+			if (t->state == TAR_CLOSED)
+				break;
+			if (produce(t) < 0)
+				return -1;
+			continue;
+		}
+		size_t n = t->out_len - t->out_off;
+		if (n > cap - done)
+			n = cap - done;
+		memcpy((char *)buf + done, t->out + t->out_off, n);
+		t->out_off += n;
+		done += n;
 	}
-	size_t n = t->out_len - t->out_off;
-	if (n > cap)
-		n = cap;
-	memcpy(buf, t->out + t->out_off, n);
-	t->out_off += n;
-	return (long)n;
+	return (long)done;
 }
 
 enum sk_tar_failure sk_tar_failure(const sk_tar *t)

@@ -1,9 +1,9 @@
 /*
  * tarstream.h — a directory as a tar stream, both ways, through libarchive (docs/protocol.md §6
  * fsTar): written as its reader pulls bytes (sk_tar), extracted as its writer pushes them
- * (sk_untar). Neither holds more than a piece of the stream, and neither waits on anything but
- * the local filesystem, so an event loop (sandkit-agent) or a Lua transfer (the C core) drives
- * them a piece at a time.
+ * (sk_untar). Neither holds more than a piece of the stream (sk_untar gathers up to 64 KiB of it
+ * before it extracts them), and neither waits on anything but the local filesystem, so an event
+ * loop (sandkit-agent) or a Lua transfer (the C core) drives them a piece at a time.
  *
  * An archive to extract is hostile input. Every entry lands beneath the target directory or
  * the extraction fails, naming the entry:
@@ -61,8 +61,10 @@ typedef struct sk_untar sk_untar;
  * out of memory. */
 sk_untar *sk_untar_new(int targetfd, sk_open_fn open_beneath, uint64_t max_entries,
 		       uint64_t max_bytes);
-/* The next piece of the stream, used before it returns. 0, or -1 once the extraction failed
- * (then and ever after). Bytes after the end-of-archive blocks are ignored. */
+/* The next piece of the stream, used (extracted, or copied to be with the next) before it
+ * returns. 0, or -1 once the extraction failed (then and ever after; a failure in gathered bytes
+ * shows at a later write or at sk_untar_finish). Bytes after the end-of-archive blocks are
+ * ignored. */
 int sk_untar_write(sk_untar *u, const void *p, size_t n);
 /* The stream is over: 0 when it held a whole archive and every entry landed, else -1. */
 int sk_untar_finish(sk_untar *u);
@@ -83,8 +85,9 @@ typedef struct sk_tar sk_tar;
 /* Archives what dirfd holds (the caller keeps it open until sk_tar_free), dirfd itself as the
  * entry ".". NULL when out of memory. */
 sk_tar *sk_tar_new(int dirfd, sk_open_fn open_beneath);
-/* Up to cap bytes of the archive into buf: how many (> 0), 0 once it was all read, -1 when it
- * failed (the stream must be cut short). */
+/* Up to cap bytes of the archive into buf, as many as the archive has up to cap: how many
+ * (> 0), 0 once it was all read, -1 when it failed (the stream must be cut short; what it
+ * filled of buf before the failure is not handed out). */
 long sk_tar_read(sk_tar *t, void *buf, size_t cap);
 enum sk_tar_failure sk_tar_failure(const sk_tar *t);
 int sk_tar_errno(const sk_tar *t);
