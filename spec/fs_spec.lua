@@ -321,4 +321,17 @@ describe("a listing's page", function()
       assert.is_number(at, text)
     end
   end)
+
+  it("is refused for a member named twice however it is spelt, in a member passed over, or before a fault", function()
+    for _, text in ipairs{
+      page({ '{"name":"a","n\\u0061me":"b","path":"/a","type":"file","size":1,"mode":1,"mtime":1}' }),
+      page({ '{"name":"a","path":"/a","type":"file","size":1,"mode":1,"mtime":1,"x":{"k":1,"k":2}}' }),
+      '{"entries":[],"x":{"k":1,"k":2},"next":null}',
+      page({ '{"name":"a","name":"b","path":"/a","type":"pipe","size":1,"mode":1,"mtime":1}' }),
+    } do
+      local entries, why = core.list_page(text)
+      assert.is_nil(entries, text)
+      assert.equal("an object names a member twice", why, text)
+    end
+  end)
 end)
