@@ -17,6 +17,14 @@ local LOCATIONS = [[
     location = /scripted_without_trailer {
       content_by_lua_block { require("support.nginx_app").scripted_stream() }
     }
+    # Each flush of the response (a call with no bytes that does not end it) is marked where it
+    # came, so a spec sees which frames went out together.
+    location = /scripted_flushes {
+      content_by_lua_block { require("support.nginx_app").scripted_stream() }
+      body_filter_by_lua_block {
+        if ngx.arg[1] == "" and not ngx.arg[2] then ngx.arg[1] = "|flush|" end
+      }
+    }
     location = /create { content_by_lua_block { require("support.nginx_app").create() } }
     location = /stream {
       set $sandkit_exit "";
@@ -29,7 +37,8 @@ local TAKES_TRAILERS = { TE = "trailers" }
 
 describe("sandkit.ngx.stream as text, inside nginx", function()
   local gateway
-  before_each(function() gateway = nginx.start{ server = LOCATIONS } end)
+  -- Scripts with frames longer than a flush keep their request body in memory.
+  before_each(function() gateway = nginx.start{ server = LOCATIONS, http = "  client_body_buffer_size 1m;" } end)
   after_each(function() gateway:stop() end)
 
   local function scripted(script, headers, location)
@@ -85,6 +94,46 @@ describe("sandkit.ngx.stream as text, inside nginx", function()
     assert.equal(200, answer.status)
     assert.equal("out one err one\nout two\nsandkit: exit code 3\n", answer.body)
     assert.same({}, answer.trailers)
+  end)
+
+  --- A stdout frame of data, already here when the stream is polled unless `later`.
+  local function out(data, seq, later)
+    return { type = "stdout", seq = seq, data = data, here = not later }
+  end
+  local EXIT_HERE = { type = "exit", code = 0, truncated = false, here = true }
+
+  local function flushes(frames, format)
+    local answer = assert(raw_http.request(gateway.port, "POST", "/scripted_flushes?format=" .. format,
+      { body = cjson.encode{ frames = frames, polled = true }, timeout = 30 }))
+    assert.equal(200, answer.status, answer.body)
+    return answer.body
+  end
+
+  it("flushes frames that are already here together, and a frame with none after it at once", function()
+    local body = flushes({ out("a", 0), out("b", 1), out("c", 2), out("d", 3, true), EXIT_HERE }, "text")
+    assert.equal("abc|flush|d\nsandkit: exit code 0\n|flush|", body)
+    body = flushes({ out("a", 0), out("b", 1, true), out("c", 2, true), { type = "exit", code = 0,
+      truncated = false } }, "text")
+    assert.equal("a|flush|b|flush|c|flush|\nsandkit: exit code 0\n|flush|", body)
+    -- NDJSON, each flush as the kinds and seqs of its lines.
+    body = flushes({ out("a", 0), out("b", 1), out("c", 2, true), EXIT_HERE }, "ndjson")
+    local groups = {}
+    for group in body:gmatch("(.-)|flush|") do
+      local lines = {}
+      for line in group:gmatch("([^\n]+)\n") do
+        local frame = cjson.decode(line)
+        lines[#lines + 1] = frame.t .. (frame.seq and " " .. math.floor(frame.seq) or "")
+      end
+      groups[#groups + 1] = table.concat(lines, ", ")
+    end
+    assert.same({ "stdout 0, stdout 1", "stdout 2, exit" }, groups)
+  end)
+
+  it("flushes at most sandkit.ngx's FLUSH_BYTES at once, and a longer frame alone", function()
+    local bound = 64 * 1024
+    local half, over = string.rep("h", bound / 2), string.rep("o", bound + 1)
+    local body = flushes({ out(half, 0), out(half, 1), out("x", 2), out(over, 3), out("y", 4), EXIT_HERE }, "text")
+    assert.equal(half .. half .. "|flush|x|flush|" .. over .. "|flush|y\nsandkit: exit code 0\n|flush|", body)
   end)
 
   it("passes a real command's bytes through unchanged, both streams, binary included", function()

@@ -20,6 +20,7 @@ local LOCATIONS = [[
     location = /create { content_by_lua_block { require("support.nginx_app").create() } }
     location = /stream { content_by_lua_block { require("support.nginx_app").stream() } }
     location = /exec { content_by_lua_block { require("support.nginx_app").exec() } }
+    location = /busy { content_by_lua_block { require("support.nginx_app").busy_stream() } }
     location = /fanout { content_by_lua_block { require("support.nginx_app").fanout() } }
     location = /files { content_by_lua_block { require("support.nginx_app").files() } }
     location = /interactive { content_by_lua_block { require("support.nginx_app").interactive() } }
@@ -206,6 +207,40 @@ describe("sandkit inside an nginx worker", function()
     local p99 = percentile(latencies, 0.99)
     assert.is_true(p99 < 0.020, string.format("ping p50 %.1f ms, p99 %.1f ms, max %.1f ms",
       percentile(latencies, 0.5) * 1000, p99 * 1000, percentile(latencies, 1) * 1000))
+  end)
+
+  it("answers pings while a stream whose frames never keep it waiting runs, which holds the worker for turns", function()
+    local seconds = 4
+    local out = files_dir .. "/busy.out"
+    local busy = assert(core.spawn({ "curl", "-sN", "-o", out, "-X", "POST", gateway.url .. "/busy?seconds=" .. seconds },
+      { setsid = true, env = processes.env() }))
+    --- The size of what curl wrote so far and its last bytes (the output runs to hundreds of MB).
+    local function written()
+      local f = io.open(out, "rb")
+      if not f then return 0, "" end
+      local size = f:seek("end")
+      f:seek("set", math.max(0, size - 64))
+      local last = f:read("a")
+      f:close()
+      return size, last
+    end
+    local t0 = core.now()
+    assert.is_true(within(seconds / 2, function() return written() > 0 end),
+      "the busy stream did not start\n" .. gateway:error_log())
+    -- Each ping comes back long before the stream ends: a stream that never parks on its own
+    -- lets the worker run its other work every few milliseconds.
+    local latencies = {}
+    for _ = 1, 5 do
+      local p0 = core.now()
+      local pong = assert(raw_http.request(gateway.port, "GET", "/ping", { timeout = seconds * 2 }))
+      latencies[#latencies + 1] = core.now() - p0
+      assert.equal("pong\n", pong.body)
+    end
+    assert.is_true(core.now() - t0 < seconds, "the pings outlasted the busy stream: it was not busy")
+    assert.is_true(percentile(latencies, 1) < 0.5, string.format("the slowest ping took %.0f ms",
+      percentile(latencies, 1) * 1000))
+    assert.is_true(within(seconds * 3, function() return core.reap(busy) end))
+    assert.matches("\nsandkit: exit code 0\n$", select(2, written()))
   end)
 
   it("runs 8 concurrent two-second commands in under 3 s in all", function()

@@ -5,15 +5,16 @@
 --   local exit, err = sk_ngx.stream(session, { "make", "test" }, { timeout = 600, format = "sse" })
 --   sk_ngx.handle(function() … assert(sandbox:get(id)) … end)
 --
--- stream() runs a command and writes its frames to the response as they come, flushing each
--- one: NDJSON (the agent protocol's own lines, §3.3), server-sent events, or plain text (the
--- output bytes themselves, for curl). The exit status is always the last thing written; a
--- failure is written as a last `error` line (`failure` event, `sandkit: error` line) carrying
--- only what err:external() shows a tenant. Each frame waits on ngx.flush(true) before
--- the next is read from the sandbox, so a slow HTTP client slows the command instead of filling
--- the worker's memory. With `lua_check_client_abort on`, a client that goes away ends the
--- request at once, which closes the stream and so stops the command; without it, the next
--- flush notices.
+-- stream() runs a command and writes its frames to the response as they come: NDJSON (the
+-- agent protocol's own lines, §3.3), server-sent events, or plain text (the output bytes
+-- themselves, for curl). The exit status is always the last thing written; a failure is written
+-- as a last `error` line (`failure` event, `sandkit: error` line) carrying only what
+-- err:external() shows a tenant. A frame is flushed as soon as no other is already here; frames
+-- that arrived together are flushed together, up to FLUSH_BYTES. Each flush waits on
+-- ngx.flush(true) before anything more is read from the sandbox, so a slow HTTP client slows the
+-- command instead of filling the worker's memory. With `lua_check_client_abort on`, a client
+-- that goes away ends the request at once, which closes the stream and so stops the command;
+-- without it, the next flush notices.
 --
 -- handle() runs a handler and answers a raised error for it: logged whole, shown to the client
 -- as err:external() with a 500.
@@ -45,12 +46,13 @@ end
 -- Each encoder returns a frame's text as what goes before its payload and the payload with
 -- what follows it (nil for a frame without payload), each a string or a table of pieces that
 -- ngx.print copies into one buffer (a concatenation would first copy the payload into a new
--- string). The two are printed apart: ngx_lua hands out the most recently freed of a
--- request's output buffers to a print and to a flush alike, so a frame printed whole would
--- take the buffer the last flush used, and every stream would keep two frame-sized buffers
--- (and leak one into the request's pool each time a larger frame met a buffer that last served
--- a flush). Printed apart, the few bytes before the payload take that buffer, and the payload
--- always gets the one the last payload used (bench/RESULTS.md, "128 gateway streams").
+-- string). What one flush writes goes out in two prints: the first frame's head, then
+-- everything else (print_batch). ngx_lua hands out the most recently freed of a request's
+-- output buffers to a print and to a flush alike, so a flush's bytes printed whole would take
+-- the buffer the last flush used, and every stream would keep two flush-sized buffers (and
+-- leak one into the request's pool each time a larger flush met a buffer that last served a
+-- flush). Printed apart, the few bytes of the first head take that buffer, and the rest
+-- always gets the one the last flush's rest used (bench/RESULTS.md, "128 gateway streams").
 local function ndjson(frame)
   local kind = frame.type
   if kind == "stdout" or kind == "stderr" then
@@ -96,7 +98,8 @@ end
 
 --- Plain text: the bytes as they come, stdout and stderr in the order their frames arrived,
 -- then the ending on a line of its own. Printed whole (there is nothing to print apart from the
--- payload), a frame costs a stream two output buffers rather than one (see above).
+-- payload), what one flush carries costs a stream two output buffers rather than one (see
+-- above).
 local function text(frame)
   local kind = frame.type
   if kind == "stdout" or kind == "stderr" then return frame.data end
@@ -104,6 +107,48 @@ local function text(frame)
 end
 
 local ENCODERS = { ndjson = ndjson, sse = sse, text = text }
+
+--- Writes what one flush carries (stream's batch): apart, as the encoders say why; text's
+-- frames have no head to print apart and go in one print, as one text frame always did.
+local function print_batch(batch, whole)
+  if whole then
+    ngx.print(batch.head, batch.rest)
+    return
+  end
+  ngx.print(batch.head)
+  if #batch.rest > 0 then ngx.print(batch.rest) end
+end
+
+--- Bytes one flush writes at most when frames that are already here are joined (a longer frame
+-- goes alone). Joined, they cost one write and one wake-up of the client instead of one each:
+-- a fast command's frames are a few KiB to 64 KiB, as the agent found them in the pipe, and
+-- several arrive in one socket read. It bounds a stream's output buffer in nginx (one, see
+-- the encoders): 64 KiB, below one full frame's base64 (87 KB), adds nothing to the most a
+-- stream of full frames holds.
+local FLUSH_BYTES = 64 * 1024
+sk_ngx.FLUSH_BYTES = FLUSH_BYTES
+--- Seconds one stream's light thread may run without nginx's event loop getting a turn. It
+-- parks only when its socket has nothing or its client is full, so a stream whose agent and
+-- client both keep up would hold the worker for as long as they do (over 100 ms was seen),
+-- and every other request with it. A turn is let go only once it took this long, so it costs
+-- a stream that is alone one pass of the loop each time.
+local TURN_SECONDS = 0.005
+
+--- Lets nginx's event loop run once and then resumes: a timer due at once posts a semaphore
+-- this thread waits on. (ngx.sleep(0) would do it in OpenResty's nginx, and logs a warning for
+-- every call in any other; ngx.sleep(0.001) idles the worker for that millisecond.)
+local semaphore_ok, semaphore = pcall(require, "ngx.semaphore")
+local function let_others_run()
+  if semaphore_ok then
+    local turn = semaphore.new()
+    if ngx.timer.at(0, function() turn:post(1) end) then
+      turn:wait(1)
+      return
+    end
+  end
+  -- No semaphore, or no timer to be had (lua_max_pending_timers).
+  ngx.sleep(0.001)
+end
 
 --- The nginx variable whose value the `Sandkit-Exit` trailer carries (docs/openresty.md: the
 -- location declares it with `set` and sends it with `add_trailer`).
@@ -158,15 +203,9 @@ function sk_ngx.stream(session, argv, opts)
   end
   -- Whether text output so far ends a line: its ending must begin one of its own.
   local at_line_start = true
-  while true do
-    local frame, failure = stream:next()
-    local last = frame == nil or frame.type == "exit"
-    if frame == nil then
-      failure = failure or errors.unanswered("sandbox.runCommand",
-        "the output stream ended without a terminal frame")
-      local shown = failure:external()
-      frame = { type = "error", code = shown.code, message = shown.message }
-    end
+  --- Renders a frame into `batch` (what one flush writes: the first frame's head, then
+  -- everything else in order in `rest`, see print_batch) and counts its bytes there.
+  local function render(frame, last, batch)
     local head, payload = encode(frame)
     if as_text then
       if last then
@@ -176,8 +215,62 @@ function sk_ngx.stream(session, argv, opts)
         at_line_start = head:sub(-1) == "\n"
       end
     end
-    ngx.print(head)
-    if payload then ngx.print(payload) end
+    local rest = batch.rest
+    if batch.head == nil then batch.head = head else rest[#rest + 1] = head end
+    local bytes = #head
+    if payload then
+      for i = 1, #payload do
+        rest[#rest + 1] = payload[i]
+        bytes = bytes + #payload[i]
+      end
+    end
+    batch.bytes, batch.last = batch.bytes + bytes, last
+    return batch
+  end
+  local function new_batch() return { rest = {}, bytes = 0 } end
+  -- Only a stream that can say what is already here without waiting (protocol streams) has
+  -- frames joined in one flush; any other flushes each frame.
+  local poll = type(stream.poll) == "function" and stream.poll or nil
+  -- A frame polled for a flush it would have taken past FLUSH_BYTES, rendered: the next
+  -- flush's first.
+  local held
+  -- nginx's cached clock, which moves only when its event loop runs, as this thread last saw
+  -- it, and when (core.now) it saw it move: how long the thread has held the worker.
+  local loop_clock, turn_began = nil, core.now()
+  while true do
+    local batch, frame, failure = held
+    held = nil
+    if batch then
+      frame = batch.frame
+    else
+      frame, failure = stream:next()
+      local last = frame == nil or frame.type == "exit"
+      if frame == nil then
+        failure = failure or errors.unanswered("sandbox.runCommand",
+          "the output stream ended without a terminal frame")
+        local shown = failure:external()
+        frame = { type = "error", code = shown.code, message = shown.message }
+      end
+      batch = render(frame, last, new_batch())
+    end
+    -- Frames already decodable join this flush, up to FLUSH_BYTES. poll's false (nothing here
+    -- without waiting) flushes at once what was printed; its nil (the stream ended) too, and
+    -- next() then returns that ending again, as a stream's next does once it ended.
+    while not batch.last and poll and batch.bytes < FLUSH_BYTES do
+      local more = poll(stream)
+      if not more then break end
+      local alone = render(more, more.type == "exit", new_batch())
+      if batch.bytes + alone.bytes > FLUSH_BYTES then
+        alone.frame, held = more, alone
+        break
+      end
+      local rest = batch.rest
+      rest[#rest + 1] = alone.head
+      for i = 1, #alone.rest do rest[#rest + 1] = alone.rest[i] end
+      batch.bytes, batch.last = batch.bytes + alone.bytes, alone.last
+      frame = more
+    end
+    print_batch(batch, as_text)
     local flushed, why = ngx.flush(true)
     if not flushed then
       stream:close()
@@ -185,10 +278,17 @@ function sk_ngx.stream(session, argv, opts)
         .. tostring(why) .. "); the stream was closed, which stops the command",
         { client_gone = true })
     end
-    if last then
+    if batch.last then
       stream:close()
       if failure then return nil, failure end
       return frame
+    end
+    local clock = ngx.now()
+    if clock ~= loop_clock then
+      loop_clock, turn_began = clock, core.now()
+    elseif core.now() - turn_began >= TURN_SECONDS then
+      let_others_run()
+      loop_clock, turn_began = ngx.now(), core.now()
     end
   end
 end

@@ -87,15 +87,17 @@ function app.stream()
   if not exit and not ngx.headers_sent then return fail(502, tostring(err)) end
 end
 
---- POST ?format=F, body { frames = [ frame… ], error = { code, message, internal } | nil } ->
--- what sandkit.ngx.stream writes for a session whose command gives those frames, in that
--- order, and then, when `error` is given, fails with it instead of ending.
+--- POST ?format=F, body { frames = [ frame… ], error = { code, message, internal } | nil,
+-- polled = true | nil } -> what sandkit.ngx.stream writes for a session whose command gives
+-- those frames, in that order, and then, when `error` is given, fails with it instead of
+-- ending. With `polled`, the stream has poll() as a protocol stream does: a frame marked
+-- `here = true` has already arrived, any other is not here yet (poll returns false).
 function app.scripted_stream()
   local script = body_json()
   local given = 0
   local session = {}
   function session.stream()
-    return {
+    local stream = {
       next = function()
         given = given + 1
         if script.frames[given] then return script.frames[given] end
@@ -107,9 +109,35 @@ function app.scripted_stream()
       end,
       close = function() end,
     }
+    if script.polled then
+      stream.poll = function()
+        local frame = script.frames[given + 1]
+        if not (frame and frame.here) then return false end
+        given = given + 1
+        return frame
+      end
+    end
+    return stream
   end
   local exit, err = sk_ngx.stream(session, { "scripted" }, { timeout = 1, format = ngx.var.arg_format })
   if not exit and not ngx.headers_sent then return fail(502, tostring(err)) end
+end
+
+--- POST ?seconds=S -> a text stream of 100-byte lines, every one already here when asked
+-- for (its poll never says false), for S seconds, then its exit: a stream that never waits, so
+-- its light thread parks only when sandkit.ngx.stream lets the worker's other work run.
+function app.busy_stream()
+  local now = require("sandkit.core").now
+  local ends = now() + tonumber(ngx.var.arg_seconds)
+  local line, seq = string.rep("x", 99) .. "\n", -1
+  local function frame()
+    if now() >= ends then return { type = "exit", code = 0, truncated = false } end
+    seq = seq + 1
+    return { type = "stdout", seq = seq, data = line }
+  end
+  local session = {}
+  function session.stream() return { next = frame, poll = frame, close = function() end } end
+  sk_ngx.stream(session, { "busy" }, { format = "text" })
 end
 
 --- POST ?root=R&session=ID, body: the argv as JSON -> { code, stdout, stderr } of exec.
