@@ -209,11 +209,12 @@ describe("sandkit inside an nginx worker", function()
       percentile(latencies, 0.5) * 1000, p99 * 1000, percentile(latencies, 1) * 1000))
   end)
 
-  it("answers pings while a stream whose frames never keep it waiting runs, which holds the worker for turns", function()
+  it("answers pings while a stream whose frames never keep it waiting runs, in turns of the worker",
+    function()
     local seconds = 4
     local out = files_dir .. "/busy.out"
-    local busy = assert(core.spawn({ "curl", "-sN", "-o", out, "-X", "POST", gateway.url .. "/busy?seconds=" .. seconds },
-      { setsid = true, env = processes.env() }))
+    local busy = assert(core.spawn({ "curl", "-sN", "-o", out, "-X", "POST",
+      gateway.url .. "/busy?seconds=" .. seconds }, { setsid = true, env = processes.env() }))
     --- The size of what curl wrote so far and its last bytes (the output runs to hundreds of MB).
     local function written()
       local f = io.open(out, "rb")
