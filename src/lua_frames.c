@@ -47,6 +47,8 @@ struct decoder {
 	size_t input_len;
 	const char *tail;  /* where the chunk's unterminated last line starts */
 	size_t max_line;
+	int keep_base64;   /* core.decoder's second argument */
+	int encode_output; /* binary and keep_base64: output frames are encoded (relay_base64) */
 };
 
 /*
@@ -95,10 +97,40 @@ static void set_frame_key(lua_State *L, int mt, int k)
 	lua_rawset(L, -3);
 }
 
+/*
+ * Room for the base64 of a relay's binary output frames, one per Lua state, in the registry: a
+ * frame is encoded there and copied into its Lua string at once, and a state runs one frame at
+ * a time, so one room of the longest frame's size serves every stream. Room of each decoder's,
+ * given back after each frame (as the decoders' other room is, to keep a stream's memory low
+ * between frames), cost a malloc and a free of about 87 KB per frame, and when that block lay
+ * at the top of glibc's heap, a brk to grow it and one to shrink it (bench/RESULTS.md).
+ */
+static const char relay_room_key = 0;
+
+/* Pushes the base64 of f's data as a string. */
+static void push_relay_base64(lua_State *L, const sk_frame *f)
+{
+	size_t n = SK_B64_ENCODED_LEN(f->data_len);
+	lua_pushlightuserdata(L, (void *)&relay_room_key);
+	lua_rawget(L, LUA_REGISTRYINDEX);
+	char *room = lua_touserdata(L, -1);
+	if (room == NULL || skc_rawlen(L, -1) < n) {
+		lua_pop(L, 1);
+		room = lua_newuserdata(L, n ? n : 1);
+		lua_pushlightuserdata(L, (void *)&relay_room_key);
+		lua_pushvalue(L, -2);
+		lua_rawset(L, LUA_REGISTRYINDEX);
+	}
+	sk_b64_encode(f->data, f->data_len, room);
+	lua_pushlstring(L, room, n);
+	lua_remove(L, -2);
+}
+
 void skl_push_frame(lua_State *L, int decoder, const sk_frame *f)
 {
 	if (f->type == SK_FRAME_STDOUT || f->type == SK_FRAME_STDERR) {
 		/* The frame nearly every stream is made of, built with the metatable's names. */
+		const struct decoder *u = lua_touserdata(L, decoder);
 		lua_getmetatable(L, decoder);
 		int mt = lua_gettop(L);
 		lua_createtable(L, 0, 3);
@@ -106,8 +138,13 @@ void skl_push_frame(lua_State *L, int decoder, const sk_frame *f)
 		set_frame_key(L, mt, FRAME_KEY_TYPE);
 		skc_pushu64(L, f->seq);
 		set_frame_key(L, mt, FRAME_KEY_SEQ);
-		lua_pushlstring(L, (const char *)f->data, f->data_len);
-		set_frame_key(L, mt, f->data_is_base64 ? FRAME_KEY_BASE64 : FRAME_KEY_DATA);
+		if (u->encode_output) {
+			push_relay_base64(L, f);
+			set_frame_key(L, mt, FRAME_KEY_BASE64);
+		} else {
+			lua_pushlstring(L, (const char *)f->data, f->data_len);
+			set_frame_key(L, mt, f->data_is_base64 ? FRAME_KEY_BASE64 : FRAME_KEY_DATA);
+		}
 		lua_remove(L, mt);
 		return;
 	}
@@ -192,6 +229,7 @@ static int decoder_new(lua_State *L)
 	if (u->d == NULL)
 		return luaL_error(L, "out of memory");
 	u->max_line = max_line ? (size_t)max_line : SK_FRAMES_MAX_LINE;
+	u->keep_base64 = keep_base64;
 	if (keep_base64)
 		sk_frames_keep_base64(u->d);
 	return 1;
@@ -204,6 +242,7 @@ static int decoder_binary(lua_State *L)
 	luaL_argcheck(L, u->input_len == 0 && sk_frames_pending(u->d) == 0, 1,
 		      "the syntax is chosen before the first feed()");
 	sk_frames_binary(u->d);
+	u->encode_output = u->keep_base64;
 	return 0;
 }
 

@@ -496,20 +496,8 @@ static int parse_binary(sk_frames *d, unsigned char kind, const unsigned char *b
 	if (!(d->admitted & SK_FRAMES_KIND(out->type)))
 		return fail(d, SK_FRAMES_UNPARSABLE, "an output frame did not parse: %s frame, "
 		            "which this stream did not ask for", kind_names[out->type], -1);
-	const unsigned char *data = body + SK_FRAMES_BINARY_SEQ;
-	size_t n = len - SK_FRAMES_BINARY_SEQ;
-	if (d->keep_base64) {
-		/* A relay writes base64 on: it is made here, once, in room bounded by the frame's. */
-		if (reserve((void **)&d->scratch, &d->scratch_cap, SK_B64_ENCODED_LEN(n), 0) < 0)
-			return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
-		sk_b64_encode(data, n, (char *)d->scratch);
-		out->data = d->scratch;
-		out->data_len = SK_B64_ENCODED_LEN(n);
-		out->data_is_base64 = 1;
-	} else {
-		out->data = data; /* the bytes as they came: no copy, no decoding */
-		out->data_len = n;
-	}
+	out->data = body + SK_FRAMES_BINARY_SEQ; /* the bytes as they came: no copy, no decoding */
+	out->data_len = len - SK_FRAMES_BINARY_SEQ;
 	return SK_FRAMES_FRAME;
 }
 

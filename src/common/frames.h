@@ -105,8 +105,10 @@ sk_frames *sk_frames_new(size_t max_line);
  */
 void sk_frames_keep_base64(sk_frames *d);
 /*
- * Reads the binary syntax from now on, in place of NDJSON; called before any input. (With
- * sk_frames_keep_base64 too, output is encoded to base64 here, where the relay needs it.)
+ * Reads the binary syntax from now on, in place of NDJSON; called before any input. Output is
+ * handed over as its bytes whatever sk_frames_keep_base64 says (data_is_base64 stays 0): a
+ * relay that writes it on as base64 encodes it where the frame is taken, in room of its own
+ * (lua_frames.c), rather than in room of each decoder's, allocated and freed for every frame.
  */
 void sk_frames_binary(sk_frames *d);
 /*
