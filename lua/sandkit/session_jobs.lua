@@ -163,7 +163,8 @@ function session_jobs.install(session_mt, job_mt, h)
     end
     local at = 1
     repeat
-      local piece = bytes:sub(at, at + session_jobs.WRITE_PIECE - 1)
+      -- A string of one piece goes as it is: a copy of it would cost as much as its sending.
+      local piece = #bytes <= session_jobs.WRITE_PIECE and bytes or bytes:sub(at, at + session_jobs.WRITE_PIECE - 1)
       local answer
       answer, err = write_piece(self, conn, piece, false)
       if not answer then return nil, err end

@@ -650,6 +650,10 @@ static int plumbing_open(struct plumbing *pl, const struct command_spec *spec)
 	if (spec->stdin_pipe && (pipe2(pl->in, O_CLOEXEC) < 0 ||
 				 fcntl(pl->in[1], F_SETFL, O_NONBLOCK) < 0))
 		return -1;
+	/* Where the kernel refuses the size, the pipe keeps its own and input goes as before, in
+	 * more and smaller moves. */
+	if (spec->stdin_pipe)
+		(void)fcntl(pl->in[1], F_SETPIPE_SZ, EXEC_INPUT_PIPE);
 	return 0;
 }
 
@@ -838,6 +842,16 @@ size_t command_input_room(const struct command *c)
 int command_input_open(const struct command *c)
 {
 	return c->input_fd >= 0 && !c->input_closing;
+}
+
+int command_input_pipe(const struct command *c)
+{
+	return c->pty || !command_input_open(c) ? -1 : c->input_fd;
+}
+
+size_t command_input_held(const struct command *c)
+{
+	return evbuffer_get_length(c->input);
 }
 
 int command_input(struct command *c, const void *p, size_t n)

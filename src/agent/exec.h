@@ -63,6 +63,11 @@ struct command_spec {
  * for. A pipe's own 64 KiB comes on top; together they keep a fast writer busy while a command
  * that never reads costs the agent no more. */
 #define EXEC_INPUT_MAX (256 * 1024)
+/* The size asked of a command's input pipe (no terminal): what it holds unread when the
+ * writer's bytes go straight into it (jobs_live.c), so one move takes what a wake-up of the
+ * agent finds in its socket, up to Linux's default ceiling for an unprivileged pipe
+ * (/proc/sys/fs/pipe-max-size). */
+#define EXEC_INPUT_PIPE (128 * 1024)
 /* The terminal's end-of-file character (VEOF, ^D): what closing a terminal's input sends. */
 #define EXEC_PTY_EOF '\x04'
 
@@ -85,6 +90,12 @@ size_t command_input_room(const struct command *c);
 int command_input(struct command *c, const void *p, size_t n);
 void command_input_close(struct command *c);
 int command_input_open(const struct command *c);
+/* The pipe a command without a terminal reads its input from while it is open, for a writer
+ * that moves bytes into it itself (splice(2)), -1 otherwise; such a writer goes only once
+ * command_input_held, the bytes appended and not yet written, is 0, so that its bytes follow
+ * them. The command still owns the pipe and may close it at any time. */
+int command_input_pipe(const struct command *c);
+size_t command_input_held(const struct command *c);
 
 /* A terminal's new size (TIOCSWINSZ: the command's foreground group gets SIGWINCH): 0, or -1
  * with errno (ENOTTY for a command without one). */

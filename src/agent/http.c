@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -76,10 +77,14 @@ struct conn {
 	int head_lead;
 	int depth;               /* >0 while the connection's own callbacks run: no freeing then */
 	int dead;                /* closed while depth > 0; freed when it returns to 0 */
-	/* While a body is spliced into a file: the socket's own read event (libevent reads
-	 * nothing meanwhile) and the pipe between socket and file, -1 when there is none. */
+	/* While a body is spliced: the socket's own read event (libevent reads nothing
+	 * meanwhile), and either the pipe between socket and file, or the connection's own
+	 * duplicate of the pipe the body goes into (sink_pipe) with the event that waits for its
+	 * room while it is full; -1 where there is none. */
 	struct event *splice_ev;
 	int pipe_fd[2];
+	int sink_pipe;
+	struct event *sink_ev;
 };
 
 struct http_request {
@@ -101,6 +106,9 @@ struct http_request {
 	void (*on_end)(void *, int);
 	void (*on_sink_failed)(void *, int);
 	int sink_fd;                 /* >= 0: the body may be spliced into it */
+	/* >= 0: the body's next bytes go into this pipe (http_body_splice_pipe) */
+	int splice_pipe;
+	int (*on_moved)(void *, size_t);
 	void *body_ctx;
 	/* the reply */
 	int replying;                /* a streamed reply started */
@@ -418,6 +426,40 @@ void http_body_stream_to_fd(struct http_request *req, int (*data)(void *, const 
 	http_body_stream(req, data, end, ctx);
 }
 
+static void stop_splice(struct conn *c, int read_again);
+static void splice_when_read(struct conn *c);
+
+int http_body_splice_pipe(struct http_request *req, int fd, int (*moved)(void *, size_t),
+			  void (*failed)(void *, int))
+{
+	if (req->head.chunked || req->body_done)
+		return -1;
+	struct conn *c = req->conn;
+	req->on_moved = moved;
+	req->on_sink_failed = failed;
+	req->splice_pipe = fd;
+	/* What the connection already read goes through data; nothing more is read ahead. Read
+	 * whole and waiting for the socket, the body is spliced from now on (inside the
+	 * connection's own callbacks, read_body sees to it). */
+	if (c->splice_ev == NULL)
+		bufferevent_disable(c->bev, EV_READ);
+	if (c->depth == 0 && req->on_data && !req->body_paused)
+		splice_when_read(c);
+	return 0;
+}
+
+void http_body_unsplice(struct http_request *req)
+{
+	if (req->splice_pipe < 0)
+		return;
+	req->splice_pipe = -1;
+	struct conn *c = req->conn;
+	if (c->splice_ev)
+		stop_splice(c, 1);
+	else
+		bufferevent_enable(c->bev, EV_READ);
+}
+
 /* ---- connections ---- */
 
 /* The pipe a splice needs at most: 1 MiB, Linux's default ceiling for an unprivileged pipe
@@ -434,9 +476,15 @@ static void stop_splice(struct conn *c, int read_again)
 		return;
 	event_free(c->splice_ev);
 	c->splice_ev = NULL;
-	close(c->pipe_fd[0]);
-	close(c->pipe_fd[1]);
-	c->pipe_fd[0] = c->pipe_fd[1] = -1;
+	if (c->sink_ev)
+		event_free(c->sink_ev);
+	c->sink_ev = NULL;
+	int *fds[] = { &c->pipe_fd[0], &c->pipe_fd[1], &c->sink_pipe };
+	for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
+		if (*fds[i] >= 0) {
+			close(*fds[i]);
+			*fds[i] = -1;
+		}
 	if (read_again)
 		bufferevent_enable(c->bev, EV_READ);
 }
@@ -456,6 +504,33 @@ static int start_splice(struct conn *c)
 		close(c->pipe_fd[0]);
 		close(c->pipe_fd[1]);
 		c->pipe_fd[0] = c->pipe_fd[1] = -1;
+		return -1;
+	}
+	bufferevent_disable(c->bev, EV_READ);
+	return 0;
+}
+
+static void on_sink_room(evutil_socket_t fd, short what, void *arg);
+
+/* The body's reads move from libevent to on_splice, straight into the request's pipe through a
+ * duplicate of it, so that the handler may close its own at any time. -1 when the duplicate or
+ * an event could not be had: the body is then read as any other. */
+static int start_pipe_splice(struct conn *c)
+{
+	int sock = bufferevent_getfd(c->bev);
+	if ((c->sink_pipe = fcntl(c->req->splice_pipe, F_DUPFD_CLOEXEC, 0)) < 0)
+		return -1;
+	c->splice_ev = event_new(srv.cfg.base, sock, EV_READ | EV_PERSIST, on_splice, c);
+	c->sink_ev = event_new(srv.cfg.base, c->sink_pipe, EV_WRITE, on_sink_room, c);
+	if (c->splice_ev == NULL || c->sink_ev == NULL || event_add(c->splice_ev, NULL) < 0) {
+		if (c->splice_ev == NULL) {
+			if (c->sink_ev)
+				event_free(c->sink_ev);
+			c->sink_ev = NULL;
+			close(c->sink_pipe);
+			c->sink_pipe = -1;
+		}
+		stop_splice(c, 0);
 		return -1;
 	}
 	bufferevent_disable(c->bev, EV_READ);
@@ -544,6 +619,20 @@ static void body_complete(struct conn *c)
 		req->on_end(req->body_ctx, 1);
 }
 
+/* A body to be spliced into a pipe is, once all the connection read of it went through data
+ * (or libevent reads it again, when no splice could be had). */
+static void splice_when_read(struct conn *c)
+{
+	struct http_request *req = c->req;
+	if (req->splice_pipe < 0 || c->splice_ev != NULL || req->body_left == 0 ||
+	    evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+		return;
+	if (start_pipe_splice(c) < 0) {
+		req->splice_pipe = -1;
+		bufferevent_enable(c->bev, EV_READ);
+	}
+}
+
 /* Moves the input the body wants. 1 when something changed, 0 when it waits for more. */
 static int read_body(struct conn *c)
 {
@@ -561,6 +650,7 @@ static int read_body(struct conn *c)
 		if (req->sink_fd >= 0 && !req->head.chunked && c->splice_ev == NULL &&
 		    req->body_left >= HTTP_SPLICE_MIN && start_splice(c) < 0)
 			req->sink_fd = -1;
+		splice_when_read(c);
 		return 0;
 	}
 	size_t take = avail < HTTP_BODY_PIECE ? avail : HTTP_BODY_PIECE;
@@ -635,7 +725,7 @@ static void admit(struct conn *c, size_t head_len)
 		return;
 	}
 	req->conn = c;
-	req->sink_fd = -1;
+	req->sink_fd = req->splice_pipe = -1;
 	evbuffer_remove(in, req->head_buf, head_len);
 	c->req = req;
 	evtimer_del(c->timer);
@@ -734,6 +824,11 @@ static size_t head_length(struct conn *c, struct evbuffer *in, size_t avail)
  * waits for the next request. */
 static int end_request(struct conn *c)
 {
+	/* A body still being spliced, or that was to be, stopped libevent's reads: they go on. */
+	if (c->splice_ev || c->req->splice_pipe >= 0) {
+		stop_splice(c, 0);
+		bufferevent_enable(c->bev, EV_READ);
+	}
 	request_free(c->req);
 	c->req = NULL;
 	if (c->close_after) {
@@ -902,12 +997,83 @@ static void spliced(struct conn *c, int fd)
 	}
 }
 
+/* Moves what the socket holds of the body and the request's pipe has room for, one splice a
+ * wake-up; when either side has nothing to give, waits on the side that stopped it. */
+static void spliced_to_pipe(struct conn *c, int fd)
+{
+	struct http_request *req = c->req;
+	if (req != NULL && !req->finished && req->body_paused) {
+		stop_splice(c, 0); /* read_body starts it again once resumed */
+		return;
+	}
+	if (req == NULL || req->finished || req->body_done || req->body_left == 0) {
+		stop_splice(c, 1);
+		return;
+	}
+	size_t want = req->body_left < SPLICE_PIPE ? (size_t)req->body_left : SPLICE_PIPE;
+	ssize_t n = splice(fd, NULL, c->sink_pipe, NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+	if (n < 0 && errno == EINTR)
+		return;
+	if (n < 0 && errno == EAGAIN) {
+		/* An empty socket or a full pipe: bytes waiting in the socket say it was the pipe,
+		 * whose room is then waited for instead of a socket that would wake at once. */
+		int queued = 0;
+		if (ioctl(fd, FIONREAD, &queued) == 0 && queued > 0) {
+			event_del(c->splice_ev);
+			event_add(c->sink_ev, NULL);
+		}
+		return;
+	}
+	if (n < 0 && errno == EPIPE) {
+		/* Nobody reads the pipe any more: the handler answers. */
+		stop_splice(c, 1);
+		req->splice_pipe = -1;
+		req->on_sink_failed(req->body_ctx, EPIPE);
+		return;
+	}
+	if (n <= 0) {
+		conn_close(c); /* the caller went away mid-body: the handler hears it through end(0) */
+		return;
+	}
+	req->body_left -= (uint64_t)n;
+	arm(c, srv.cfg.stall_timeout_ms);
+	int go_on = req->on_moved(req->body_ctx, (size_t)n) == 0;
+	if (c->dead || req->finished)
+		return;
+	if (req->body_left == 0) {
+		stop_splice(c, 1);
+		req->splice_pipe = -1;
+		body_complete(c);
+	} else if (!go_on) {
+		stop_splice(c, 1);
+		req->splice_pipe = -1;
+	}
+}
+
 static void on_splice(evutil_socket_t fd, short what, void *arg)
 {
 	(void)what;
 	struct conn *c = arg;
 	enter(c);
-	spliced(c, fd);
+	if (c->sink_pipe >= 0)
+		spliced_to_pipe(c, fd);
+	else
+		spliced(c, fd);
+	process(c);
+	leave(c);
+}
+
+/* The pipe a body goes into has room again: the socket is watched again, and read at once. */
+static void on_sink_room(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	struct conn *c = arg;
+	enter(c);
+	if (c->splice_ev) {
+		event_add(c->splice_ev, NULL);
+		spliced_to_pipe(c, bufferevent_getfd(c->bev));
+	}
 	process(c);
 	leave(c);
 }
@@ -986,7 +1152,7 @@ void conn_open(int fd)
 		free(c);
 		return;
 	}
-	c->pipe_fd[0] = c->pipe_fd[1] = -1;
+	c->pipe_fd[0] = c->pipe_fd[1] = c->sink_pipe = -1;
 	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);

@@ -173,4 +173,22 @@ void http_body_stream_to_fd(struct http_request *req, int (*data)(void *ctx, con
 			    void (*end)(void *ctx, int complete), void (*failed)(void *ctx, int err),
 			    void *ctx, int fd);
 
+/*
+ * While a streamed body is taken (http_body_stream), has its next bytes go from the socket
+ * straight into the pipe fd by splice(2), never read by the agent, instead of through data:
+ * what the connection already read still goes through data first (it reads nothing more ahead
+ * meanwhile), and a pause holds the splice as it holds the pieces. Each splice moves what the
+ * socket holds and the pipe has room for; a full pipe's room is waited for, never blocked on.
+ * moved(ctx, n) hears of each n bytes moved and returns 0 to go on, or -1 to have the rest go
+ * through data again (as http_body_unsplice does); failed(ctx, EPIPE) is told when nobody
+ * reads the pipe any more, and answers as data does before it returns -1. The connection
+ * splices through a duplicate of fd of its own, so the caller may close fd at any time.
+ * -1 for a body that cannot be spliced (chunked): it goes on through data.
+ * Neither this nor http_body_unsplice calls anything of the handler's at once: the next bytes
+ * go on as the connection reads them, or when a pause ends.
+ */
+int http_body_splice_pipe(struct http_request *req, int fd, int (*moved)(void *ctx, size_t n),
+			  void (*failed)(void *ctx, int err));
+void http_body_unsplice(struct http_request *req);
+
 #endif

@@ -24,6 +24,11 @@
  * resend), the rest go to the command's input buffer, and the body waits in the caller's
  * socket while that buffer is full (exec.h EXEC_INPUT_MAX): a job holds at most the buffer
  * and one body piece, however much is sent and however slowly the command reads.
+ *
+ * A command that reads a pipe (no terminal) gets the body's new bytes straight from the
+ * socket instead, by splice(2), once the buffer ahead of them is written: the agent then holds
+ * none of them, the pipe (EXEC_INPUT_PIPE) is what the command has not read, and a full pipe
+ * leaves the body in the socket as a full buffer does.
  */
 struct stdin_write {
 	struct http_request *req;
@@ -31,6 +36,7 @@ struct stdin_write {
 	uint64_t offset;      /* where the next byte of the body belongs */
 	int close;            /* close the input after the body */
 	int paused;
+	int splicing;         /* the body's next bytes go straight into the command's pipe */
 	int superseded;       /* a newer write took over: this one takes nothing more */
 };
 
@@ -40,6 +46,21 @@ static void stdin_write_free(struct stdin_write *w)
 		w->job->writer = NULL;
 	w->job->readers--;
 	free(w);
+}
+
+static void stdin_pause(struct stdin_write *w)
+{
+	w->paused = 1;
+	http_body_pause(w->req);
+}
+
+/* The rest of the body goes through stdin_data again, which skips, takes or refuses it. */
+static void stdin_unsplice(struct stdin_write *w)
+{
+	if (!w->splicing)
+		return;
+	w->splicing = 0;
+	http_body_unsplice(w->req);
 }
 
 /* Why a job's input takes no new byte, as a refusal (409: the job's state, not the request,
@@ -86,6 +107,48 @@ static void reply_taken(struct http_request *req, const struct job *j)
 	reply_json(req, 200, b);
 }
 
+static int stdin_moved(void *ctx, size_t n)
+{
+	struct stdin_write *w = ctx;
+	struct job *j = w->job;
+	j->stdin_taken += n;
+	w->offset += n;
+	/* The command's input ended meanwhile: its next bytes are refused through stdin_data. */
+	if (input_refusal(j, &(const char *){ NULL })) {
+		w->splicing = 0;
+		return -1;
+	}
+	return 0;
+}
+
+static void stdin_splice_failed(void *ctx, int err)
+{
+	(void)err; /* EPIPE: the command closed its end of the pipe */
+	struct stdin_write *w = ctx;
+	struct job *j = w->job;
+	w->splicing = 0;
+	/* As a write into the pipe that met EPIPE: the input is closed and takes nothing more. */
+	if (j->cmd)
+		command_input_close(j->cmd);
+	reply_input_refused(w->req, j);
+	stdin_write_free(w);
+}
+
+/* Has the rest of the body go straight into the command's pipe when nothing stands before its
+ * bytes: all new, the job's input an open pipe, and its buffer written (job_live_input_room
+ * asks again once it is). What the connection read already still comes as pieces, each
+ * written before the body goes on (stdin_data pauses it). */
+static void stdin_splice(struct stdin_write *w)
+{
+	struct job *j = w->job;
+	if (w->splicing || w->superseded || w->offset != j->stdin_taken || j->cmd == NULL ||
+	    command_input_held(j->cmd) > 0)
+		return;
+	int fd = command_input_pipe(j->cmd);
+	if (fd >= 0 && http_body_splice_pipe(w->req, fd, stdin_moved, stdin_splice_failed) == 0)
+		w->splicing = 1;
+}
+
 static int stdin_data(void *ctx, const char *p, size_t n)
 {
 	struct stdin_write *w = ctx;
@@ -97,8 +160,10 @@ static int stdin_data(void *ctx, const char *p, size_t n)
 		n -= skip;
 		w->offset += skip;
 	}
-	if (n == 0)
+	if (n == 0) {
+		stdin_splice(w);
 		return 0;
+	}
 	if (w->superseded) {
 		reply_error(w->req, 409, "JOB_STDIN_BUSY", "a newer write to job '%s''s input took "
 			    "over; the agent took %" PRIu64 " bytes of it", j->id, j->stdin_taken);
@@ -118,10 +183,8 @@ static int stdin_data(void *ctx, const char *p, size_t n)
 	}
 	j->stdin_taken += n;
 	w->offset += n;
-	if (command_input_room(j->cmd) == 0) {
-		w->paused = 1;
-		http_body_pause(w->req);
-	}
+	if (command_input_room(j->cmd) == 0 || w->splicing)
+		stdin_pause(w);
 	return 0;
 }
 
@@ -144,9 +207,17 @@ static void stdin_end(void *ctx, int complete)
 void job_live_input_room(struct job *j)
 {
 	struct stdin_write *w = j->writer;
-	/* Room again, or the input ended: either way the next piece is taken or refused. */
-	if (w && w->paused && (j->cmd == NULL || command_input_room(j->cmd) > 0 ||
-			       !command_input_open(j->cmd))) {
+	if (w == NULL)
+		return;
+	int ended = j->cmd == NULL || !command_input_open(j->cmd);
+	if (ended)
+		stdin_unsplice(w);
+	else if (command_input_held(j->cmd) == 0)
+		stdin_splice(w);
+	/* Room again, or the input ended: either way the next piece is taken or refused. A body
+	 * spliced waits for the buffer ahead of it to be written whole. */
+	if (w->paused && (ended || (w->splicing ? command_input_held(j->cmd) == 0 :
+					  command_input_room(j->cmd) > 0))) {
 		w->paused = 0;
 		http_body_resume(w->req);
 	}
@@ -217,6 +288,7 @@ void jobs_stdin(struct http_request *req)
 		struct stdin_write *old = j->writer;
 		old->superseded = 1;
 		j->writer = NULL;
+		stdin_unsplice(old);
 		if (old->paused) {
 			old->paused = 0;
 			http_body_resume(old->req);
@@ -242,6 +314,7 @@ void jobs_stdin(struct http_request *req)
 	w->close = (int)close_flag;
 	j->writer = w;
 	j->readers++;
+	stdin_splice(w);
 	http_body_stream(req, stdin_data, stdin_end, w);
 }
 
