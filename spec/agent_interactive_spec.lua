@@ -134,12 +134,63 @@ describe("sandkit-agent's interactive jobs", function()
       for _, job in ipairs(value.jobs) do if job.jobId == id then taken = job.stdinOffset end end
       return taken and taken > 0
     end))
-    -- What the agent took: its buffer, a body piece, and what the command's pipe holds.
+    -- What the agent took: its buffer, a body piece, and what the command's pipe holds (its 32
+    -- slots, each one TCP fragment of at most 32 KiB once the body is spliced into it).
     assert.is_true(taken <= 256 * 1024 + 64 * 1024 + 1024 * 1024, "took " .. taken)
     assert.is_true(sent < 64 * 1024 * 1024, "the sender was held back")
     assert.is_true(agent_process.vm_rss_kb(A.pid) - before < 8 * 1024, "the agent's memory stayed bounded")
     c:close(true)
     A:req("POST", "/v1/jobs/cancel", { jobId = id })
+  end)
+
+  it("moves a write into a pipe job's input in order, after what it buffered and past a resend's skips", function()
+    local parts = {}
+    for i = 1, 6 * 1024 * 1024 / 8 do parts[i] = string.format("%08x", i) end
+    local input = table.concat(parts)
+    local path = os.tmpname()
+    local f = assert(io.open(path, "wb"))
+    f:write(input)
+    f:close()
+    local p = assert(io.popen("cksum < " .. path))
+    local want = p:read("a")
+    p:close()
+    os.remove(path)
+    -- The command reads nothing for a second: what the agent buffers meanwhile must reach it
+    -- before any byte that goes into the pipe from the socket.
+    local _, id = start{ command = { "sh", "-c", "sleep 1; exec cksum" }, stdin = true }
+    -- A few bytes the agent buffers; a resend that reaches 3 MiB past them, whose body goes
+    -- into the pipe once they are written; one more from 2 MiB, its first MiB skipped.
+    local _, value = A:json("POST", "/v1/jobs/stdin?jobId=" .. id .. "&offset=0", input:sub(1, 100))
+    assert.equal(100, value.offset)
+    _, value = A:json("POST", "/v1/jobs/stdin?jobId=" .. id .. "&offset=0",
+      input:sub(1, 3 * 1024 * 1024))
+    assert.equal(3 * 1024 * 1024, value.offset)
+    _, value = A:json("POST", "/v1/jobs/stdin?jobId=" .. id .. "&offset=" .. 2 * 1024 * 1024 .. "&close=1",
+      input:sub(2 * 1024 * 1024 + 1))
+    assert.same({ offset = #input, closed = true }, value)
+    local _, frames = A:poll_until_done(id, 20)
+    assert.equal(want, agent_process.frames_data(frames, "stdout"))
+  end)
+
+  it("refuses the rest of a write whose command stopped reading while its body went into the pipe", function()
+    local _, id = start{ command = { "head", "-c", "10" }, stdin = true }
+    local c = assert(raw.connect(A.port))
+    local h = A:auth()
+    h["Content-Length"] = tostring(64 * 1024 * 1024)
+    assert(c:request("POST", "/v1/jobs/stdin?jobId=" .. id .. "&offset=0", h))
+    c:settimeout(0.05)
+    local block = string.rep("h", 1024 * 1024)
+    for _ = 1, 64 do
+      if not c:send(block) then break end
+    end
+    c:settimeout(10)
+    local status = c:read_head()
+    assert.equal(409, status)
+    local body = c:read_body()
+    assert.truthy(body:match("^JOB_STDIN_CLOSED:") or body:match("^JOB_ENDED:"), body)
+    c:close(true)
+    local _, frames = A:poll_until_done(id, 10)
+    assert.equal(string.rep("h", 10), agent_process.frames_data(frames, "stdout"))
   end)
 
   it("lets a new write take over one still being taken, refusing the old one's next new byte", function()

@@ -60,13 +60,14 @@ struct command_spec {
 };
 
 /* Bytes of input a command holds that it has not read yet: what a writer is told there is room
- * for. A pipe's own 64 KiB comes on top; together they keep a fast writer busy while a command
- * that never reads costs the agent no more. */
+ * for. The pipe's own EXEC_INPUT_PIPE comes on top; together they keep a fast writer busy while
+ * a command that never reads costs the agent no more. */
 #define EXEC_INPUT_MAX (256 * 1024)
-/* The size asked of a command's input pipe (no terminal): what it holds unread when the
- * writer's bytes go straight into it (jobs_live.c), so one move takes what a wake-up of the
- * agent finds in its socket, up to Linux's default ceiling for an unprivileged pipe
- * (/proc/sys/fs/pipe-max-size). */
+/* The size asked of a command's input pipe (no terminal): 32 slots, twice Linux's default, so
+ * that it covers the agent's turn between two writes when a writer's bytes go straight into
+ * it (jobs_live.c). Bytes written fill a slot a page at a time (128 KiB); bytes spliced from a
+ * socket take one slot per TCP fragment, 32 KiB at most: 1 MiB, the bound docs/agent.md gives.
+ * A larger pipe measured little faster while its spliced bound grew with it. */
 #define EXEC_INPUT_PIPE (128 * 1024)
 /* The terminal's end-of-file character (VEOF, ^D): what closing a terminal's input sends. */
 #define EXEC_PTY_EOF '\x04'
