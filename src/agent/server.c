@@ -23,7 +23,8 @@
 
 /* Descriptors serving one request may hold at once: its socket, a command's two pipes and its
  * pidfd; or a directory's archive: its socket, the directory, the one being read, and a file
- * (a walk stepping down opens the next directory a moment before it lets the last go). */
+ * (a walk stepping down opens the next directory a moment before it lets the last go); a job's
+ * input spliced into its pipe takes two, its socket and its duplicate of the pipe. */
 #define FDS_PER_CONNECTION 4
 /* Descriptors kept out of the connections' budget: stdio, root, listener, event loop, signal
  * pipe, and what a request opens for a moment; and each job's pipes and pidfd. */
