@@ -49,22 +49,28 @@ WERROR  ?= -Werror
 STRICT  := -std=c99 -Wall -Wextra $(WERROR) -Werror=implicit-function-declaration -D_GNU_SOURCE -fPIC
 LIBFLAG ?= -shared
 
+# $(call pkg_config_once,VAR,ARGS): pkg-config's answer for VAR, asked when VAR is first used and
+# kept: a variable of `$(shell …)` alone would ask again at every compile command that names it
+# (hundreds of runs of pkg-config a build), and one asked at once would ask for libraries a target
+# does not use (`make agent` builds where libcurl is not installed).
+pkg_config_once = $(eval $(1) := $$(shell $(PKG_CONFIG) $(2)))$($(1))
+
 # LuaRocks passes LUA_INCDIR; by hand it comes from pkg-config.
 ifdef LUA_INCDIR
 LUA_CFLAGS ?= -I$(LUA_INCDIR)
 else
-LUA_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags $(LUA_PC))
+LUA_CFLAGS ?= $(call pkg_config_once,LUA_CFLAGS,--cflags $(LUA_PC))
 endif
-CURL_CFLAGS    ?= $(shell $(PKG_CONFIG) --cflags libcurl)
-CURL_LIBS      ?= $(shell $(PKG_CONFIG) --libs libcurl)
-OPENSSL_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcrypto)
-OPENSSL_LIBS   ?= $(shell $(PKG_CONFIG) --libs libcrypto)
-EVENT_CFLAGS   ?= $(shell $(PKG_CONFIG) --cflags libevent)
-EVENT_LIBS     ?= $(shell $(PKG_CONFIG) --libs libevent)
+CURL_CFLAGS    ?= $(call pkg_config_once,CURL_CFLAGS,--cflags libcurl)
+CURL_LIBS      ?= $(call pkg_config_once,CURL_LIBS,--libs libcurl)
+OPENSSL_CFLAGS ?= $(call pkg_config_once,OPENSSL_CFLAGS,--cflags libcrypto)
+OPENSSL_LIBS   ?= $(call pkg_config_once,OPENSSL_LIBS,--libs libcrypto)
+EVENT_CFLAGS   ?= $(call pkg_config_once,EVENT_CFLAGS,--cflags libevent)
+EVENT_LIBS     ?= $(call pkg_config_once,EVENT_LIBS,--libs libevent)
 # libarchive writes and reads the tar streams of whole directories (src/common/tarstream.c), in
 # the agent and in the C core alike.
-ARCHIVE_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libarchive)
-ARCHIVE_LIBS   ?= $(shell $(PKG_CONFIG) --libs libarchive)
+ARCHIVE_CFLAGS ?= $(call pkg_config_once,ARCHIVE_CFLAGS,--cflags libarchive)
+ARCHIVE_LIBS   ?= $(call pkg_config_once,ARCHIVE_LIBS,--libs libarchive)
 
 BUILD ?= build
 # The C core's folder is named after the Lua whose headers it is compiled against (lua5.4,
