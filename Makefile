@@ -169,7 +169,8 @@ test:
 #     agent_containerfile_spec.lua builds it as its image does and reads what it links against.
 #   nginx_*_spec.lua, openresty_example_spec.lua: the client runs inside nginx's Lua module,
 #     which is LuaJIT whatever runs busted; busted's side only sends HTTP to nginx.
-#   packaging_spec.lua: builds and installs for Lua 5.4 and for the 5.1 ABI by name.
+#   packaging_spec.lua, packaging_rock_spec.lua, packaging_rock_luajit_spec.lua: build and install
+#     for Lua 5.4 and for the 5.1 ABI by name.
 #   local_image_build_spec.lua: mmdebstrap builds a Debian system, a minute or two, and the
 #     interpreter only asks for it.
 ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agent_confine_spec.lua \
@@ -179,7 +180,8 @@ ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agen
               spec/nginx_handle_spec.lua spec/nginx_kubernetes_spec.lua spec/nginx_protocol_spec.lua \
               spec/nginx_providers_spec.lua spec/nginx_text_stream_spec.lua spec/nginx_transport_spec.lua \
               spec/nginx_worker_spec.lua spec/openresty_example_spec.lua \
-              spec/packaging_spec.lua spec/local_image_build_spec.lua
+              spec/packaging_spec.lua spec/packaging_rock_spec.lua spec/packaging_rock_luajit_spec.lua \
+              spec/local_image_build_spec.lua
 BOTH_SPECS := $(filter-out $(ONCE_SPECS),$(sort $(wildcard spec/*_spec.lua)))
 
 # The specs of both passes under LuaJIT (Debian's luajit2, the LuaJIT nginx's Lua module runs);

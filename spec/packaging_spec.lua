@@ -1,18 +1,16 @@
--- How sandkit is built and installed: the build folder per Lua, the rockspec, `make rock` and
--- a source rock installed offline into a fresh tree, and `luarocks test`. Each case names the
--- Lua it builds or runs for, so the interpreter running busted changes nothing here.
+-- How sandkit is built and installed: the build folder per Lua, the rockspec and `luarocks test`,
+-- `make install`. A source rock installed offline is packaging_rock_spec.lua's (Lua 5.4) and
+-- packaging_rock_luajit_spec.lua's (the 5.1 tree), each file on its own so `make check` runs the
+-- three long builds at once. Each case names the Lua it builds or runs for, so the interpreter
+-- running busted changes nothing here.
 
 local core = require "sandkit.core"
 local files = require "support.files"
 local local_state = require "support.local_state"
+local packaging = require "support.packaging"
 
 local q = files.shell_quote
-
---- The environment of a make or luarocks started from inside `make test`: the outer make's
--- flags and variables would otherwise leak into the inner one.
-local CLEAN_ENV = "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u BUSTED_ARGS "
---- Added to CLEAN_ENV where a make only compiles: one job a core, as a user's -j would.
-local PARALLEL = "MAKEFLAGS=-j$(nproc) "
+local CLEAN_ENV, PARALLEL = packaging.CLEAN_ENV, packaging.PARALLEL
 
 local temp_dir = local_state.new
 
@@ -102,76 +100,6 @@ describe("the rockspec", function()
     assert.equal(0, status, out .. err)
     assert.matches("busted --lua=luajit ", out, 1, true)
     assert.matches("%d+ success", out)
-  end)
-end)
-
-describe("a source rock", function()
-  local dir
-  before_each(function() dir = temp_dir() end)
-  after_each(function()
-    local_state.clean(dir .. "/state")
-    core.remove_tree(dir)
-  end)
-
-  it("is packed by `make rock` and installs offline into a fresh tree, command and agent included", function()
-    local build = dir .. "/build"
-    local out, err, status = local_state.sh(CLEAN_ENV .. "make rock BUILD=" .. q(build))
-    assert.equal(0, status, out .. err)
-    local rock = build .. "/sandkit-scm-1.src.rock"
-    assert.truthy(files.read(rock))
-    -- No server at all: --deps-mode=none takes the system's lua-cjson, and the rock carries
-    -- everything else.
-    local tree = dir .. "/tree"
-    local log
-    log, err, status = local_state.sh("cd " .. q(dir) .. " && " .. CLEAN_ENV .. PARALLEL
-      .. "luarocks --lua-version=5.4 install --tree=" .. q(tree) .. " --deps-mode=none "
-      .. "--only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " 2>&1")
-    assert.equal(0, status, log .. err)
-    assert.truthy(log:find("-Wall -Wextra", 1, true), "the build's commands are in its log")
-    assert.is_nil(log:find("-Werror ", 1, true), "a user's build keeps warnings as warnings")
-    assert.truthy(files.read(tree .. "/bin/sandkit-agent"))
-    assert.truthy(files.read(tree .. "/bin/sandkit-init"), "the confined session's init is beside the agent")
-    -- Only the tree and the system's default paths: nothing of this checkout. The session is
-    -- confined, as by default: the installed agent found the installed init.
-    local paths = "eval \"$(luarocks --lua-version=5.4 path --tree=" .. q(tree) .. ")\""
-    out, err, status = local_state.sh("cd " .. q(dir) .. " && env -u SANDKIT_AGENT -u LUA_PATH -u LUA_CPATH "
-      .. "sh -c " .. q(paths .. " && sandkit --root " .. q(dir .. "/state")
-        .. " run -- sh -c 'echo from-the-rock; id -un'"))
-    assert.equal(0, status, err)
-    assert.equal("from-the-rock\nuser\n", out)
-    -- Without `luarocks path`: the command finds the tree it was installed into by itself.
-    out, err, status = local_state.sh("cd " .. q(dir) .. " && env -i PATH=/usr/bin:/bin "
-      .. q(tree .. "/bin/sandkit") .. " --root " .. q(dir .. "/state") .. " run -- echo scrubbed")
-    assert.equal(0, status, err)
-    assert.equal("scrubbed\n", out)
-  end)
-
-  it("installs for LuaJIT and OpenResty into the 5.1 tree, its command run by LuaJIT", function()
-    local build = dir .. "/build"
-    local out, err, status = local_state.sh(CLEAN_ENV .. "make rock BUILD=" .. q(build))
-    assert.equal(0, status, out .. err)
-    -- The README's steps: LuaRocks told once that its 5.1 interpreter is LuaJIT, then the rock.
-    local home, tree = dir .. "/home", dir .. "/tree51"
-    assert(core.mkdir(home, 448))
-    assert(core.mkdir(home .. "/.luarocks", 448))
-    local as_user = "cd " .. q(dir) .. " && " .. CLEAN_ENV .. "HOME=" .. q(home) .. " "
-    local log
-    log, err, status = local_state.sh(as_user .. "luarocks --lua-version=5.1 config --scope=user "
-      .. "lua_interpreter luajit && " .. CLEAN_ENV .. PARALLEL .. "HOME=" .. q(home)
-      .. " luarocks --lua-version=5.1 install --tree=" .. q(tree) .. " --deps-mode=none"
-      .. " --only-server=" .. q(dir .. "/no-server") .. " " .. q(build .. "/sandkit-scm-1.src.rock") .. " 2>&1")
-    assert.equal(0, status, log .. err)
-    assert.truthy(files.read(tree .. "/lib/lua/5.1/sandkit/core.so"), "the C core is in the 5.1 tree")
-    local paths = "eval \"$(luarocks --lua-version=5.1 path --tree=" .. q(tree) .. ")\""
-    out, err, status = local_state.sh(as_user .. "env -u SANDKIT_AGENT -u LUA_PATH -u LUA_CPATH sh -c "
-      .. q(paths .. " && sandkit --root " .. q(dir .. "/state") .. " run -- sh -c 'echo from-luajit; exit 3'"))
-    assert.equal(3, status, err)
-    assert.equal("from-luajit\n", out)
-    out, err, status = local_state.sh("cd " .. q(dir) .. " && env -i PATH=/usr/bin:/bin HOME=" .. q(home) .. " "
-      .. q(tree .. "/bin/sandkit") .. " --root " .. q(dir .. "/state") .. " run -- echo scrubbed")
-    assert.equal(0, status, err)
-    assert.equal("scrubbed\n", out)
-    assert.truthy(files.read(tree .. "/bin/sandkit"):find("luajit", 1, true), "the wrapper runs LuaJIT")
   end)
 end)
 
