@@ -112,6 +112,9 @@ INIT_BIN := $(BUILD)/sandkit-init
 INIT_CFLAGS ?= -O2
 
 LUA_FILES := $(shell find lua -name '*.lua' 2>/dev/null | sort)
+# Their folders, and the files of one of them: install copies a folder's files in one command.
+LUA_DIRS := $(sort $(dir $(LUA_FILES)))
+lua_files_in = $(foreach f,$(LUA_FILES),$(if $(filter $(1),$(dir $(f))),$(f)))
 
 .PHONY: all agent kube-example deps test test-luajit test-parallel once-specs-exist test-times check check-asan demo bench fuzz abuse soak install clean lint rock \
         jit-core
@@ -312,9 +315,8 @@ INSTALLED_DIRS_LINE := local INSTALLED_LUA_DIR, INSTALLED_C_DIR = nil, nil
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(LUA_CMOD)/sandkit/core.so
-	for f in $(LUA_FILES); do \
-	  d=$(DESTDIR)$(LUA_LMOD)/$$(dirname $${f#lua/}); install -d $$d && install -m 0644 $$f $$d/; \
-	done
+	$(foreach d,$(LUA_DIRS),install -d $(DESTDIR)$(LUA_LMOD)/$(d:lua/%=%) && \
+	  install -m 0644 $(call lua_files_in,$(d)) $(DESTDIR)$(LUA_LMOD)/$(d:lua/%=%) &&) true
 	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent
 	install -m 0755 $(INIT_BIN) $(DESTDIR)$(BINDIR)/sandkit-init
 	sed -e '1s|^#!.*|#!/usr/bin/env $(RUN_LUA)|' \
