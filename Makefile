@@ -227,8 +227,8 @@ check: deps
 	$(MAKE) -j$(CHECK_JOBS) all
 	$(MAKE) test-parallel
 
-# Both passes of check, each reporting how long each spec file and each case took, slowest first
-# (tools/test_times.lua), and failing if either failed.
+# Both passes of check, each reporting how long each spec file and each case took, and their CPU
+# seconds, slowest first (tools/test_times.lua), and failing if either failed.
 TIMES_OUTPUT := -o tools/test_times.lua
 test-times: all
 	status=0; \
