@@ -97,12 +97,18 @@ CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c
             src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
             src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c \
             src/common/walk.c src/common/tree_remove.c src/common/tarstream.c
-CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(CORE_SRC))
+# src/common/'s objects are compiled once, in $(COMMON_OBJDIR), for the C core of every Lua and
+# for the agent alike: they hold no Lua, and the same flags make the same object.
+COMMON_OBJDIR := $(BUILD)/common-obj
+common_obj = $(patsubst src/common/%.c,$(COMMON_OBJDIR)/%.o,$(filter src/common/%,$(1)))
+CORE_COMMON_OBJ := $(call common_obj,$(CORE_SRC))
+CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(filter-out src/common/%,$(CORE_SRC))) $(CORE_COMMON_OBJ)
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
 AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c \
              src/common/regular_file.c src/common/walk.c src/common/tree_remove.c src/common/tarstream.c
-AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(AGENT_SRC))
+AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(filter-out src/common/%,$(AGENT_SRC))) \
+             $(call common_obj,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
 # Process 1 of a confined session (src/init/init.c), beside the agent, which looks for it there.
 # Static: it runs inside the session's own root, whatever C library that root holds or lacks. Its
@@ -121,7 +127,9 @@ lua_files_in = $(foreach f,$(LUA_FILES),$(if $(filter $(1),$(dir $(f))),$(f)))
 
 all: $(CORE_SO) $(AGENT_BIN) $(INIT_BIN) $(JIT_CORE)
 
-jit-core:
+# The common objects first, here: the make below would otherwise compile them at the same time
+# as this one, into the same files.
+jit-core: $(CORE_COMMON_OBJ)
 	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so
 
 agent: $(AGENT_BIN)
@@ -129,13 +137,17 @@ agent: $(AGENT_BIN)
 $(MODDIR)/obj/%.o: src/%.c $(wildcard src/*.h) $(COMMON_H) | $(MODDIR)/obj
 	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(LUA_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
 
-$(MODDIR)/obj/common/%.o: src/common/%.c $(COMMON_H) | $(MODDIR)/obj/common
-	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(CURL_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
+$(COMMON_OBJDIR)/%.o: src/common/%.c $(COMMON_H) | $(COMMON_OBJDIR)
+	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(COMMON_CURL_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
+
+# libcurl's headers for the one common file that uses them, the core's: `make agent` builds where
+# they are not installed.
+$(COMMON_OBJDIR)/transfer.o: COMMON_CURL_CFLAGS = $(CURL_CFLAGS)
 
 $(CORE_SO): $(CORE_OBJ) | $(MODDIR)/sandkit
 	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) $(ARCHIVE_LIBS) -lm
 
-$(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)/agent-obj/agent $(BUILD)/agent-obj/common
+$(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)/agent-obj/agent
 	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
 
 # libcrypto verifies capability tokens (src/agent/capability.c, Ed25519); libarchive carries
@@ -146,7 +158,7 @@ $(AGENT_BIN): $(AGENT_OBJ)
 $(INIT_BIN): src/init/init.c | $(BUILD)/agent-obj/agent
 	$(CC) $(INIT_CFLAGS) -static -std=c99 -Wall -Wextra $(WERROR) -o $@ src/init/init.c
 
-$(MODDIR)/obj $(MODDIR)/obj/common $(MODDIR)/sandkit $(BUILD)/agent-obj/agent $(BUILD)/agent-obj/common:
+$(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent $(COMMON_OBJDIR):
 	mkdir -p $@
 
 # The packages make check needs (tools/bootstrap.sh: `--list check` names them); make demo and

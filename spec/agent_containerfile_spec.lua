@@ -21,7 +21,7 @@ describe("deploy/agent/Containerfile", function()
       assert(files.execute("cd " .. files.shell_quote(dir) .. " && MAKEFLAGS=-j$(nproc) " .. make
         .. " >build.log 2>&1"),
         files.read(dir .. "/build.log"))
-      assert.same({ "agent-obj", "sandkit-agent" }, (function()
+      assert.same({ "agent-obj", "common-obj", "sandkit-agent" }, (function()
         local names = core.listdir(dir .. "/build")
         table.sort(names)
         return names
