@@ -90,15 +90,20 @@ function server_mt:requests_to(path)
   return list
 end
 
-function server_mt:stop()
+--- Ends the server's process and keeps its log, which is then whole: nothing more is written.
+function server_mt:halt()
   if self.pid then
     core.kill(self.pid, core.SIGKILL)
     core.reap(self.pid, true)
     self.pid = nil
-    os.remove(self.log_path)
-    os.remove(self.scenario_path)
-    os.remove(self.err_path)
   end
+end
+
+function server_mt:stop()
+  self:halt()
+  os.remove(self.log_path)
+  os.remove(self.scenario_path)
+  os.remove(self.err_path)
 end
 
 --- A fake server naming, in each answer, which of its connections carried the request: how a

@@ -258,8 +258,11 @@ end
 
 function cluster_mt:stop()
   if self.backend then
-    -- The fake stops its agents itself; any it could not (it died) are killed from its log.
+    -- The fake stops its agents itself; any it could not (it died) are killed from its log,
+    -- read once the fake is halted: an agent it was starting meanwhile is logged by then (its
+    -- pid is logged as it is spawned, before it is ready), and none is started after.
     pcall(raw_http.request, self.backend.port, "POST", "/_fake/shutdown", { body = "{}", timeout = 10 })
+    self.backend:halt()
     local entries = self:log_entries()
     self.backend:stop()
     for _, entry in ipairs(entries) do

@@ -117,6 +117,9 @@ function ctl_mt:start_agent(pod_uid, ip)
       "--listen", addr .. ":" .. kube_controller.AGENT_PORT, "--ready-fd", "3", "--log", "quiet" },
       { ready_fd = 3, setsid = true, stderr = dir .. "/agent.log" })
     assert(apid, reader)
+    -- Logged before it is ready: the cluster kills what the log names when the fake ends, an
+    -- agent still starting then included (it runs in a session of its own and would outlive it).
+    self.log{ agent_pid = apid, agent_dir = dir }
     local line = read_line(reader, 10)
     -- cqueues still watches the descriptor it polled: it must forget it before it closes.
     cqueues.cancel(reader:pollfd())
