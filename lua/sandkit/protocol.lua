@@ -333,6 +333,58 @@ function protocol.wants_keepalive(conn)
     or false
 end
 
+-- Frame readers -----------------------------------------------------------------------------
+-- What an output stream (exec, job) and a watch share: frames read from one transfer through
+-- one decoder until a last frame, a failure or a deadline; `words` name the stream in errors.
+
+local frame_reader = {}
+protocol.frame_reader = frame_reader
+
+--- Ends the stream. Closing mid-body drops the connection, which the agent takes as the reader
+-- leaving: it cancels the command, or ends the watch.
+function frame_reader.close(self)
+  if not self.finished then
+    self.finished = true
+    self.transfer:close()
+    self.decoder:close()
+  end
+end
+
+--- Ends the stream with err, which every later read returns.
+function frame_reader.fail(self, err)
+  self:close()
+  self.failed = err
+  return nil, err
+end
+
+--- The next decoded frame; false when none is here yet and `block` is false; or nil and an
+-- error (the stream ended with it) when its deadline passed, a frame did not read, or the body
+-- ended or failed before a last frame.
+function frame_reader.pull(self, block, operation, words)
+  local t = self.transfer
+  while true do
+    local frame, kind, detail = t:decode(self.decoder)
+    if frame then return frame end
+    if frame == false then
+      if core.now() >= self.deadline then
+        return frame_reader.fail(self, errors.unanswered(operation, string.format(words.late, self.grace)))
+      end
+      if not block then return false end
+      wait.ready(t, self.deadline)
+    elseif kind then
+      -- A frame arrived, so the agent acted: a frame that cannot be read leaves the outcome
+      -- unknown — reported as a format problem it would look safe to repeat.
+      local what = kind == "undecodable" and words.undecodable or words.unparsable
+      local cause = errors.unexpected(operation, what[2], detail)
+      return frame_reader.fail(self, errors.unanswered(operation, what[1], { cause = cause }))
+    else
+      local st = t:state()
+      return frame_reader.fail(self, errors.unanswered(operation,
+        st.ok and words.ended or (words.failed .. tostring(st.error))))
+    end
+  end
+end
+
 -- Output streams ----------------------------------------------------------------------------
 
 local stream_mt = {}
@@ -343,67 +395,34 @@ local function stream_operation(self)
   return self.operation or RUN
 end
 
-function stream_mt:close()
-  if not self.finished then
-    self.finished = true
-    -- Closing mid-body drops the connection, which the agent takes as cancellation.
-    self.transfer:close()
-    self.decoder:close()
-  end
-end
-stream_mt.__close = stream_mt.close
-stream_mt.__gc = stream_mt.close
+stream_mt.close = frame_reader.close
+stream_mt.__close = frame_reader.close
+stream_mt.__gc = frame_reader.close
 
-local function end_stream(self, err)
-  self:close()
-  self.failed = err
-  return nil, err
-end
+local STREAM_WORDS = {
+  late = "no terminal frame arrived within %gs of the command's timeout",
+  undecodable = { "an output frame did not decode", "data" },
+  unparsable = { "an output frame did not parse", "frame" },
+  ended = "the output stream ended without a terminal frame",
+  failed = "the output stream failed: ",
+}
 
 --- The next frame: a table (stdout/stderr with seq and data, or the exit frame), nil when the
 -- stream ended with its exit frame, or nil and an error. After an error, or once the exit
 -- frame was delivered, it returns nil (and the same error) for ever.
 local function step(self, block)
   if self.finished then return nil, self.failed end
-  local t = self.transfer
-  while true do
-    local frame, kind, detail = t:decode(self.decoder)
-    if frame then
-      local ftype = frame.type
-      if ftype == "exit" then
-        self:close()
-        return frame
-      elseif ftype == "error" then
-        -- The command's own ending: it surfaces as a failure, never as a stream that stopped.
-        return end_stream(self, protocol.command_error(frame.code, frame.message,
-          { operation = stream_operation(self), job_id = self.job_id }))
-      end
-      return frame
-    elseif frame == false then
-      if core.now() >= self.deadline then
-        return end_stream(self, errors.unanswered(stream_operation(self), string.format(
-          "no terminal frame arrived within %gs of the command's timeout", self.grace)))
-      end
-      if not block then return false end
-      wait.ready(t, self.deadline)
-    elseif kind then
-      -- A frame arrived, so the command ran: a frame that cannot be read leaves its outcome
-      -- unknown — reported as a format problem it would look safe to repeat.
-      local what = kind == "undecodable" and "an output frame did not decode"
-        or "an output frame did not parse"
-      local operation = stream_operation(self)
-      local cause = errors.unexpected(operation, kind == "undecodable" and "data" or "frame", detail)
-      return end_stream(self, errors.unanswered(operation, what, { cause = cause }))
-    else
-      local st = t:state()
-      if st.ok then
-        return end_stream(self, errors.unanswered(stream_operation(self),
-          "the output stream ended without a terminal frame"))
-      end
-      return end_stream(self, errors.unanswered(stream_operation(self),
-        "the output stream failed: " .. tostring(st.error)))
-    end
+  local frame, err = frame_reader.pull(self, block, stream_operation(self), STREAM_WORDS)
+  if not frame then return frame, err end
+  local ftype = frame.type
+  if ftype == "exit" then
+    self:close()
+  elseif ftype == "error" then
+    -- The command's own ending: it surfaces as a failure, never as a stream that stopped.
+    return frame_reader.fail(self, protocol.command_error(frame.code, frame.message,
+      { operation = stream_operation(self), job_id = self.job_id }))
   end
+  return frame
 end
 
 function stream_mt:next()

@@ -7,7 +7,6 @@ local core = require "sandkit.core"
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
 local protocol = require "sandkit.protocol"
-local wait = require "sandkit.wait"
 
 local encode = json.encode
 local to_integer = json.integer
@@ -222,55 +221,34 @@ end
 local watch_mt = {}
 watch_mt.__index = watch_mt
 
-function watch_mt:close()
-  if not self.finished then
-    self.finished = true
-    -- Closing mid-body drops the connection, which ends the watch in the agent.
-    self.transfer:close()
-    self.decoder:close()
-  end
-end
-watch_mt.__close = watch_mt.close
-watch_mt.__gc = watch_mt.close
+local frame_reader = protocol.frame_reader
+watch_mt.close = frame_reader.close
+watch_mt.__close = frame_reader.close
+watch_mt.__gc = frame_reader.close
 
-local function end_watch(self, err)
-  self:close()
-  self.failed = err
-  return nil, err
-end
+local WATCH_WORDS = {
+  late = "no end frame arrived within %gs of the watch's timeout",
+  undecodable = { "an event frame could not be read", "frame" },
+  unparsable = { "an event frame could not be read", "frame" },
+  ended = "the watch's stream ended without its end frame",
+  failed = "the watch's stream failed: ",
+}
 
 --- The next event ({ type = "create"|"modify"|"remove"|"rename"|"overflow", path =, from = }),
 -- nil once the watch ended (self.reason says why: "timeout", "removed", "moved"), or nil and an
 -- error; after either, the same for ever.
 function watch_mt:next()
   if self.finished then return nil, self.failed end
-  local t = self.transfer
-  while true do
-    local frame, kind, detail = t:decode(self.decoder)
-    if frame then
-      if frame.type == "end" then
-        self.reason = frame.reason
-        self:close()
-        return nil
-      elseif frame.type == "error" then
-        return end_watch(self, protocol.command_error(frame.code, frame.message, { operation = WATCH }))
-      end
-      return { type = frame.event, path = frame.path, from = frame.from }
-    elseif frame == false then
-      if core.now() >= self.deadline then
-        return end_watch(self, errors.unanswered(WATCH, string.format(
-          "no end frame arrived within %gs of the watch's timeout", self.grace)))
-      end
-      wait.ready(t, self.deadline)
-    elseif kind then
-      return end_watch(self, errors.unanswered(WATCH, "an event frame could not be read",
-        { cause = errors.unexpected(WATCH, "frame", detail) }))
-    else
-      local st = t:state()
-      return end_watch(self, errors.unanswered(WATCH, st.ok and "the watch's stream ended without its end frame"
-        or ("the watch's stream failed: " .. tostring(st.error))))
-    end
+  local frame, err = frame_reader.pull(self, true, WATCH, WATCH_WORDS)
+  if not frame then return nil, err end
+  if frame.type == "end" then
+    self.reason = frame.reason
+    self:close()
+    return nil
+  elseif frame.type == "error" then
+    return frame_reader.fail(self, protocol.command_error(frame.code, frame.message, { operation = WATCH }))
   end
+  return { type = frame.event, path = frame.path, from = frame.from }
 end
 
 --- Starts watching path for `timeout` seconds (timeout_ms as the wire says it). Returns the
