@@ -15,10 +15,7 @@ local CLEAN_ENV, PARALLEL = packaging.CLEAN_ENV, packaging.PARALLEL
 describe("a source rock", function()
   local dir
   before_each(function() dir = local_state.new() end)
-  after_each(function()
-    local_state.clean(dir .. "/state")
-    core.remove_tree(dir)
-  end)
+  after_each(function() packaging.remove_folder(dir) end)
 
   it("installs for LuaJIT and OpenResty into the 5.1 tree, its command run by LuaJIT", function()
     local rock = packaging.make_rock(dir .. "/build")

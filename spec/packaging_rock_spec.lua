@@ -3,7 +3,6 @@
 -- nothing here; the 5.1 tree's install is packaging_rock_luajit_spec.lua's, a file of its own so
 -- `make check` runs the two builds at once.
 
-local core = require "sandkit.core"
 local files = require "support.files"
 local local_state = require "support.local_state"
 local packaging = require "support.packaging"
@@ -14,10 +13,7 @@ local CLEAN_ENV, PARALLEL = packaging.CLEAN_ENV, packaging.PARALLEL
 describe("a source rock", function()
   local dir
   before_each(function() dir = local_state.new() end)
-  after_each(function()
-    local_state.clean(dir .. "/state")
-    core.remove_tree(dir)
-  end)
+  after_each(function() packaging.remove_folder(dir) end)
 
   it("is packed by `make rock` and installs offline into a fresh tree, command and agent included", function()
     local rock = packaging.make_rock(dir .. "/build")

@@ -1,6 +1,7 @@
---- What the packaging specs share: the environment of a make or luarocks they start, and a source
--- rock packed from this checkout.
+--- What the packaging specs share: the environment of a make or luarocks they start, a source
+-- rock packed from this checkout, and a folder a case installs into.
 local assert = require "luassert"
+local core = require "sandkit.core"
 local files = require "support.files"
 local local_state = require "support.local_state"
 
@@ -21,6 +22,13 @@ function packaging.make_rock(build)
   local rock = build .. "/sandkit-scm-1.src.rock"
   assert.truthy(files.read(rock))
   return rock
+end
+
+--- Removes a case's folder (local_state.new's) and the state folder (`<dir>/state`) its
+-- sessions used, their agents stopped.
+function packaging.remove_folder(dir)
+  local_state.clean(dir .. "/state")
+  core.remove_tree(dir)
 end
 
 return packaging
