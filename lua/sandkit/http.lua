@@ -52,6 +52,15 @@ response_mt.__index = response_mt
 -- it does, over either transport: bytes past a Content-Length would reach the server as the
 -- start of another request, and a body cut short would leave it waiting for the rest.
 
+--- Tells the collector that a body's piece of `bytes` became garbage (written out, or taken by
+-- the transport). Its own pace lets garbage grow to the live heap's size again before a cycle
+-- (LuaJIT's lets the heap double), which over a body of many MiB is pieces enough to take a
+-- reader or a writer past its memory bound; a step the piece's size keeps collecting them in
+-- time with their coming.
+function http.let_go(bytes)
+  collectgarbage("step", math.floor(bytes / 1024))
+end
+
 --- The body_reader a transport calls: spec.body_reader's pieces, held to spec.body_length, with
 -- spec.on_body told of every piece the transport took (it asks for the next one only then).
 -- Returns a piece, nil at the end, or nil, detail, the source's own error.
@@ -60,7 +69,9 @@ local function counted_reader(spec)
   local sent, handed = 0, 0
   return function()
     if handed > 0 then
-      sent, handed = sent + handed, 0
+      sent = sent + handed
+      http.let_go(handed)
+      handed = 0
       if on_body then on_body(sent) end
     end
     local piece, err = reader()

@@ -712,6 +712,7 @@ function protocol.read_body_into(conn, operation, resp, write, progress, what)
           what .. " could not be written: " .. tostring(werr))
       end
       if progress then progress(done, total) end
+      http.let_go(#chunk)
       idle = core.now() + conn.body_timeout
     elseif chunk == nil then
       local st = t:state()
