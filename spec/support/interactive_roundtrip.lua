@@ -1,7 +1,7 @@
 --- One tour of a session's interactive jobs, for the specs of every provider with an agent: input
 -- written and resent (taken once), a terminal resized, a job signalled, frames followed live,
--- the list. run(session) -> what it saw; check(seen) asserts it (luassert, which a spec shares).
-local assert = require "luassert"
+-- the list. run(session) -> what it saw; check(seen) asserts it (luassert, which a spec shares;
+-- run alone is also what an nginx worker's handler calls, where luassert is not loaded).
 
 local interactive_roundtrip = {}
 
@@ -32,6 +32,7 @@ function interactive_roundtrip.run(session)
 end
 
 function interactive_roundtrip.check(seen)
+  local assert = require "luassert"
   assert.equal("live\n", seen.first)
   assert.equal("more\nexit 0", seen.rest)
   assert.equal("43 132", seen.size)

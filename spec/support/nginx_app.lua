@@ -6,6 +6,7 @@ local cjson = require "cjson"
 local sandkit = require "sandkit"
 local sk_ngx = require "sandkit.ngx"
 local fs_roundtrip = require "support.fs_roundtrip"
+local interactive_roundtrip = require "support.interactive_roundtrip"
 local protocol_cases = require "support.protocol_cases"
 
 local app = {}
@@ -173,28 +174,13 @@ end
 -- list of jobs.
 function app.interactive()
   local session = session_of(local_sandbox())
-  local seen = {}
+  local seen
   local ok, err = pcall(function()
-    local p = assert(session:spawn({ "cat" }, { timeout = 30, stdin = true }))
-    local frames = p:frames()
-    assert(p:write("live\n"))
-    seen.first = frames().data
-    assert(p:write("live\nmore\n", 0))
-    assert(p:close_stdin())
-    local rest = {}
-    for frame in frames do rest[#rest + 1] = frame.type == "exit" and ("exit " .. frame.code) or frame.data end
-    seen.rest = table.concat(rest)
-    local t = assert(session:spawn({ "sh", "-c", "read x; stty size" },
-      { timeout = 30, pty = { cols = 80, rows = 24 } }))
-    assert(t:resize(132, 43))
-    assert(t:write("\r"))
-    local out = {}
-    for frame in t:frames() do if frame.data then out[#out + 1] = frame.data end end
-    seen.size = table.concat(out):match("(%d+ %d+)")
-    local sleeper = assert(session:spawn({ "sleep", "30" }, { timeout = 60 }))
-    assert(sleeper:signal("INT"))
-    seen.code, seen.signal = sleeper:wait()
-    seen.jobs = #assert(session:jobs())
+    local tour = interactive_roundtrip.run(session)
+    local jobs = 0
+    for _ in pairs(tour.jobs) do jobs = jobs + 1 end
+    seen = { first = tour.first, rest = tour.rest, size = tour.size, code = tour.code,
+      signal = tour.signal, jobs = jobs }
   end)
   if not ok then return fail(500, tostring(err)) end
   reply(seen)
