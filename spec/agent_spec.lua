@@ -196,6 +196,29 @@ describe("sandkit-agent (bearer mode)", function()
       assert.are.equal("/usr/bin:/bin:/opt/x\n", out2)
     end)
 
+    it("starts a command with no signal ignored, caught or blocked, whatever the agent ignores and catches",
+      function()
+      local function masks(status)
+        return { status:match("\nSigBlk:%s*(%x+)"), status:match("\nSigIgn:%s*(%x+)"),
+          status:match("\nSigCgt:%s*(%x+)") }
+      end
+      -- Signals 32 and 33 are the C library's own, which no program can set: a process
+      -- started by posix_spawn (the agent here) has them ignored, and passes that on.
+      local LIBC_OWN = 0x180000000
+      -- The agent's own: SIGPIPE and SIGXFSZ ignored, SIGTERM and SIGINT caught.
+      local agent = masks(read_file("/proc/" .. A.pid .. "/status"))
+      assert.are_not.equal(0, tonumber(agent[2], 16) & ~LIBC_OWN)
+      assert.are_not.equal(0, tonumber(agent[3], 16))
+      for _ = 1, 3 do
+        local _, frames = A:exec({ command = { "cat", "/proc/self/status" }, timeoutMs = 5000 })
+        local last, out = check_stream(frames)
+        assert.are.equal(0, last.code)
+        local command = masks(out)
+        assert.are.same({ 0, 0, 0 }, { tonumber(command[1], 16), tonumber(command[2], 16) & ~LIBC_OWN,
+          tonumber(command[3], 16) })
+      end
+    end)
+
     it("accepts the older names deadlineMs and workingDirectory, the newer winning", function()
       assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/old" }).status)
       assert.are.equal(204, A:req("POST", "/v1/mkdir", { path = "/new" }).status)
