@@ -96,7 +96,7 @@ CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c
             src/signals.c src/lua_ed25519.c src/lua_tar.c src/lua_fslist.c \
             src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
             src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c \
-            src/common/walk.c src/common/tree_remove.c src/common/tarstream.c
+            src/common/walk.c src/common/tree_remove.c src/common/tarstream.c src/common/beneath.c
 # src/common/'s objects are compiled once, in $(COMMON_OBJDIR), for the C core of every Lua and
 # for the agent alike: they hold no Lua, and the same flags make the same object.
 COMMON_OBJDIR := $(BUILD)/common-obj
@@ -106,7 +106,8 @@ CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(filter-out src/common/%,$(COR
 CORE_SO  := $(MODDIR)/sandkit/core.so
 
 AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c \
-             src/common/regular_file.c src/common/walk.c src/common/tree_remove.c src/common/tarstream.c
+             src/common/regular_file.c src/common/walk.c src/common/tree_remove.c src/common/tarstream.c \
+             src/common/beneath.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(filter-out src/common/%,$(AGENT_SRC))) \
              $(call common_obj,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent

@@ -19,38 +19,15 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
+#include "common/beneath.h"
 #include "common/tarstream.h"
 #include "sandkit_core.h"
 
 #define PACK_MT "sandkit.tar_pack"
 #define UNPACK_MT "sandkit.tar_unpack"
-
-/* openat2 answers EAGAIN when a concurrent rename could have fooled the resolution; a few
- * retries ride out a race. */
-#define OPENAT2_RETRIES 8
-
-/* The tarstream's confined open for a local directory: beneath dirfd, never through a link. */
-static int open_beneath(int dirfd, const char *rel, int flags, mode_t mode)
-{
-	struct open_how how;
-	memset(&how, 0, sizeof how);
-	how.flags = (uint64_t)(flags | O_CLOEXEC);
-	how.mode = (flags & O_CREAT) ? mode : 0;
-	how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-	for (int tries = 0; tries < OPENAT2_RETRIES; tries++) {
-		long r = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
-		if (r >= 0)
-			return (int)r;
-		if (errno != EAGAIN && errno != EINTR)
-			break;
-	}
-	return -1;
-}
 
 struct pack {
 	sk_tar *tar;
@@ -82,7 +59,7 @@ static int pack_new(lua_State *L)
 	luaL_setmetatable(L, PACK_MT);
 	if ((p->dirfd = open_dir(L, dir)) < 0)
 		return 2;
-	if ((p->tar = sk_tar_new(p->dirfd, open_beneath)) == NULL)
+	if ((p->tar = sk_tar_new(p->dirfd, sk_open_beneath)) == NULL)
 		return luaL_error(L, "out of memory");
 	return 1;
 }
@@ -135,7 +112,7 @@ static int unpack_new(lua_State *L)
 	luaL_setmetatable(L, UNPACK_MT);
 	if ((u->dirfd = open_dir(L, dir)) < 0)
 		return 2;
-	u->untar = sk_untar_new(u->dirfd, open_beneath, (uint64_t)max_entries, (uint64_t)max_bytes);
+	u->untar = sk_untar_new(u->dirfd, sk_open_beneath, (uint64_t)max_entries, (uint64_t)max_bytes);
 	if (u->untar == NULL)
 		return luaL_error(L, "out of memory");
 	return 1;

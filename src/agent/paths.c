@@ -2,19 +2,14 @@
 #include "paths.h"
 
 #include "agent.h"
+#include "common/beneath.h"
 #include "fserror.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
-
-/* openat2 answers EAGAIN when a concurrent rename could have fooled the resolution; a few
- * retries ride out a race, a loop that never ends would let a command stall the agent. */
-#define OPENAT2_RETRIES 8
 
 const char *paths_normalize(const char *p, size_t len, char *out)
 {
@@ -54,21 +49,8 @@ static enum path_result classify(int err)
 
 enum path_result paths_open_at(int dirfd, const char *rel, int flags, mode_t mode, int *fd)
 {
-	struct open_how how;
-	memset(&how, 0, sizeof how);
-	how.flags = (uint64_t)(flags | O_CLOEXEC);
-	how.mode = (flags & O_CREAT) ? mode : 0;
-	how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-	for (int tries = 0; tries < OPENAT2_RETRIES; tries++) {
-		long r = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
-		if (r >= 0) {
-			*fd = (int)r;
-			return PATH_OK;
-		}
-		if (errno != EAGAIN && errno != EINTR)
-			break;
-	}
-	return classify(errno);
+	*fd = sk_open_beneath(dirfd, rel, flags, mode);
+	return *fd >= 0 ? PATH_OK : classify(errno);
 }
 
 enum path_result paths_open(const char *rel, int flags, mode_t mode, int *fd)

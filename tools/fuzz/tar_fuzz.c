@@ -4,7 +4,7 @@
  * session:read_dir_to in the C core.
  *
  *   make fuzz FUZZ_TARGETS=tar
- * sources: src/common/tarstream.c src/common/walk.c src/common/tree_remove.c
+ * sources: src/common/tarstream.c src/common/walk.c src/common/tree_remove.c src/common/beneath.c
  * libs: -larchive
  * options: -max_len=65536
  *
@@ -19,29 +19,18 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/openat2.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
+#include "common/beneath.h"
 #include "common/tarstream.h"
 #include "common/tree_remove.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static int open_beneath(int dirfd, const char *rel, int flags, mode_t mode)
-{
-	struct open_how how;
-	memset(&how, 0, sizeof how);
-	how.flags = (uint64_t)(flags | O_CLOEXEC);
-	how.mode = (flags & O_CREAT) ? mode : 0;
-	how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
-	return (int)syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
-}
 
 /* The names in dir, other than . and ..: how many, and whether one starts with prefix. */
 static int count_names(int dirfd, const char *prefix, int *prefixed)
@@ -76,8 +65,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (mkdirat(private_fd, "t", 0700) < 0)
 		abort();
-	int target = open_beneath(private_fd, "t", O_PATH | O_DIRECTORY, 0);
-	sk_untar *u = sk_untar_new(target, open_beneath, 64, 1 << 20);
+	int target = sk_open_beneath(private_fd, "t", O_PATH | O_DIRECTORY, 0);
+	sk_untar *u = sk_untar_new(target, sk_open_beneath, 64, 1 << 20);
 	if (target < 0 || u == NULL)
 		abort();
 	size_t piece = (size_t)data[0] * 61 + 1;
