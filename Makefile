@@ -107,7 +107,7 @@ CORE_SO  := $(MODDIR)/sandkit/core.so
 
 AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c \
              src/common/regular_file.c src/common/walk.c src/common/tree_remove.c src/common/tarstream.c \
-             src/common/beneath.c
+             src/common/beneath.c src/common/reaper.c
 AGENT_OBJ := $(patsubst src/%.c,$(BUILD)/agent-obj/%.o,$(filter-out src/common/%,$(AGENT_SRC))) \
              $(call common_obj,$(AGENT_SRC))
 AGENT_BIN := $(BUILD)/sandkit-agent
@@ -156,8 +156,8 @@ $(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)
 $(AGENT_BIN): $(AGENT_OBJ)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS) $(ARCHIVE_LIBS)
 
-$(INIT_BIN): src/init/init.c | $(BUILD)/agent-obj/agent
-	$(CC) $(INIT_CFLAGS) -static -std=c99 -Wall -Wextra $(WERROR) -o $@ src/init/init.c
+$(INIT_BIN): src/init/init.c src/common/reaper.c src/common/reaper.h | $(BUILD)/agent-obj/agent
+	$(CC) $(INIT_CFLAGS) -static -std=c99 -Wall -Wextra $(WERROR) $(SRC_CFLAGS) -o $@ src/init/init.c src/common/reaper.c
 
 $(MODDIR)/obj $(MODDIR)/sandkit $(BUILD)/agent-obj/agent $(COMMON_OBJDIR):
 	mkdir -p $@

@@ -3,6 +3,7 @@
 
 #include "agent.h"
 #include "log.h"
+#include "common/reaper.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,11 +33,6 @@ static struct {
 	int lost;              /* the keeper was killed while the agent served */
 } keep = { CONTAIN_OFF, -1, -1, -1, NULL, 0 };
 
-static void on_child(int sig)
-{
-	(void)sig; /* only interrupts ppoll, so the loop reaps */
-}
-
 /* The keeper: init of the namespace. It reaps the orphans the kernel hands it and ends when the
  * agent does, which ends everything in the namespace. */
 static void keeper_main(int life) __attribute__((noreturn));
@@ -53,24 +49,8 @@ static void keeper_main(int life)
 	if (life != 3 && dup2(life, 3) < 0)
 		_exit(0);
 	close_range(4, ~0U, 0);
-	pf.fd = 3;
-	sigset_t chld, wait_mask;
-	sigemptyset(&chld);
-	sigaddset(&chld, SIGCHLD);
-	sigprocmask(SIG_BLOCK, &chld, &wait_mask);
-	sigdelset(&wait_mask, SIGCHLD);
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_child;
-	sigaction(SIGCHLD, &sa, NULL);
-	for (;;) {
-		while (waitpid(-1, NULL, WNOHANG) > 0)
-			;
-		/* SIGCHLD is blocked except inside ppoll, so no exit slips between the reaping
-		 * above and the wait below. */
-		if (ppoll(&pf, 1, NULL, &wait_mask) > 0)
-			_exit(0);
-	}
+	sk_reap_until(3);
+	_exit(0);
 }
 
 static int start_keeper(void)

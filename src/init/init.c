@@ -16,12 +16,11 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <poll.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
+
+#include "common/reaper.h"
 
 /* The descriptors the agent hands over (src/agent/confine.c says the same). */
 #define READY_FD 3
@@ -29,11 +28,6 @@
 /* What ps shows for it, written over its argv[0] where that is long enough (bubblewrap runs it
  * as /proc/self/fd/N). */
 #define NAME "sandkit-init"
-
-static void on_child(int sig)
-{
-	(void)sig; /* only interrupts ppoll, so the loop reaps */
-}
 
 int main(int argc, char **argv)
 {
@@ -49,30 +43,13 @@ int main(int argc, char **argv)
 	/* Nothing else bubblewrap or the agent held (the descriptor this program was run from
 	 * among them) may stay open in the session. */
 	close_range(LIFELINE_FD + 1, ~0U, 0);
-	sigset_t chld, wait_mask;
-	sigemptyset(&chld);
-	sigaddset(&chld, SIGCHLD);
-	sigprocmask(SIG_BLOCK, &chld, &wait_mask);
-	sigdelset(&wait_mask, SIGCHLD);
-	struct sigaction sa;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_child;
-	sigaction(SIGCHLD, &sa, NULL);
 	ssize_t w;
 	while ((w = write(READY_FD, "R", 1)) < 0 && errno == EINTR)
 		;
 	close(READY_FD);
 	if (w != 1)
 		return 1;
-	struct pollfd life = { LIFELINE_FD, POLLIN, 0 };
-	for (;;) {
-		while (waitpid(-1, NULL, WNOHANG) > 0)
-			;
-		/* SIGCHLD is blocked except inside ppoll, so no exit slips between the reaping above
-		 * and the wait below. Any readiness of the lifeline is its end: the agent never
-		 * writes to it. */
-		int r = ppoll(&life, 1, NULL, &wait_mask);
-		if (r > 0 || (r < 0 && errno != EINTR))
-			return 0;
-	}
+	/* Any readiness of the lifeline is its end: the agent never writes to it. */
+	sk_reap_until(LIFELINE_FD);
+	return 0;
 }
