@@ -46,6 +46,31 @@ static struct {
 	int stack_exit;        /* slirp4netns ends when this end closes; -1 when none */
 } net = { -1, -1, -1, -1 };
 
+/* What goes between the helper and the agent: one byte (0, or the errno of a socket the helper
+ * could not make) and, with it, at most one descriptor. */
+struct fd_message {
+	struct iovec iov;
+	union {
+		struct cmsghdr h;
+		char room[CMSG_SPACE(sizeof(int))];
+	} ctl;
+	struct msghdr m;
+};
+
+/* Points fm at byte; with room for a descriptor when one is sent or may be received. */
+static void fd_message_init(struct fd_message *fm, unsigned char *byte, int with_fd)
+{
+	memset(fm, 0, sizeof *fm);
+	fm->iov.iov_base = byte;
+	fm->iov.iov_len = 1;
+	fm->m.msg_iov = &fm->iov;
+	fm->m.msg_iovlen = 1;
+	if (with_fd) {
+		fm->m.msg_control = fm->ctl.room;
+		fm->m.msg_controllen = sizeof fm->ctl.room;
+	}
+}
+
 /* In a helper child: from root to the sandbox user's host uid; an unprivileged agent's helpers
  * already are that uid. 0 or -1. */
 static int become_uid(const struct network_setup *s)
@@ -87,26 +112,17 @@ static void helper_main(int pair, const struct network_setup *s, pid_t agent_pid
 			_exit(0);
 		int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 		unsigned char e = fd < 0 ? (unsigned char)errno : 0;
-		struct iovec iov = { &e, 1 };
-		union {
-			struct cmsghdr h;
-			char room[CMSG_SPACE(sizeof(int))];
-		} ctl;
-		struct msghdr m;
-		memset(&m, 0, sizeof m);
-		m.msg_iov = &iov;
-		m.msg_iovlen = 1;
+		struct fd_message fm;
+		fd_message_init(&fm, &e, fd >= 0);
 		if (fd >= 0) {
-			m.msg_control = ctl.room;
-			m.msg_controllen = sizeof ctl.room;
-			struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+			struct cmsghdr *c = CMSG_FIRSTHDR(&fm.m);
 			c->cmsg_level = SOL_SOCKET;
 			c->cmsg_type = SCM_RIGHTS;
 			c->cmsg_len = CMSG_LEN(sizeof(int));
 			memcpy(CMSG_DATA(c), &fd, sizeof fd);
 		}
 		ssize_t w;
-		while ((w = sendmsg(3, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+		while ((w = sendmsg(3, &fm.m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
 			;
 		if (fd >= 0)
 			close(fd);
@@ -148,25 +164,16 @@ int network_socket(void)
 	if (send(net.helper_fd, "s", 1, MSG_NOSIGNAL) != 1)
 		return -1;
 	unsigned char e = 0;
-	struct iovec iov = { &e, 1 };
-	union {
-		struct cmsghdr h;
-		char room[CMSG_SPACE(sizeof(int))];
-	} ctl;
-	struct msghdr m;
-	memset(&m, 0, sizeof m);
-	m.msg_iov = &iov;
-	m.msg_iovlen = 1;
-	m.msg_control = ctl.room;
-	m.msg_controllen = sizeof ctl.room;
+	struct fd_message fm;
+	fd_message_init(&fm, &e, 1);
 	ssize_t r;
-	while ((r = recvmsg(net.helper_fd, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+	while ((r = recvmsg(net.helper_fd, &fm.m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
 		;
 	if (r != 1) {
 		errno = r == 0 ? ECONNRESET : errno;
 		return -1;
 	}
-	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	struct cmsghdr *c = CMSG_FIRSTHDR(&fm.m);
 	if (c == NULL || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int))) {
 		errno = e ? e : EPROTO;
 		return -1;
