@@ -210,15 +210,16 @@ once-specs-exist:
 
 # Specs whose bound is a timing behaviour of their own (a latency percentile, how long
 # concurrent sleeps take), which the rest of the suite running beside them would measure too:
-# test-parallel runs them after every other file, one at a time. cli_interactive_spec plays a
+# test-parallel runs them one at a time once only light files are left (a few CPU seconds each
+# when last recorded), with one of those beside them at most. cli_interactive_spec plays a
 # terminal whose keystrokes wait on bounded reads of a shell's echo, which a loaded machine
 # stretches past them.
 ALONE_SPECS := spec/nginx_worker_spec.lua spec/cli_interactive_spec.lua
 
 # Both passes of check at once: every spec file under Lua 5.4 and BOTH_SPECS under LuaJIT, each
 # file its own busted process, TEST_JOBS of them at a time, the slowest first (by the times
-# the last run recorded in $(BUILD)/spec_times.txt, else tools/spec_times.txt), then ALONE_SPECS
-# alone (tools/run_specs.lua). Most of the suite waits on processes and sockets, so a file runs
+# the last run recorded in $(BUILD)/spec_times.txt, else tools/spec_times.txt), and ALONE_SPECS
+# once the heavy files are done, beside one light file at most (tools/run_specs.lua). Most of the suite waits on processes and sockets, so a file runs
 # in a fraction of a core; each file makes its own ports, folders, nginx prefixes and agents, so
 # files do not meet. Each file's output is kept in $(BUILD)/spec-logs/<pass>/; the failed ones
 # are printed at the end, named, and fail the target. Refresh the committed times with

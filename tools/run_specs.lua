@@ -15,12 +15,18 @@
 -- tree (an agent that outlives a case, say) is not counted.
 --
 -- An --alone spec's bound is a timing behaviour (a latency percentile, a concurrency of
--- sleeps), measured against a machine the suite itself keeps busy otherwise: it runs after all
--- the others, one at a time. Each file's result is printed as it ends; the logs of the files
--- that failed are printed at the end, named, and the exit status is 1 if any failed.
+-- sleeps), measured against a machine the suite itself keeps busy otherwise: the --alone specs
+-- run one at a time, once every file still running or still to start is light (the --times
+-- files say it took at most LIGHT_CPU_SECONDS of CPU), beside one light file at most. Each
+-- file's result is printed as it ends; the logs of the files that failed are printed at the end,
+-- named, and the exit status is 1 if any failed.
 
--- How often finished files are looked for: short against the quickest file (about 0.2 s).
-local POLL_SECONDS = 0.05
+
+--- The CPU seconds below which a file is light: the quickest half of the suite's files, each a
+-- fraction of one core for a few seconds, which an --alone spec's bound does not notice.
+local LIGHT_CPU_SECONDS = 3
+--- How many light files may run beside an --alone spec: one, so a core stays its own.
+local BESIDE_ALONE = 1
 
 local function usage(problem)
   io.stderr:write("run_specs: ", problem, "\n")
@@ -70,21 +76,22 @@ local function exists(path)
   return f ~= nil
 end
 
---- Lines "SECONDS PASS SPEC" of each --times file, earlier files first.
+--- Lines "SECONDS PASS SPEC [CPU-SECONDS]" of each --times file, earlier files first: the
+-- seconds and the CPU seconds (nil where the line has none) of each "PASS SPEC".
 local function read_times(paths)
-  local known = {}
+  local known, known_cpu = {}, {}
   for _, path in ipairs(paths) do
     local f = io.open(path)
     if f then
       for line in f:lines() do
-        local seconds, pass, spec = line:match("^([%d.]+) (%S+) (%S+)")
+        local seconds, pass, spec, cpu = line:match("^([%d.]+) (%S+) (%S+) ?([%d.]*)")
         local key = seconds and pass .. " " .. spec
-        if key and not known[key] then known[key] = tonumber(seconds) end
+        if key and not known[key] then known[key], known_cpu[key] = tonumber(seconds), tonumber(cpu) end
       end
       f:close()
     end
   end
-  return known
+  return known, known_cpu
 end
 
 local function read_file(path)
@@ -125,7 +132,7 @@ local function read_done(path)
 end
 
 local o = parse(arg)
-local known = read_times(o.times)
+local known, known_cpu = read_times(o.times)
 local shards, alone = {}, {}
 for _, pass in ipairs(o.passes) do
   os.execute("mkdir -p " .. shell_quote(o.logs .. "/" .. pass.name))
@@ -133,8 +140,9 @@ for _, pass in ipairs(o.passes) do
     if not exists(spec) then usage("no spec file " .. spec) end
     local key = pass.name .. " " .. spec
     local base = o.logs .. "/" .. pass.name .. "/" .. spec:gsub("[/]", "_")
+    -- A file no --times file gives a CPU time for is not light.
     local job = { pass = pass, spec = spec, key = key, estimate = known[key] or math.huge,
-      log = base .. ".log", done = base .. ".done" }
+      light = (known_cpu[key] or math.huge) <= LIGHT_CPU_SECONDS, log = base .. ".log", done = base .. ".done" }
     os.remove(job.done)
     if o.alone[spec] then alone[#alone + 1] = job else shards[#shards + 1] = job end
   end
@@ -153,11 +161,24 @@ local total = { ok = 0, failed = 0, errors = 0, pending = 0 }
 local failures, finished = {}, {}
 local count = #shards + #alone
 
+--- The runner sleeps in a read of this FIFO, and each file's shell writes a line to it once the
+-- file's done file is in place: a poll of the done files every few hundredths of a second (a
+-- shell and a `sleep` each time) cost about a core-minute over a run of the suite. The runner
+-- holds it open for reading and writing, so it never reads an end of file between two writers.
+local wakeup_path = o.logs .. "/.ended"
+os.remove(wakeup_path)
+-- os.execute answers true under Lua 5.4 and 0 under LuaJIT.
+local made = os.execute("mkfifo " .. shell_quote(wakeup_path))
+if made ~= true and made ~= 0 then usage("cannot make the FIFO " .. wakeup_path) end
+local wakeup = assert(io.open(wakeup_path, "r+"))
+
 local function start(job)
-  -- The shell reports the status and the clock at both ends in one file, written whole.
+  -- The shell reports the status and the clock at both ends in one file, written whole, then
+  -- wakes the runner whatever became of that.
   os.execute(("{ s=$(date +%%s.%%N); %s %s >%s 2>&1 </dev/null; r=$?; e=$(date +%%s.%%N); "
-    .. "{ echo \"$r $s $e\"; times; } >%s.tmp && mv %s.tmp %s; } &"):format(job.pass.command, shell_quote(job.spec),
-      shell_quote(job.log), shell_quote(job.done), shell_quote(job.done), shell_quote(job.done)))
+    .. "{ echo \"$r $s $e\"; times; } >%s.tmp && mv %s.tmp %s; echo >%s; } &"):format(job.pass.command,
+      shell_quote(job.spec), shell_quote(job.log), shell_quote(job.done), shell_quote(job.done), shell_quote(job.done),
+      shell_quote(wakeup_path)))
 end
 
 local cpu_total = 0
@@ -178,20 +199,48 @@ local function report(job, status, seconds, cpu)
   io.stdout:flush()
 end
 
---- Runs the jobs, at most `width` at once, in their order.
-local function run(jobs, width)
-  local next_job, running = 1, {}
-  while next_job <= #jobs or #running > 0 do
-    while next_job <= #jobs and #running < width do
-      start(jobs[next_job])
-      running[#running + 1] = jobs[next_job]
-      next_job = next_job + 1
+--- Runs the shards, at most `width` at once, in their order, and the alone jobs one at a time
+-- once every shard running or still to start is light, with BESIDE_ALONE shards beside them.
+local function run(queue, alone_queue, width)
+  local last_heavy = 0
+  for i, job in ipairs(queue) do
+    if not job.light then last_heavy = i end
+  end
+  local next_shard, next_alone, running, alone_running = 1, 1, {}, false
+  local function heavy_running()
+    for _, job in ipairs(running) do
+      if not job.light then return true end
     end
-    os.execute("sleep " .. POLL_SECONDS)
+    return false
+  end
+  local function launch(job)
+    start(job)
+    running[#running + 1] = job
+  end
+  while next_shard <= #queue or next_alone <= #alone_queue or #running > 0 do
+    -- Once an alone job's turn has come, the shards running beside it are BESIDE_ALONE at most:
+    -- it waits for the others to end, and no more start.
+    local alone_due = not alone_running and next_alone <= #alone_queue and next_shard > last_heavy
+      and not heavy_running()
+    if alone_due and #running <= BESIDE_ALONE then
+      alone_running = alone_queue[next_alone]
+      next_alone = next_alone + 1
+      launch(alone_running)
+    end
+    local shards_running = #running - (alone_running and 1 or 0)
+    local room = (alone_running or alone_due) and BESIDE_ALONE or width
+    while next_shard <= #queue and shards_running < room do
+      launch(queue[next_shard])
+      next_shard = next_shard + 1
+      shards_running = shards_running + 1
+    end
+    -- One line a file that ended; a line whose file an earlier look already found finds none.
+    assert(wakeup:read("l"), "the FIFO " .. wakeup_path .. " closed")
     for i = #running, 1, -1 do
       local status, seconds, cpu = read_done(running[i].done)
       if status then
         report(running[i], status, seconds, cpu)
+        if running[i] == alone_running then alone_running = false end
         table.remove(running, i)
       end
     end
@@ -206,11 +255,12 @@ local function now()
 end
 
 local clock = now()
-io.stdout:write(("%d spec files in %d passes, %d at once, then %d alone\n"):format(#shards,
-  #o.passes, o.jobs, #alone))
-run(shards, o.jobs)
-run(alone, 1)
+io.stdout:write(("%d spec files in %d passes, %d at once, and %d alone beside %d light one at most\n")
+  :format(#shards, #o.passes, o.jobs, #alone, BESIDE_ALONE))
+run(shards, alone, o.jobs)
 local wall = now() - clock
+wakeup:close()
+os.remove(wakeup_path)
 
 if o.record then
   local f = io.open(o.record, "w")
