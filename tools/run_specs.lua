@@ -7,9 +7,10 @@
 --
 -- A pass is an interpreter's run of the suite: COMMAND is busted with that pass's environment
 -- and flags, and each of its SPEC files runs as `COMMAND SPEC` on its own, its output kept in
--- DIR/NAME/<spec>.log. At most N run at once, the slowest first (so no long file starts last and
--- runs alone at the end), the slowest known from the --times files (the first that names a file
--- wins; a file none names counts as the slowest, so a new spec starts early). --record writes
+-- DIR/NAME/<spec>.log. At most N run at once, and one that mostly sleeps beyond them (see
+-- SLEEPER_LOAD), the slowest first (so no long file starts last and runs alone at the end),
+-- the slowest known from the --times files (the first that names a file wins; a file none
+-- names counts as the slowest, so a new spec starts early). --record writes
 -- each file's time to FILE for the next run ("SECONDS PASS SPEC CPU-SECONDS" lines, slowest first).
 -- A file's CPU time is its busted's and every process busted waited for; a daemon that left its
 -- tree (an agent that outlives a case, say) is not counted.
@@ -27,6 +28,10 @@
 local LIGHT_CPU_SECONDS = 3
 --- How many light files may run beside an --alone spec: one, so a core stays its own.
 local BESIDE_ALONE = 1
+--- The share of a core below which a file mostly sleeps (its CPU seconds over its seconds, when
+-- last recorded: a lifetime's expiry, a keepalive's idle timeout, a readiness deadline): one
+-- such file may run beyond --jobs, as it keeps no core busy.
+local SLEEPER_LOAD = 0.25
 
 local function usage(problem)
   io.stderr:write("run_specs: ", problem, "\n")
@@ -141,8 +146,10 @@ for _, pass in ipairs(o.passes) do
     local key = pass.name .. " " .. spec
     local base = o.logs .. "/" .. pass.name .. "/" .. spec:gsub("[/]", "_")
     -- A file no --times file gives a CPU time for is not light.
+    local cpu = known_cpu[key] or math.huge
     local job = { pass = pass, spec = spec, key = key, estimate = known[key] or math.huge,
-      light = (known_cpu[key] or math.huge) <= LIGHT_CPU_SECONDS, log = base .. ".log", done = base .. ".done" }
+      light = cpu <= LIGHT_CPU_SECONDS, sleeper = known[key] ~= nil and cpu <= SLEEPER_LOAD * known[key],
+      log = base .. ".log", done = base .. ".done" }
     os.remove(job.done)
     if o.alone[spec] then alone[#alone + 1] = job else shards[#shards + 1] = job end
   end
@@ -199,14 +206,15 @@ local function report(job, status, seconds, cpu)
   io.stdout:flush()
 end
 
---- Runs the shards, at most `width` at once, in their order, and the alone jobs one at a time
--- once every shard running or still to start is light, with BESIDE_ALONE shards beside them.
+--- Runs the shards, at most `width` at once and one sleeper beyond them, the slowest first, and
+-- the alone jobs one at a time once every shard running or still to start is light, with
+-- BESIDE_ALONE shards beside them.
 local function run(queue, alone_queue, width)
   local last_heavy = 0
   for i, job in ipairs(queue) do
     if not job.light then last_heavy = i end
   end
-  local next_shard, next_alone, running, alone_running = 1, 1, {}, false
+  local next_shard, next_alone, running, alone_running, sleeper_running = 1, 1, {}, false, false
   local function heavy_running()
     for _, job in ipairs(running) do
       if not job.light then return true end
@@ -215,9 +223,15 @@ local function run(queue, alone_queue, width)
   end
   local function launch(job)
     start(job)
+    job.started = true
     running[#running + 1] = job
   end
+  --- The first shard not started from next_shard on (a sleeper may have started out of turn).
+  local function skip_started()
+    while queue[next_shard] and queue[next_shard].started do next_shard = next_shard + 1 end
+  end
   while next_shard <= #queue or next_alone <= #alone_queue or #running > 0 do
+    skip_started()
     -- Once an alone job's turn has come, the shards running beside it are BESIDE_ALONE at most:
     -- it waits for the others to end, and no more start.
     local alone_due = not alone_running and next_alone <= #alone_queue and next_shard > last_heavy
@@ -227,12 +241,21 @@ local function run(queue, alone_queue, width)
       next_alone = next_alone + 1
       launch(alone_running)
     end
-    local shards_running = #running - (alone_running and 1 or 0)
+    local shards_running = #running - (alone_running and 1 or 0) - (sleeper_running and 1 or 0)
     local room = (alone_running or alone_due) and BESIDE_ALONE or width
     while next_shard <= #queue and shards_running < room do
       launch(queue[next_shard])
-      next_shard = next_shard + 1
+      skip_started()
       shards_running = shards_running + 1
+    end
+    if not (alone_running or alone_due or sleeper_running) then
+      for i = next_shard, #queue do
+        if queue[i].sleeper and not queue[i].started then
+          sleeper_running = queue[i]
+          launch(sleeper_running)
+          break
+        end
+      end
     end
     -- One line a file that ended; a line whose file an earlier look already found finds none.
     assert(wakeup:read("l"), "the FIFO " .. wakeup_path .. " closed")
@@ -241,6 +264,7 @@ local function run(queue, alone_queue, width)
       if status then
         report(running[i], status, seconds, cpu)
         if running[i] == alone_running then alone_running = false end
+        if running[i] == sleeper_running then sleeper_running = false end
         table.remove(running, i)
       end
     end
