@@ -42,6 +42,15 @@ describe("the build", function()
   it("builds for the Lua 5.1 ABI from PUC Lua 5.1's headers, and LuaJIT loads that build", function()
     -- What `luarocks --lua-version=5.1` finds on Debian: an OpenResty install is built this way.
     local dir = temp_dir()
+    -- src/common/'s objects hold no Lua (they are compiled without Lua's headers) and this
+    -- suite's build has them: copied with their times, they leave make the Lua 5.1 bindings to
+    -- build, which are what this case is about. Where sources changed since, make compiles the
+    -- copies again.
+    local agent = os.getenv("SANDKIT_AGENT")
+    local built = agent and agent:match("^(.*)/[^/]+$") .. "/common-obj"
+    if built and core.listdir(built) then
+      assert(files.execute("cp -pr " .. q(built) .. " " .. q(dir .. "/common-obj")))
+    end
     local out, err, status = local_state.sh(CLEAN_ENV .. PARALLEL .. "make " .. q(dir .. "/lua5.1/sandkit/core.so")
       .. " BUILD=" .. q(dir) .. " LUA_INCDIR=/usr/include/lua5.1 2>&1")
     assert.equal(0, status, out .. err)
