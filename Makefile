@@ -234,11 +234,11 @@ test-parallel: once-specs-exist
 	  --pass $(notdir $(LUA)) "$(call busted_for,$(LUA),$(MODDIR))" $(sort $(wildcard spec/*_spec.lua)) \
 	  --pass luajit "$(call busted_for,luajit,$(JIT_MODDIR))" $(BOTH_SPECS)
 
-# The build runs a compiler a core; the tests run as test-parallel.
+# The build runs a compiler a core, and the lint, which needs no build, as one of them; the
+# tests run as test-parallel.
 CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 check: deps
-	$(MAKE) lint
-	$(MAKE) -j$(CHECK_JOBS) all
+	$(MAKE) -j$(CHECK_JOBS) lint all
 	$(MAKE) test-parallel
 
 # Both passes of check, each reporting how long each spec file and each case took, and their CPU
