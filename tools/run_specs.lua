@@ -28,9 +28,10 @@
 local LIGHT_CPU_SECONDS = 3
 --- How many light files may run beside an --alone spec: one, so a core stays its own.
 local BESIDE_ALONE = 1
---- The share of a core below which a file mostly sleeps (its CPU seconds over its seconds, when
--- last recorded: a lifetime's expiry, a keepalive's idle timeout, a readiness deadline): one
--- such file may run beyond --jobs, as it keeps no core busy.
+--- The share of a core below which a light file mostly sleeps (its CPU seconds over its seconds,
+-- when last recorded: a lifetime's expiry, a keepalive's idle timeout, a readiness deadline):
+-- one such file may run beyond --jobs, as it keeps no core busy. Only a light one: a heavy
+-- file's share, recorded on a machine busy with other work, can look as small.
 local SLEEPER_LOAD = 0.25
 
 local function usage(problem)
@@ -148,7 +149,7 @@ for _, pass in ipairs(o.passes) do
     -- A file no --times file gives a CPU time for is not light.
     local cpu = known_cpu[key] or math.huge
     local job = { pass = pass, spec = spec, key = key, estimate = known[key] or math.huge,
-      light = cpu <= LIGHT_CPU_SECONDS, sleeper = known[key] ~= nil and cpu <= SLEEPER_LOAD * known[key],
+      light = cpu <= LIGHT_CPU_SECONDS, sleeper = cpu <= LIGHT_CPU_SECONDS and cpu <= SLEEPER_LOAD * known[key],
       log = base .. ".log", done = base .. ".done" }
     os.remove(job.done)
     if o.alone[spec] then alone[#alone + 1] = job else shards[#shards + 1] = job end
