@@ -43,8 +43,14 @@ local MAX_CHUNK_DIGITS = 12
 -- found yet: a buffer with no end may run this far past the bound and still end within it, and
 -- the next search for the end starts this far back.
 local HEAD_END_SLACK = 3
+--- A chunk at least this long is followed by a read of its chunk line alone (want): cutting the
+-- next chunk out of a larger read would copy it, while shorter chunks are better read many at
+-- once, so that a reader sees them together (sandkit.ngx joins frames already here in one flush
+-- of 64 KiB of text; two frames of 32 KiB, as base64, never fit one).
+local LINE_READ_AFTER = 32 * 1024
 
 http1.MAX_CHUNK_LINE = MAX_CHUNK_LINE
+http1.LINE_READ_AFTER = LINE_READ_AFTER
 http1.USER_AGENT = "sandkit/" .. core._VERSION
 
 local DEFAULT_PORT = { http = 80, https = 443 }
@@ -345,7 +351,7 @@ function body_mt:next()
       local hex = line:match("^(%x+)[ \t]*$") or line:match("^(%x+)[ \t]*;")
       if not hex or #hex > MAX_CHUNK_DIGITS then return fail(self, "a malformed chunk size line") end
       local size = tonumber(hex, 16)
-      self.size_line = line_bytes
+      self.size_line = size >= LINE_READ_AFTER and line_bytes or nil
       if size == 0 then
         self.state, self.trailer = "trailer", 0
       else
@@ -365,12 +371,13 @@ function body_mt:next()
 end
 
 --- How many bytes the next read should take: inside a chunk or a Content-Length body, what is
--- left of it (all body, nothing after); right after a chunk's data, its CRLF and a size line as
--- long as the last one, so that the read after those starts at the next chunk's first byte (a
--- server whose chunks are its frames, as the agent's, then has no frame cut out of a read and
--- copied, see bench/RESULTS.md, "Reads cut at chunk lines");
--- nil when the framing cannot say (the first size line, a body running to the close). A guess
--- that was wrong costs only a read cut elsewhere: any split of the bytes decodes the same.
+-- left of it (all body, nothing after); right after the data of a chunk of LINE_READ_AFTER or
+-- more, its CRLF and a size line as long as the last one, so that the read after those starts
+-- at the next chunk's first byte (a server whose chunks are its frames, as the agent's, then
+-- has no frame cut out of a read and copied: bench/RESULTS.md, "Reads cut at chunk lines");
+-- nil when the framing cannot say or a larger read is better (the first size line, after a
+-- short chunk, a body running to the close). A guess that was wrong costs only a read cut
+-- elsewhere: any split of the bytes decodes the same.
 function body_mt:want()
   if self.mode == "length" or self.state == "data" then return self.left end
   local state, size_line = self.state, self.size_line
