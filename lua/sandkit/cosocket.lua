@@ -126,9 +126,9 @@ function transfer_mt:await(deadline)
   local want = min(self.buffer, MAX_READ)
   -- Inside a chunk, a read stops at its end: the read is then the body's bytes as they are,
   -- handed on without a copy (process), and what follows stays in the socket's buffer rather
-  -- than waiting in Lua strings while the reader is busy with this chunk's frames. Between
-  -- chunks it takes the chunk line alone (http1's want), so the next read starts a chunk's
-  -- data; both come from nginx's socket buffer when they are already there, no system call.
+  -- than waiting in Lua strings while the reader is busy with this chunk's frames. After a long
+  -- chunk it takes the next chunk line alone (http1's want), so the next read starts that
+  -- chunk's data; both come from nginx's socket buffer when they are there, no system call.
   local body_left = self.body:want()
   if body_left then want = min(want, body_left) end
   local data, err = sock:receiveany(want)
