@@ -60,8 +60,11 @@ describe("the sandkit command, interactively", function()
         { settings = "raw" },
         { send = "echo $((6*7))\r" }, { expect = "\r\n42\r\n" },
         { size = { 120, 40 } }, { send = "stty size\r" }, { expect = "40 120" },
-        -- ^C only once the command runs: typed earlier, it would reach the shell instead.
-        { send = "sh -c 'echo started; sleep 30'\r" }, { expect = "started\r\n" }, { send = "\3" },
+        -- ^C only once the command runs: typed earlier, it would reach the shell instead. The
+        -- process that says "started" becomes sleep (exec): had it forked sleep after saying it,
+        -- a ^C in between could land in the fork's child before its exec (dash's vfork child
+        -- takes it in its own handler), and sleep would run its 30 s.
+        { send = "sh -c 'echo started; exec sleep 30'\r" }, { expect = "started\r\n" }, { send = "\3" },
         { send = "echo after $?\r" }, { expect = "after 130" },
         { send = "exit 5\r" },
       })

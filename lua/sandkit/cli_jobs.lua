@@ -64,6 +64,12 @@ local function follow(h, session, job, forward, close_at_end)
   if not stream then error(err, 0) end
   h.on_close(function() stream:close() end)
   local reading = forward
+  local function follow_resize()
+    if h.take_winch() and job.pty then
+      local ok, rerr = job:resize(local_size())
+      if not ok then error(rerr, 0) end
+    end
+  end
   while true do
     while true do
       local frame, ferr = stream:poll()
@@ -72,16 +78,15 @@ local function follow(h, session, job, forward, close_at_end)
       if frame.type == "exit" then return frame end
       h.write_frame(frame)
     end
-    if h.take_winch() and job.pty then
-      local ok, rerr = job:resize(local_size())
-      if not ok then error(rerr, 0) end
-    end
+    follow_resize()
     local waits = reading and { STDIN, stream } or { stream }
     local curl_wait = stream:timeout()
     local limit = LOOK_AGAIN
     if curl_wait and curl_wait >= 0 then limit = math.min(limit, curl_wait / 1000) end
     core.poll(waits, limit)
     h.check_signals()
+    -- A resize that came with keys goes first: what they run (stty size) sees the new size.
+    follow_resize()
     if reading then
       local bytes, rerr = core.read_ready(0, READ_MAX)
       if bytes == nil then error("standard input: " .. tostring(rerr), 0) end
