@@ -1,7 +1,7 @@
 # sandkit — build, test and install.
 #
 # Nothing here needs editing: every path comes from pkg-config or a variable you can override.
-#   make                     builds build/<lua>/sandkit/core.so (for Lua 5.4 and for LuaJIT),
+#   make                     builds build/<lua>/sandkit/core.so and tar.so (for Lua 5.4 and for LuaJIT),
 #                            build/sandkit-agent and build/sandkit-init
 #   make agent               builds build/sandkit-agent alone: a C compiler, libevent's,
 #                            libcrypto's and libarchive's headers, no Lua or libcurl
@@ -93,17 +93,22 @@ SRC_CFLAGS := -Isrc
 COMMON_H := $(wildcard src/common/*.h)
 
 CORE_SRC := src/sandkit_core.c src/lua_frames.c src/lua_transfer.c src/process.c src/terminal.c src/lua_sigv4.c \
-            src/signals.c src/lua_ed25519.c src/lua_tar.c src/lua_fslist.c \
+            src/signals.c src/lua_ed25519.c src/lua_fslist.c \
             src/common/base64.c src/common/json.c src/common/json_unique.c src/common/frames.c \
             src/common/transfer.c src/common/sigv4.c src/common/ed25519.c src/common/regular_file.c \
-            src/common/walk.c src/common/tree_remove.c src/common/tarstream.c src/common/beneath.c
+            src/common/walk.c src/common/tree_remove.c
+# The C module sandkit.tar: a directory as a tar stream, over libarchive, which only it links,
+# so that libarchive's libraries load in the programs that move trees and in no other.
+TAR_SRC := src/lua_tar.c src/common/tarstream.c src/common/walk.c src/common/tree_remove.c src/common/beneath.c
 # src/common/'s objects are compiled once, in $(COMMON_OBJDIR), for the C core of every Lua and
 # for the agent alike: they hold no Lua, and the same flags make the same object.
 COMMON_OBJDIR := $(BUILD)/common-obj
 common_obj = $(patsubst src/common/%.c,$(COMMON_OBJDIR)/%.o,$(filter src/common/%,$(1)))
-CORE_COMMON_OBJ := $(call common_obj,$(CORE_SRC))
-CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(filter-out src/common/%,$(CORE_SRC))) $(CORE_COMMON_OBJ)
+CORE_COMMON_OBJ := $(call common_obj,$(CORE_SRC) $(TAR_SRC))
+CORE_OBJ := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(filter-out src/common/%,$(CORE_SRC))) $(call common_obj,$(CORE_SRC))
 CORE_SO  := $(MODDIR)/sandkit/core.so
+TAR_OBJ  := $(patsubst src/%.c,$(MODDIR)/obj/%.o,$(filter-out src/common/%,$(TAR_SRC))) $(call common_obj,$(TAR_SRC))
+TAR_SO   := $(MODDIR)/sandkit/tar.so
 
 AGENT_SRC := $(wildcard src/agent/*.c) src/common/base64.c src/common/json.c src/common/ed25519.c \
              src/common/regular_file.c src/common/walk.c src/common/tree_remove.c src/common/tarstream.c \
@@ -126,12 +131,12 @@ lua_files_in = $(foreach f,$(LUA_FILES),$(if $(filter $(1),$(dir $(f))),$(f)))
 .PHONY: all agent kube-example deps test test-luajit test-parallel once-specs-exist test-times check check-asan demo bench fuzz abuse soak install clean lint rock \
         jit-core
 
-all: $(CORE_SO) $(AGENT_BIN) $(INIT_BIN) $(JIT_CORE)
+all: $(CORE_SO) $(TAR_SO) $(AGENT_BIN) $(INIT_BIN) $(JIT_CORE)
 
 # The common objects first, here: the make below would otherwise compile them at the same time
 # as this one, into the same files.
 jit-core: $(CORE_COMMON_OBJ)
-	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so
+	$(MAKE) LUA_PC=luajit $(JIT_MODDIR)/sandkit/core.so $(JIT_MODDIR)/sandkit/tar.so
 
 agent: $(AGENT_BIN)
 
@@ -146,7 +151,10 @@ $(COMMON_OBJDIR)/%.o: src/common/%.c $(COMMON_H) | $(COMMON_OBJDIR)
 $(COMMON_OBJDIR)/transfer.o: COMMON_CURL_CFLAGS = $(CURL_CFLAGS)
 
 $(CORE_SO): $(CORE_OBJ) | $(MODDIR)/sandkit
-	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) $(ARCHIVE_LIBS) -lm
+	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(CORE_OBJ) $(CURL_LIBS) $(OPENSSL_LIBS) -lm
+
+$(TAR_SO): $(TAR_OBJ) | $(MODDIR)/sandkit
+	$(CC) $(CFLAGS) $(LDFLAGS) $(LIBFLAG) -o $@ $(TAR_OBJ) $(ARCHIVE_LIBS)
 
 $(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)/agent-obj/agent
 	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
@@ -329,6 +337,7 @@ INSTALLED_DIRS_LINE := local INSTALLED_LUA_DIR, INSTALLED_C_DIR = nil, nil
 install: all
 	install -d $(DESTDIR)$(LUA_CMOD)/sandkit $(DESTDIR)$(BINDIR)
 	install -m 0755 $(CORE_SO) $(DESTDIR)$(LUA_CMOD)/sandkit/core.so
+	install -m 0755 $(TAR_SO) $(DESTDIR)$(LUA_CMOD)/sandkit/tar.so
 	$(foreach d,$(LUA_DIRS),install -d $(DESTDIR)$(LUA_LMOD)/$(d:lua/%=%) && \
 	  install -m 0644 $(call lua_files_in,$(d)) $(DESTDIR)$(LUA_LMOD)/$(d:lua/%=%) &&) true
 	install -m 0755 $(AGENT_BIN) $(DESTDIR)$(BINDIR)/sandkit-agent

@@ -5,6 +5,7 @@
 
 local sandkit = require "sandkit"
 local core = require "sandkit.core"
+local tar_module = require "sandkit.tar"
 local agent_session = require "support.agent_session"
 local files = require "support.files"
 local fs_roundtrip = require "support.fs_roundtrip"
@@ -129,8 +130,8 @@ describe("a local session's files as a filesystem", function()
       function() return session:list("/", { depth = 0 }) end,
       function() return session:list("/", { limit = 0 }) end,
       function() return session:list("/", { sort = true }) end,
-      function() return session:write_dir_from("/x", "/tmp", { max_entries = core.TAR_MAX_ENTRIES + 1 }) end,
-      function() return session:read_dir_to("/x", "/tmp/never-made", { max_bytes = core.TAR_MAX_BYTES + 1 }) end,
+      function() return session:write_dir_from("/x", "/tmp", { max_entries = tar_module.MAX_ENTRIES + 1 }) end,
+      function() return session:read_dir_to("/x", "/tmp/never-made", { max_bytes = tar_module.MAX_BYTES + 1 }) end,
       function() return session:remove("/x", { force = true }) end,
     }
     for i, call in ipairs(calls) do

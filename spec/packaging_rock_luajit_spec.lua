@@ -30,6 +30,7 @@ describe("a source rock", function()
       .. " --only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " 2>&1")
     assert.equal(0, status, log .. err)
     assert.truthy(files.read(tree .. "/lib/lua/5.1/sandkit/core.so"), "the C core is in the 5.1 tree")
+    assert.truthy(files.read(tree .. "/lib/lua/5.1/sandkit/tar.so"), "the tar module is in the 5.1 tree")
     local paths = "eval \"$(luarocks --lua-version=5.1 path --tree=" .. q(tree) .. ")\""
     local out
     out, err, status = local_state.sh(as_user .. "env -u SANDKIT_AGENT -u LUA_PATH -u LUA_CPATH sh -c "

@@ -140,6 +140,7 @@ describe("a `make install PREFIX=…`", function()
       assert.equal(3, status, err)
       assert.equal("from-the-prefix\n", out)
       assert.truthy(files.read(prefix .. "/lib/lua/" .. case.abi .. "/sandkit/core.so"))
+      assert.truthy(files.read(prefix .. "/lib/lua/" .. case.abi .. "/sandkit/tar.so"))
     end)
   end
 

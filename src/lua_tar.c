@@ -1,18 +1,22 @@
 /*
- * lua_tar.c — Lua glue for common/tarstream.h: a local directory as a tar stream, both ways, a
- * piece at a time, for session:write_dir_from and session:read_dir_to.
+ * lua_tar.c — the C module sandkit.tar (sandkit/tar.so), Lua glue for common/tarstream.h: a
+ * local directory as a tar stream, both ways, a piece at a time, for session:write_dir_from,
+ * session:read_dir_to and local images. A module of its own, required where a tree moves:
+ * libarchive and what it links (libxml2, ICU, the compressors) are then loaded by the programs
+ * that move trees, not by every program that loads the C core.
  *
- *   local pack = core.tar_pack(dir)      -- | nil, why
+ *   local tar = require "sandkit.tar"
+ *   local pack = tar.pack(dir)           -- | nil, why
  *   pack:read()                          -- the next piece (at most 64 KiB) | nil at the end
  *                                           | nil, why (the archive failed: cut it short)
- *   local unpack = core.tar_unpack(dir, max_entries, max_bytes)   -- | nil, why
+ *   local unpack = tar.unpack(dir, max_entries, max_bytes)   -- | nil, why
  *   unpack:write(piece)                  -- true | nil, kind, why, entry
  *   unpack:finish()                      -- true | nil, kind, why, entry
  *                                           kind: "refused", "invalid", "too_large", "errno",
  *                                           "no_memory"; entry: the entry's path, "" for none
  *   unpack:entries(), unpack:bytes()     -- what landed so far
  *   pack:close(), unpack:close()         -- also on collection
- *   core.TAR_MAX_ENTRIES, core.TAR_MAX_BYTES -- an extraction's bounds unless lowered
+ *   tar.MAX_ENTRIES, tar.MAX_BYTES       -- an extraction's bounds unless lowered
  *
  * Every path of an archive lands beneath dir, opened with openat2(RESOLVE_BENEATH |
  * RESOLVE_NO_SYMLINKS): an archive from a session is as hostile here as anywhere.
@@ -24,7 +28,7 @@
 
 #include "common/beneath.h"
 #include "common/tarstream.h"
-#include "sandkit_core.h"
+#include "compat.h"
 
 #define PACK_MT "sandkit.tar_pack"
 #define UNPACK_MT "sandkit.tar_unpack"
@@ -191,7 +195,9 @@ static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, l
 	lua_pop(L, 1);
 }
 
-void skl_open_tar(lua_State *L)
+int luaopen_sandkit_tar(lua_State *L);
+
+int luaopen_sandkit_tar(lua_State *L)
 {
 	static const luaL_Reg pack_methods[] = {
 		{ "read", pack_read },
@@ -209,13 +215,15 @@ void skl_open_tar(lua_State *L)
 	new_class(L, PACK_MT, pack_methods, pack_close);
 	new_class(L, UNPACK_MT, unpack_methods, unpack_close);
 	static const luaL_Reg functions[] = {
-		{ "tar_pack", pack_new },
-		{ "tar_unpack", unpack_new },
+		{ "pack", pack_new },
+		{ "unpack", unpack_new },
 		{ NULL, NULL },
 	};
+	lua_newtable(L);
 	skc_setfuncs(L, functions);
 	lua_pushinteger(L, (lua_Integer)SK_TAR_MAX_ENTRIES);
-	lua_setfield(L, -2, "TAR_MAX_ENTRIES");
+	lua_setfield(L, -2, "MAX_ENTRIES");
 	lua_pushinteger(L, (lua_Integer)SK_TAR_MAX_BYTES);
-	lua_setfield(L, -2, "TAR_MAX_BYTES");
+	lua_setfield(L, -2, "MAX_BYTES");
+	return 1;
 }

@@ -203,7 +203,6 @@ int luaopen_sandkit_core(lua_State *L)
 	skl_open_signals(L);
 	skl_open_terminal(L);
 	skl_open_ed25519(L);
-	skl_open_tar(L);
 	skl_open_fslist(L);
 	push_limits(L);
 	lua_setfield(L, -2, "LIMITS");

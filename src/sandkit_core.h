@@ -21,7 +21,6 @@ void skl_open_terminal(lua_State *L); /* terminal.c: raw mode, size, reading wha
  * and core.poll watch it so a trapped signal ends their wait. */
 int skl_signal_fd(void);
 void skl_open_ed25519(lua_State *L);  /* ed25519.c glue: keys, signing, verifying */
-void skl_open_tar(lua_State *L);      /* tarstream.c glue: a local directory as a tar stream */
 void skl_open_fslist(lua_State *L);   /* a listing's page read into entries */
 
 struct sk_frame;

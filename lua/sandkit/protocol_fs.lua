@@ -192,7 +192,7 @@ local function extraction_error(kind, why, entry)
 end
 
 --- Reads the archive of the session's directory path into `sink` as it arrives: an extraction
--- (core.tar_unpack), or a function(bytes) taking the archive itself (a false or nil-and-error
+-- (sandkit.tar's unpack), or a function(bytes) taking the archive itself (a false or nil-and-error
 -- result stops it). Returns the bytes read, or nil and an error.
 function fs.read_dir(conn, path, sink, progress)
   check_path(path)

@@ -4,6 +4,10 @@
 -- offers the extension, before anything is sent.
 
 local core = require "sandkit.core"
+
+--- The C module of tar streams, loaded by the first call that moves a tree: it links
+-- libarchive, whose libraries no other call needs to pay the loading of.
+local function tar() return require "sandkit.tar" end
 local errors = require "sandkit.errors"
 local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
@@ -121,10 +125,10 @@ function session_fs.install(session_mt, h)
     if o.progress ~= nil and type(o.progress) ~= "function" then
       error("sandkit: progress is a function(done, total)", 4)
     end
-    local max_entries, err = bounded(operation, o, "max_entries", core.TAR_MAX_ENTRIES, 1, core.TAR_MAX_ENTRIES)
+    local max_entries, err = bounded(operation, o, "max_entries", tar().MAX_ENTRIES, 1, tar().MAX_ENTRIES)
     if not max_entries then return nil, err end
     local max_bytes
-    max_bytes, err = bounded(operation, o, "max_bytes", core.TAR_MAX_BYTES, 0, core.TAR_MAX_BYTES)
+    max_bytes, err = bounded(operation, o, "max_bytes", tar().MAX_BYTES, 0, tar().MAX_BYTES)
     if not max_bytes then return nil, err end
     return max_entries, max_bytes
   end
@@ -143,7 +147,7 @@ function session_fs.install(session_mt, h)
     if not max_entries then return nil, max_bytes end
     local read, close
     if type(source) == "string" then
-      local pack, why = core.tar_pack(source)
+      local pack, why = tar().pack(source)
       if not pack then
         return nil, errors.invalid_input(OPS.write_dir, "source", "the local directory cannot be read: "
           .. tostring(why))
@@ -182,7 +186,7 @@ function session_fs.install(session_mt, h)
       end
       created = true
     end
-    local unpack, why = core.tar_unpack(sink, max_entries, max_bytes)
+    local unpack, why = tar().unpack(sink, max_entries, max_bytes)
     if not unpack then
       return nil, errors.invalid_input(OPS.read_dir, "destination", "the local directory cannot be written: "
         .. tostring(why))

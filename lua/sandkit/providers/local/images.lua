@@ -18,6 +18,10 @@
 -- is) when it runs as root; a session's own changes are its user's either way.
 
 local core = require "sandkit.core"
+
+--- The C module of tar streams, loaded by the first import, build or export: it links
+-- libarchive, whose libraries the other calls need not load.
+local function tar() return require "sandkit.tar" end
 local errors = require "sandkit.errors"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
@@ -40,7 +44,7 @@ images.NAME = { max = 64, pattern = "^[a-z0-9._-]+$", valid = function(name) ret
 --- An import's bounds unless the sandbox's image_max_entries / image_max_bytes or the call's
 -- max_entries / max_bytes say otherwise: room for a distribution with its toolchains, far
 -- below what a hostile archive's headers can claim. Never above the extraction's own bounds
--- (core.TAR_MAX_ENTRIES, core.TAR_MAX_BYTES).
+-- (sandkit.tar's MAX_ENTRIES and MAX_BYTES).
 images.MAX_ENTRIES = 1000000
 images.MAX_BYTES = 16 * 1024 * 1024 * 1024
 
@@ -103,11 +107,12 @@ local function bounds(store, operation, opts)
   local bytes
   bytes, bad = options_check.whole_number(operation, opts, "max_bytes", o.image_max_bytes or images.MAX_BYTES)
   if bad then return nil, bad end
-  if entries < 1 or entries > core.TAR_MAX_ENTRIES then
-    return nil, errors.invalid_input(operation, "max_entries", "max_entries is from 1 to " .. core.TAR_MAX_ENTRIES)
+  local limits = tar()
+  if entries < 1 or entries > limits.MAX_ENTRIES then
+    return nil, errors.invalid_input(operation, "max_entries", "max_entries is from 1 to " .. limits.MAX_ENTRIES)
   end
-  if bytes > core.TAR_MAX_BYTES then
-    return nil, errors.invalid_input(operation, "max_bytes", "max_bytes is at most " .. core.TAR_MAX_BYTES)
+  if bytes > limits.MAX_BYTES then
+    return nil, errors.invalid_input(operation, "max_bytes", "max_bytes is at most " .. limits.MAX_BYTES)
   end
   return entries, bytes
 end
@@ -182,7 +187,7 @@ end
 local function extract(store, operation, tmp, read, what, opts)
   local max_entries, max_bytes = bounds(store, operation, opts)
   if not max_entries then return nil, max_bytes end
-  local unpack, why = core.tar_unpack(tmp .. "/rootfs", max_entries, max_bytes)
+  local unpack, why = tar().unpack(tmp .. "/rootfs", max_entries, max_bytes)
   if not unpack then return nil, errors.invalid_input(operation, "root", tostring(why)) end
   local failed
   while true do
@@ -210,9 +215,9 @@ local function extract(store, operation, tmp, read, what, opts)
   return got
 end
 
---- A directory's tree as a tar stream (core.tar_pack): the reader and its closer, or nil and why.
+--- A directory's tree as a tar stream (sandkit.tar's pack): the reader and its closer, or nil and why.
 local function pack_dir(operation, dir)
-  local pack, why = core.tar_pack(dir)
+  local pack, why = tar().pack(dir)
   if not pack then
     return nil, errors.invalid_input(operation, "source", "the directory " .. dir .. " cannot be read: "
       .. tostring(why))
