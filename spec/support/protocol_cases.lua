@@ -1174,6 +1174,263 @@ case("that end in an error raise it after delivering their output", {
   end,
 })
 
+-- Interactive jobs (docs/protocol.md §6 jobStdin, jobPty, jobSignal, jobList, jobStream) ------------
+
+group = "an interactive job"
+
+local INTERACTIVE = [[{ features = { "jobStdin", "jobPty", "jobSignal", "jobList", "jobStream" } }]]
+
+--- The input requests a fake agent received: each one's offset, body and whether it closed.
+local function input_requests(server)
+  local seen = {}
+  for _, req in ipairs(server:requests_to("/v1/jobs/stdin")) do
+    assert.equal("jobId=j1", req.query:match("^[^&]*"))
+    seen[#seen + 1] = { offset = tonumber(req.query:match("[?&]?offset=(%d+)")), body = req.body,
+      close = req.query:find("close=1", 1, true) ~= nil }
+  end
+  return seen
+end
+
+case("takes each byte of its input once when an answer is lost, the piece sent again at its offset", {
+  health = INTERACTIVE,
+  route = [[(function()
+    -- The agent's rule: bytes before what it has taken are skipped, so a piece sent twice counts once.
+    local taken, lost_one = 0, false
+    return function(req, conn)
+      local offset = tonumber(req.query:match("offset=(%d+)"))
+      taken = math.max(taken, offset + #req.body)
+      if #req.body > 0 and not lost_one then
+        lost_one = true
+        return conn:close()
+      end
+      respond.json_last(conn, "200 OK", { offset = taken, closed = req.query:find("close=1", 1, true) ~= nil })
+    end
+  end)()]],
+  act = function(session)
+    local job = session:job("j1")
+    local wrote, err = job:write("hello")
+    local more, more_err = job:write(" world")
+    local closed, close_err = job:close_stdin()
+    return { wrote = wrote, more = more, closed = closed, errs = { plain(err), plain(more_err), plain(close_err) } }
+  end,
+  check = function(r, server)
+    assert.same({}, r.errs)
+    assert.is_true(r.wrote)
+    assert.is_true(r.more)
+    assert.is_true(r.closed)
+    assert.same({
+      { offset = 0, body = "", close = false },       -- a handle by id asks where the input is
+      { offset = 0, body = "hello", close = false },  -- taken, its answer lost
+      { offset = 0, body = "hello", close = false },  -- the same piece at the same offset
+      { offset = 5, body = " world", close = false },
+      { offset = 11, body = "", close = true },
+    }, input_requests(server))
+  end,
+})
+
+case("gives up on a piece of input after three sends whose answers were lost, saying the write went unanswered", {
+  health = INTERACTIVE,
+  route = [[function(req, conn)
+    if #req.body > 0 then return conn:close() end
+    respond.json_last(conn, "200 OK", { offset = 0, closed = false })
+  end]],
+  act = function(session)
+    local ok, err = session:job("j1"):write("x")
+    return { ok = ok, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_nil(r.ok)
+    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    assert.is_true(r.err.retryable, "the same bytes at the same offset are taken once")
+    assert.equal("sandbox.jobWrite", r.err.operation)
+    -- The look for the offset, then three sends of the piece, each on a connection of its own
+    -- (every answer closes its connection, so no transport resends on a pooled one).
+    local seen = input_requests(server)
+    assert.equal(4, #seen)
+    for i = 2, 4 do assert.same({ offset = 0, body = "x", close = false }, seen[i]) end
+  end,
+})
+
+case("reads a write's answer without an offset as unanswered, and sends the piece again", {
+  health = INTERACTIVE,
+  route = [[function(req, conn)
+    if #req.body > 0 then return respond.json_last(conn, "200 OK", { closed = false }) end
+    respond.json_last(conn, "200 OK", { offset = 0, closed = false })
+  end]],
+  act = function(session)
+    local ok, err = session:job("j1"):write("abc")
+    return { ok = ok, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_nil(r.ok)
+    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    assert.equal("UNEXPECTED_RESPONSE_FORMAT", r.err.cause.code)
+    assert.equal(4, #input_requests(server), "one look for the offset, then three sends of the piece")
+  end,
+})
+
+case("sends a signal and a terminal size with the job's id, and an agent without the route cannot", {
+  health = INTERACTIVE,
+  route = [[function(req, conn)
+    if req.path == "/v1/jobs/signal" then return respond.status(conn, "204 No Content") end
+    respond.status(conn, "404 Not Found", "ROUTE_NOT_FOUND: No route " .. req.path .. " in this agent")
+  end]],
+  act = function(session)
+    local job = session:job("j1")
+    local signalled, serr = job:signal("INT")
+    local resized, rerr = job:resize(120, 40)
+    return { signalled = signalled, serr = plain(serr), resized = resized, rerr = plain(rerr) }
+  end,
+  check = function(r, server)
+    assert.is_true(r.signalled)
+    assert.is_nil(r.serr)
+    assert.same({ jobId = "j1", signal = "INT" }, cjson.decode(server:requests_to("/v1/jobs/signal")[1].body))
+    assert.is_nil(r.resized)
+    assert.equal("OPERATION_NOT_SUPPORTED", r.rerr.code)
+    assert.equal("sandbox.jobResize", r.rerr.operation)
+    assert.same({ jobId = "j1", cols = 120, rows = 40 }, cjson.decode(server:requests_to("/v1/jobs/resize")[1].body))
+  end,
+})
+
+case("lists the jobs the agent holds, running and ended, with their times in seconds", {
+  health = INTERACTIVE,
+  route = [[function(req, conn)
+    respond.json(conn, "200 OK", { jobs = {
+      { jobId = "a", command = { "sh", "-c", "cat" }, running = true, startedAt = 1700000000250, stdin = true,
+        stdinOffset = 5, pty = false },
+      { jobId = "b", command = { "false" }, running = false, startedAt = 1700000001000, exitCode = 1 },
+      { jobId = "c", command = { "sleep", "9" }, running = false, startedAt = 1700000002000, signal = 9,
+        error = { code = "timeoutExceeded", message = "exceeded its timeout" } },
+    } })
+  end]],
+  act = function(session) return { session:jobs() } end,
+  check = function(r, server)
+    assert.same({
+      { id = "a", argv = { "sh", "-c", "cat" }, running = true, started_at = 1700000000.25, stdin = true,
+        pty = false, stdin_offset = 5 },
+      { id = "b", argv = { "false" }, running = false, started_at = 1700000001, code = 1, stdin = false,
+        pty = false },
+      { id = "c", argv = { "sleep", "9" }, running = false, started_at = 1700000002, signal = 9,
+        error = "timeoutExceeded", stdin = false, pty = false },
+    }, r[1])
+    assert.equal("GET", server:requests_to("/v1/jobs/list")[1].method)
+  end,
+})
+
+case("refuses a list whose entry lacks its id, command, state or start", {
+  health = INTERACTIVE,
+  route = [[function(req, conn)
+    respond.json(conn, "200 OK", { jobs = { { jobId = "a", command = { "true" }, running = false } } })
+  end]],
+  act = function(session)
+    local list, err = session:jobs()
+    return { list = list, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.list)
+    assert.equal("UNEXPECTED_RESPONSE_FORMAT", r.err.code)
+    assert.equal("jobs", r.err.field)
+  end,
+})
+
+case("refuses a list longer than its bound before reading it whole", {
+  health = INTERACTIVE,
+  route = [[function(req, conn)
+    -- 256 KiB is the most sixteen jobs' answer can take (protocol_jobs.lua); this is past it.
+    local command = {}
+    for i = 1, 40000 do command[i] = "argument" end
+    respond.json(conn, "200 OK", { jobs = { { jobId = "a", command = command, running = true, startedAt = 1 } } })
+  end]],
+  act = function(session)
+    local list, err = session:jobs()
+    return { list = list, err = plain(err) }
+  end,
+  check = function(r)
+    assert.is_nil(r.list)
+    assert.equal("SANDBOX_UNREACHABLE", r.err.code)
+    assert.is_true(found(r.err.text, "262144"), r.err.text)
+  end,
+})
+
+case("follows a live stream again from its last frame when it breaks, each frame delivered once", {
+  health = INTERACTIVE,
+  route = [[(function()
+    local follows = 0
+    local function line(f) return require("cjson").encode(f) .. "\n" end
+    return function(req, conn)
+      follows = follows + 1
+      respond.chunked_start(conn, "200 OK")
+      if follows == 1 then
+        respond.chunk(conn, line{ t = "stdout", seq = 0, data = "b25l" }
+          .. line{ t = "stdout", seq = 1, data = "dHdv" })
+        -- Cut inside the next frame: the stream breaks, the job runs on.
+        respond.chunk(conn, '{"t":"stdout","se')
+        return conn:close()
+      end
+      -- The agent answers from its own kept frames, which may start before the cursor.
+      respond.chunk(conn, line{ t = "stdout", seq = 1, data = "dHdv" }
+        .. line{ t = "stderr", seq = 2, data = "dGhyZWU=" } .. line{ t = "exit", code = 0 })
+      respond.chunked_end(conn)
+    end
+  end)()]],
+  act = function(session)
+    local seen = {}
+    local ok, err = pcall(function()
+      for frame in session:job("j1"):frames() do seen[#seen + 1] = frame end
+    end)
+    return { ok = ok, err = plain(err), seen = seen }
+  end,
+  check = function(r, server)
+    assert.is_true(r.ok, r.err and r.err.text)
+    assert.same({ { type = "stdout", seq = 0, data = "one" }, { type = "stdout", seq = 1, data = "two" },
+      { type = "stderr", seq = 2, data = "three" }, { type = "exit", code = 0, truncated = false } }, r.seen)
+    local cursors = {}
+    for _, req in ipairs(server:requests_to("/v1/jobs/stream")) do
+      local body = cjson.decode(req.body)
+      assert.equal("j1", body.jobId)
+      cursors[#cursors + 1] = body.sinceSeq
+    end
+    assert.same({ cjson.null, 1 }, cursors, "followed again from the last frame delivered")
+    assert.equal(0, #server:requests_to("/v1/jobs/poll"), "a live stream is never polled")
+  end,
+})
+
+case("ends a live stream with the agent's refusal, not following it again", {
+  health = INTERACTIVE,
+  route = [[function(req, conn) respond.status(conn, "404 Not Found", "JOB_NOT_FOUND: no job j1") end]],
+  act = function(session)
+    local ok, err = pcall(function()
+      for _ in session:job("j1"):frames() do end
+    end)
+    return { ok = ok, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_false(r.ok)
+    assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
+    assert.equal("JOB_NOT_FOUND", r.err.reason)
+    assert.equal(1, #server:requests_to("/v1/jobs/stream"))
+  end,
+})
+
+case("gives up a live stream that breaks three times in a row without a frame", {
+  health = INTERACTIVE,
+  route = [[function(req, conn)
+    respond.chunked_start(conn, "200 OK")
+    conn:close()
+  end]],
+  act = function(session)
+    local ok, err = pcall(function()
+      for _ in session:job("j1"):frames() do end
+    end)
+    return { ok = ok, err = plain(err) }
+  end,
+  check = function(r, server)
+    assert.is_false(r.ok)
+    assert.equal("sandbox.jobStream", r.err.operation)
+    assert.equal(3, #server:requests_to("/v1/jobs/stream"))
+  end,
+})
+
 -- Files -----------------------------------------------------------------------------------------
 
 group = "files"

@@ -18,6 +18,15 @@ function respond.json(conn, status, value)
   respond.status(conn, status, cjson.encode(value), "application/json")
 end
 
+--- A JSON answer that closes its connection (Connection: close), so the client's next request
+-- goes on a new one, never on a pooled connection a transport could send it on twice.
+function respond.json_last(conn, status, value)
+  local body = cjson.encode(value)
+  conn:write(string.format("HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+    .. "Connection: close\r\n\r\n%s", status, #body, body))
+  conn:close()
+end
+
 function respond.chunked_start(conn, status, content_type)
   conn:write(string.format("HTTP/1.1 %s\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n",
     status, content_type or "application/x-ndjson"))
