@@ -178,6 +178,14 @@ describe("sandkit-agent --isolate bwrap", function()
         { args = confined_args{ "--network", "outbound", "--pasta", "/nonexistent/pasta", "--slirp4netns",
           "/nonexistent/slirp4netns" }, status = 4, says = "Debian package passt" },
       }
+      -- A stack that fails says why last, after lines of its own noise (pasta's, without syslog).
+      local stack = os.tmpname()
+      defer(function() os.remove(stack) end)
+      files.write(stack, "#!/bin/sh\necho 'Failed to send 45 bytes to syslog' >&2\n"
+        .. "echo 'Failed to open tun socket in namespace' >&2\nexit 1\n")
+      assert(os.execute("chmod 755 " .. files.shell_quote(stack)))
+      cases[#cases + 1] = { args = confined_args{ "--network", "outbound", "--pasta", stack }, status = 4,
+        says = "pasta could not attach to the session (it exited): Failed to open tun socket in namespace" }
       if am_root() then
         cases[#cases + 1] = { args = { "--isolate", "bwrap" }, status = 2, says = "needs --host-uid" }
         cases[#cases + 1] = { args = { "--isolate", "bwrap", "--host-uid", "0" }, status = 2,

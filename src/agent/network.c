@@ -312,15 +312,19 @@ static int start_stack(const struct network_setup *s, char *why, size_t whysz, i
 		util_reap(net.stack, &st);
 	}
 	net.stack = -1;
-	util_first_line(err, said, sizeof said);
+	util_last_line(err, said, sizeof said);
 	close(err);
 	if (net.stack_exit >= 0)
 		close(net.stack_exit);
 	net.stack_exit = -1;
 	*status = AGENT_EXIT_NO_NETWORK;
-	snprintf(why, whysz, "--network outbound: %s could not attach to the session (%s): %s",
+	/* Root's stack gets a tun node of its own (own_tun_node); an unprivileged one opens
+	 * /dev/net/tun as this user, which Debian makes 0666 and some machines keep 0600. */
+	int tun_closed = !s->as_root && access("/dev/net/tun", R_OK | W_OK) < 0;
+	snprintf(why, whysz, "--network outbound: %s could not attach to the session (%s): %s%s",
 		 use_pasta ? "pasta" : "slirp4netns",
-		 r == 0 ? "no answer in time" : WIFEXITED(st) ? "it exited" : "it was killed", said);
+		 r == 0 ? "no answer in time" : WIFEXITED(st) ? "it exited" : "it was killed", said,
+		 tun_closed ? "; /dev/net/tun is not open to this user, and both stacks need it" : "");
 	return -1;
 
 failed:

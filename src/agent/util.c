@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,6 +108,24 @@ void util_first_line(int fd, char *out, size_t size)
 	ssize_t n = pread(fd, out, size - 1, 0);
 	out[n > 0 ? n : 0] = '\0';
 	out[strcspn(out, "\n")] = '\0';
+	if (out[0] == '\0')
+		snprintf(out, size, "no message");
+}
+
+void util_last_line(int fd, char *out, size_t size)
+{
+	struct stat st;
+	off_t from = 0;
+	if (fstat(fd, &st) == 0 && st.st_size > (off_t)(size - 1))
+		from = st.st_size - (off_t)(size - 1);
+	ssize_t n = pread(fd, out, size - 1, from);
+	size_t len = n > 0 ? (size_t)n : 0;
+	while (len > 0 && out[len - 1] == '\n')
+		len--;
+	out[len] = '\0';
+	char *last = strrchr(out, '\n');
+	if (last)
+		memmove(out, last + 1, strlen(last + 1) + 1);
 	if (out[0] == '\0')
 		snprintf(out, size, "no message");
 }

@@ -41,4 +41,9 @@ void util_reap(pid_t pid, int *status);
  * out (size bytes, NUL-terminated, the line cut to fit); "no message" when it wrote none. */
 void util_first_line(int fd, char *out, size_t size);
 
+/* The last line of what a helper wrote to the file fd, as util_first_line: for a helper that
+ * says what ended it last, after lines of its own noise (pasta's "Failed to send … to syslog"
+ * where there is no syslog). */
+void util_last_line(int fd, char *out, size_t size);
+
 #endif
