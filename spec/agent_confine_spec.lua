@@ -145,7 +145,8 @@ describe("sandkit-agent --isolate bwrap", function()
     assert.is_true(within(5, function() return #agent_process.processes{ "sleep", nap } == 0 end))
   end)
 
-  it("confines an unprivileged agent's commands as the sandbox user, mapped to the agent's own", function()
+  it("confines an unprivileged agent's commands and terminal jobs as the sandbox user, mapped to the agent's own",
+    function()
     if not am_root() then
       pending("only root can start the agent as another user")
       return
@@ -163,6 +164,17 @@ describe("sandkit-agent --isolate bwrap", function()
     assert.are.equal(0, last.code)
     assert.are.equal("1000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n", out)
     assert.are.equal("65534\n", agent_process.run("stat -c %u " .. files.shell_quote(U.root .. "/home/user/made")))
+    -- Its interactive jobs too: a terminal of the size asked for, and input that reaches it.
+    local res, job = U:start_job{ command = { "sh", "-c", "stty size; tty; read line; echo got:$line" },
+      pty = { cols = 91, rows = 33 }, stdin = true, timeoutMs = 20000 }
+    assert.are.equal(200, res.status, res.body)
+    res = U:req("POST", "/v1/jobs/stdin?jobId=" .. job.jobId .. "&offset=0", "hello\n")
+    assert.are.equal(200, res.status, res.body)
+    local page, frames = U:poll_until_done(job.jobId, 10)
+    assert.are.equal(0, page.exitCode)
+    local shown = agent_process.frames_data(frames, "stdout")
+    assert.truthy(shown:find("33 91\r\n/dev/pts/", 1, true), shown)
+    assert.truthy(shown:find("got:hello", 1, true), shown)
   end)
 
   it("refuses what it cannot honour: status 2 for a bad start, 3 without confinement, 4 without a stack",
