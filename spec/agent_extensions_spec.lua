@@ -17,6 +17,20 @@ local function peak_rss_kb(pid)
   return tonumber(read_file("/proc/" .. pid .. "/status"):match("VmHWM:%s*(%d+)"))
 end
 
+-- Resident memory of a process in kB (VmRSS): what it holds now.
+local function rss_kb(pid)
+  return tonumber(read_file("/proc/" .. pid .. "/status"):match("VmRSS:%s*(%d+)"))
+end
+
+-- How many of process pid's descriptors have path open.
+local function descriptors_on(pid, path)
+  local p = assert(io.popen("find /proc/" .. pid .. "/fd -lname " .. shell_quote(path) .. " 2>/dev/null"))
+  local n = 0
+  for _ in p:lines() do n = n + 1 end
+  p:close()
+  return n
+end
+
 local function query(p)
   return (p:gsub("[^%w%-_./]", function(ch) return string.format("%%%02X", ch:byte()) end))
 end
@@ -299,6 +313,56 @@ describe("sandkit-agent extensions", function()
         assert.is_true(read_file(A.root .. "/spliced") == contents, "the file differs at size " .. size)
       end
       os.remove(A.root .. "/spliced")
+    end)
+
+    -- A file larger than the loopback socket's buffers on both ends, in which every 16 bytes
+    -- name their own place, so that a byte out of order or missing shows. Sent to a reader
+    -- that has not read yet, it fills the socket: the agent then holds the file a second time,
+    -- for the bytes it still owes (http_reply_file), and none of them in its memory.
+    local function get_until_owed(name)
+      local path, size = A.root .. "/" .. name, 24 * 1024 * 1024
+      assert(files.execute("seq -f '%015.0f' 0 " .. (size / 16 - 1) .. " > " .. shell_quote(path)))
+      local before = rss_kb(A.pid)
+      local c = assert(raw.connect(A.port, nil, 30))
+      assert(c:request("GET", "/v1/files/raw?path=" .. name, A:auth()))
+      assert.are.equal(200, (c:read_head()))
+      assert.are.equal(tostring(size), c.headers["content-length"])
+      assert.is_true(within(10, function() return descriptors_on(A.pid, path) == 2 end),
+        "the agent never waited for the socket's room with the file's bytes")
+      local grown = rss_kb(A.pid) - before
+      if not agent_process.SANITIZED then
+        assert.is_true(grown < 2 * 1024, "the agent's RSS grew by " .. grown .. " kB")
+      end
+      return c, path, size
+    end
+
+    it("sends a file its reader takes slowly whole and in order, what waits left in the file", function()
+      local c, path, size = get_until_owed("slow.bin")
+      local want, got = read_file(path), {}
+      local n = 0
+      while n < size do
+        local piece = assert(c.sock:receive(math.min(1024 * 1024, size - n)))
+        got[#got + 1] = piece
+        n = n + #piece
+      end
+      c:close()
+      assert.is_true(table.concat(got) == want, "the bytes read back differ")
+      assert.is_true(within(5, function() return descriptors_on(A.pid, path) == 0 end),
+        "the agent still holds the file it sent")
+      os.remove(path)
+    end)
+
+    it("ends a file that shrinks while it is sent short of its length, and closes", function()
+      local c, path, size = get_until_owed("shrinks.bin")
+      assert(files.execute("truncate -s 1048576 " .. shell_quote(path)))
+      local whole, err, partial = c.sock:receive(size)
+      c:close()
+      assert.is_nil(whole)
+      assert.are.equal("closed", err)
+      assert.is_true(#partial < size, "a cut file was read as whole")
+      assert.is_true(within(5, function() return descriptors_on(A.pid, path) == 0 end),
+        "the agent still holds the file it could not send")
+      os.remove(path)
     end)
 
     it("moves 1 GiB each way with the agent's memory flat", function()

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -85,6 +86,14 @@ struct conn {
 	int pipe_fd[2];
 	int sink_pipe;
 	struct event *sink_ev;
+	/* File bytes of a reply the socket has not taken yet (http_reply_file): owed bytes of
+	 * owed_fd, the connection's duplicate of the file, from owed_off on, sent as the socket
+	 * takes them and before anything else; libevent writes nothing meanwhile. owed_ev (kept
+	 * once made) waits for the socket's room. */
+	struct event *owed_ev;
+	int owed_fd;
+	off_t owed_off;
+	size_t owed;
 };
 
 struct http_request {
@@ -212,6 +221,14 @@ int http_add_header(struct http_request *req, const char *name, const char *valu
 
 static void settle_body(struct http_request *req);
 
+/* libevent writes the output buffer from here on, unless file bytes are still owed: then once
+ * they went (owed_sent), so that nothing overtakes them. */
+static void enable_writes(struct conn *c)
+{
+	if (c->owed == 0)
+		bufferevent_enable(c->bev, EV_WRITE);
+}
+
 /* Status line and headers. length < 0: chunked, or, to an HTTP/1.0 caller, which knows no
  * chunked coding (RFC 9112 §6.1), the body runs to the connection's end; no Content-Length for
  * 204. From here on, a reply the caller stops taking is given up after the stall timeout: the
@@ -224,7 +241,7 @@ static int write_head(struct http_request *req, int status, const char *content_
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 	struct timeval stall = timeval_of(srv.cfg.stall_timeout_ms);
 	bufferevent_set_timeouts(c->bev, NULL, &stall);
-	bufferevent_enable(c->bev, EV_WRITE);
+	enable_writes(c);
 	settle_body(req);
 	if (!req->head.keep_alive)
 		c->close_after = 1;
@@ -365,7 +382,114 @@ void http_reply_end(struct http_request *req)
 
 size_t http_reply_queued(const struct http_request *req)
 {
-	return evbuffer_get_length(bufferevent_get_output(req->conn->bev));
+	return evbuffer_get_length(bufferevent_get_output(req->conn->bev)) + req->conn->owed;
+}
+
+/* Sends the owed file bytes as far as the socket takes them: 1 when all of them went, 0 when
+ * the socket is full, -1 when sending failed or the file ended before them. */
+static int send_owed(struct conn *c)
+{
+	int sock = bufferevent_getfd(c->bev);
+	while (c->owed > 0) {
+		ssize_t w = sendfile(sock, c->owed_fd, &c->owed_off, c->owed);
+		if (w < 0 && errno == EINTR)
+			continue;
+		/* A regular file never makes its reader wait: a wait is the socket's. */
+		if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return 0;
+		if (w <= 0)
+			return -1; /* 0: the file shrank after its length was announced */
+		c->owed -= (size_t)w;
+	}
+	return 1;
+}
+
+/* What was owed went, or is given up: the file's duplicate goes. */
+static void owed_clear(struct conn *c)
+{
+	c->owed = 0;
+	if (c->owed_fd >= 0)
+		close(c->owed_fd);
+	c->owed_fd = -1;
+	if (c->owed_ev)
+		event_del(c->owed_ev);
+}
+
+static void start_closing(struct conn *c);
+static void enter(struct conn *c);
+static void leave(struct conn *c);
+
+/* The owed bytes went: libevent writes what was queued behind them, or the request hears that
+ * its queue drained, or a connection whose last reply this ended closes. */
+static void owed_sent(struct conn *c)
+{
+	owed_clear(c);
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	if (c->state == C_CLOSING && c->req == NULL && evbuffer_get_length(out) == 0) {
+		start_closing(c);
+		return;
+	}
+	bufferevent_enable(c->bev, EV_WRITE);
+	if (evbuffer_get_length(out) == 0 && c->req && c->req->drain && !c->req->finished)
+		c->req->drain(c->req->watch_ctx);
+}
+
+/* The socket has room for owed bytes, or took none of them for the stall timeout. */
+static void on_owed_room(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	struct conn *c = arg;
+	enter(c);
+	if (what & EV_TIMEOUT) {
+		log_debug("closed a connection whose caller stopped reading");
+		conn_close(c);
+		leave(c);
+		return;
+	}
+	int r = send_owed(c);
+	if (r < 0) {
+		conn_close(c);
+	} else if (r == 0) {
+		struct timeval stall = timeval_of(srv.cfg.stall_timeout_ms);
+		event_add(c->owed_ev, &stall);
+	} else {
+		owed_sent(c);
+		process(c);
+	}
+	leave(c);
+}
+
+int http_reply_file(struct http_request *req, int fd, off_t off, size_t len)
+{
+	struct conn *c = req->conn;
+	if (req->cut || req->reply_chunked || req->reply_to_close || len == 0 ||
+	    (int64_t)len > req->reply_left || c->owed > 0 ||
+	    evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+		return 1;
+	req->reply_left -= (int64_t)len;
+	c->owed_fd = fd; /* the caller's own until the socket makes the bytes wait */
+	c->owed_off = off;
+	c->owed = len;
+	int r = send_owed(c);
+	if (r > 0) {
+		c->owed_fd = -1;
+		return 0;
+	}
+	struct timeval stall = timeval_of(srv.cfg.stall_timeout_ms);
+	if (r == 0 && (c->owed_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0 &&
+	    (c->owed_ev || (c->owed_ev = event_new(srv.cfg.base, bufferevent_getfd(c->bev), EV_WRITE,
+						   on_owed_room, c)) != NULL) &&
+	    event_add(c->owed_ev, &stall) == 0) {
+		bufferevent_disable(c->bev, EV_WRITE);
+		return 2;
+	}
+	/* Some of the bytes may be on their way: the reply cannot go on whole. The caller's
+	 * descriptor stays the caller's. */
+	if (c->owed_fd == fd)
+		c->owed_fd = -1;
+	owed_clear(c);
+	http_reply_cut(req);
+	return -1;
 }
 
 void http_reply_hold_unsent(struct http_request *req, int bytes)
@@ -389,7 +513,7 @@ static void invite(struct http_request *req)
 		return;
 	/* Without memory for these 25 bytes the caller sends its body after its own wait. */
 	evbuffer_add(bufferevent_get_output(req->conn->bev), "HTTP/1.1 100 Continue\r\n\r\n", 25);
-	bufferevent_enable(req->conn->bev, EV_WRITE);
+	enable_writes(req->conn);
 	req->continued = 1;
 }
 
@@ -540,6 +664,9 @@ static int start_pipe_splice(struct conn *c)
 static void conn_free(struct conn *c)
 {
 	stop_splice(c, 0);
+	owed_clear(c);
+	if (c->owed_ev)
+		event_free(c->owed_ev);
 	listener_remove(&c->entry);
 	event_free(c->timer);
 	bufferevent_free(c->bev);
@@ -835,7 +962,7 @@ static int end_request(struct conn *c)
 		set_state(c, C_CLOSING);
 		c->since_ms = 0; /* the first to go when the cap is reached */
 		evtimer_del(c->timer);
-		if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+		if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 && c->owed == 0)
 			start_closing(c);
 		return 0;
 	}
@@ -1152,7 +1279,7 @@ void conn_open(int fd)
 		free(c);
 		return;
 	}
-	c->pipe_fd[0] = c->pipe_fd[1] = c->sink_pipe = -1;
+	c->pipe_fd[0] = c->pipe_fd[1] = c->sink_pipe = c->owed_fd = -1;
 	bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, HTTP_OUTPUT_LOW, 0);

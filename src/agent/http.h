@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 struct evbuffer;
 struct event_base;
@@ -118,6 +119,20 @@ void http_reply_end(struct http_request *req);
  * does it itself when it fails): no more pieces go out, http_reply_end writes no ending, and
  * the connection closes, so that no caller takes what it got for a whole body. */
 void http_reply_cut(struct http_request *req);
+
+/*
+ * The next len bytes of a reply of a known length (never chunked), taken from the regular file
+ * fd from offset off on and moved into the socket by sendfile(2), never through the agent's
+ * memory. Only where nothing of the reply waits in the output buffer, so that no byte can
+ * overtake another: 1 when that is not so, and nothing was taken (the caller queues the bytes
+ * itself). 0 when they went; 2 when the socket took part of them: the rest goes from a
+ * duplicate of fd as the socket takes it (the caller's offset untouched), before anything
+ * queued after, counted by http_reply_queued meanwhile, and the drain callback runs once it
+ * went; the stall timeout runs while the socket takes none. -1 when sending failed at once
+ * (the file ended early, the connection failed): the reply is cut. A file that ends early
+ * later cuts the reply as well, and the connection closes short of the announced length.
+ */
+int http_reply_file(struct http_request *req, int fd, off_t off, size_t len);
 
 /*
  * Bytes of this request's reply waiting for the caller to read them. A producer stops at
