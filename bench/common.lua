@@ -48,14 +48,16 @@ end
 
 local TICKS = 100 -- USER_HZ; Linux reports it as 100 on every architecture it exports /proc for
 
---- User and system CPU seconds a process has used so far.
+--- User and system CPU seconds a process has used so far, then those of the children it
+-- reaped (an agent's: the commands it ran).
 function common.cpu(pid)
   local text = common.read_file("/proc/" .. tostring(pid) .. "/stat")
   if not text then return nil end
   local fields = {}
   -- The command name may hold spaces; the fields that matter come after its closing paren.
   for w in text:match("%) (.*)$"):gmatch("%S+") do fields[#fields + 1] = w end
-  return tonumber(fields[12]) / TICKS, tonumber(fields[13]) / TICKS
+  return tonumber(fields[12]) / TICKS, tonumber(fields[13]) / TICKS, tonumber(fields[14]) / TICKS,
+    tonumber(fields[15]) / TICKS
 end
 
 --- Nearest-rank percentile of an array of numbers (sorted in place).

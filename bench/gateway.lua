@@ -3,16 +3,19 @@
 --   lua5.4 bench/gateway.lua stream     1 GiB (`head -c`) read by curl -sN through the gateway's
 --                                       server-sent events, and by curl -sN straight from the
 --                                       same agent's /v1/exec; ROUNDS each, interleaved, best kept
---   lua5.4 bench/gateway.lua fanout N   N streams at once, 1 GiB in all (128 of 8 MiB, 16 of 64
---                                       MiB: rounds of equal work, so the few streams' rounds are
---                                       not a fifth of a second that noise decides), read by one
---                                       curl --parallel (one client process, as a proxy in front
---                                       would be), round-robin over min(N, 16) sessions (as
+--   lua5.4 bench/gateway.lua fanout N   128 streams of 8 MiB (1 GiB), N of them at once: a stream
+--                                       starts as soon as one ends, so every N pays the same 128
+--                                       set-ups (a request, an agent's spawn, a response head)
+--                                       and moves the same bytes, and only how many run at once
+--                                       differs. Read by one curl --parallel --parallel-max N
+--                                       (one client process, as a proxy in front would be),
+--                                       round-robin over min(N, 16) sessions (as
 --                                       bench/fanout.lua); best aggregate of ROUNDS. With
 --                                       SANDKIT_GATEWAY_READER=python the reader is
 --                                       peers/sse_reader.py instead of curl
 -- MB/s counts the command's output bytes, not base64 and framing. Reported with each: the CPU
--- seconds the nginx worker and the agent(s) spent, and the worker's peak RSS (VmHWM).
+-- seconds the nginx worker, the agent(s), their commands and the reader spent, and the worker's
+-- peak RSS (VmHWM).
 -- SANDKIT_BUILD names the build directory (make bench sets it); SANDKIT_AGENT the agent.
 -- Prints RESULT { … }.
 
@@ -26,9 +29,16 @@ local processes = require "support.processes"
 
 local MODE = arg[1]
 local ROUNDS = MODE == "stream" and 2 or 3
+--- Streams running at once.
 local N = MODE == "fanout" and assert(tonumber(arg[2]), "usage: gateway.lua fanout N") or 1
+--- Streams in a round: a fan-out's are as many at every N, so that its rounds differ only in
+-- how many run at once. Each stream costs a set-up that no byte count repays (about 7.5 ms of
+-- CPU on the machine of bench/RESULTS.md, most of it the command's own spawn): rounds of
+-- 1 GiB as 16 streams of 64 MiB and 128 of 8 MiB differed by 112 of them.
+local STREAMS = MODE == "fanout" and 128 or 1
+assert(N >= 1 and N <= STREAMS, "gateway.lua fanout N: N is 1 to " .. STREAMS)
 --- Bytes per stream: the whole gibibyte for one stream, its share of one for a fan-out.
-local BYTES = math.floor(common.GIB / N)
+local BYTES = math.floor(common.GIB / STREAMS)
 local SESSIONS = 16
 --- What reads the streams: "curl" (curl --parallel), or "python" (bench/peers/sse_reader.py,
 -- whose cost per byte does not grow with the number of streams, to tell the reader's share of a
@@ -77,8 +87,17 @@ local function write(path, text)
   f:close()
 end
 
---- One curl reading every url at once (--parallel), each body to /dev/null; returns wall
--- seconds, having checked that each read a whole body.
+--- The CPU seconds of a reader, as the shell that ran it (below) printed them: `times` prints
+-- the shell's own user and system time, then its children's.
+local function reader_cpu(path)
+  local text = common.read_file(path) or ""
+  local um, us, sm, ss = text:match("(%d+)m([%d.]+)s (%d+)m([%d.]+)s%s*$")
+  if not um then error("no times from the reader:\n" .. text) end
+  return tonumber(um) * 60 + tonumber(us) + tonumber(sm) * 60 + tonumber(ss)
+end
+
+--- One curl reading the urls, N at once (--parallel), each body to /dev/null; returns wall
+-- seconds and the reader's CPU seconds, having checked that each read a whole body.
 local function curl(urls, headers_file, body_file, out)
   -- The URLs go in a config file: 128 of them would not fit an argv sandkit's spawn takes.
   local config = {}
@@ -87,14 +106,20 @@ local function curl(urls, headers_file, body_file, out)
   end
   write(out .. ".config", table.concat(config, "\n") .. "\n")
   os.remove(out)
-  local argv = { "curl", "-sN", "--parallel", "--parallel-immediate", "--parallel-max", tostring(#urls),
+  local argv = { "curl", "-sN", "--parallel", "--parallel-immediate", "--parallel-max", tostring(N),
     "-w", "%{http_code} %{size_download}\n", "-H", "@" .. headers_file, "--data-binary", "@" .. body_file,
     "--config", out .. ".config" }
   if READER == "python" then
-    argv = { "python3", here .. "/peers/sse_reader.py", headers_file, body_file, out .. ".config" }
+    argv = { "python3", here .. "/peers/sse_reader.py", headers_file, body_file, out .. ".config", tostring(N) }
   end
+  -- Through a shell that says what its child cost, which its stderr carries alone (curl's
+  -- progress meter, which --parallel shows despite -s, goes to a file of its own).
+  table.insert(argv, 1, "sh")
+  table.insert(argv, 2, "-c")
+  table.insert(argv, 3, '"$@" 2>"$0.progress"; s=$?; times >&2; exit $s')
+  table.insert(argv, 4, out)
   local t0 = common.now()
-  core.reap(assert(core.spawn(argv, { stdout = out })), true)
+  core.reap(assert(core.spawn(argv, { stdout = out, stderr = out .. ".times" })), true)
   local seconds = common.now() - t0
   local n = 0
   for status, size in (common.read_file(out) or ""):gmatch("(%d+) (%d+)\n") do
@@ -104,12 +129,13 @@ local function curl(urls, headers_file, body_file, out)
     n = n + 1
   end
   if n ~= #urls then error(n .. " of " .. #urls .. " streams ended") end
-  return seconds
+  return seconds, reader_cpu(out .. ".times")
 end
 
+--- A process's CPU seconds, and those of the children it reaped.
 local function cpu_sum(pid)
-  local user, sys = common.cpu(pid)
-  return (user or 0) + (sys or 0)
+  local user, sys, children_user, children_sys = common.cpu(pid)
+  return (user or 0) + (sys or 0), (children_user or 0) + (children_sys or 0)
 end
 
 local function run(dir)
@@ -127,7 +153,7 @@ local function run(dir)
     local argv = { "head", "-c", tostring(BYTES), "/dev/zero" }
     write(dir .. "/run.json", cjson.encode{ argv = argv, timeout = TIMEOUT })
     local gateway_urls = {}
-    for i = 1, N do
+    for i = 1, STREAMS do
       gateway_urls[i] = string.format("http://127.0.0.1:%d/sessions/%s/run", g.port,
         sessions[(i - 1) % #sessions + 1])
     end
@@ -147,14 +173,22 @@ local function run(dir)
       local path = state .. "/sandkit/sessions/" .. id .. "/record.json"
       agents[#agents + 1] = math.floor(cjson.decode(common.read_file(path)).pid)
     end
+    --- The agents' CPU seconds, and their commands'.
+    local function agents_cpu()
+      local own, commands = 0, 0
+      for _, pid in ipairs(agents) do
+        local a, c = cpu_sum(pid)
+        own, commands = own + a, commands + c
+      end
+      return own, commands
+    end
     local function measured(urls, headers, body)
-      local worker0, agents0 = cpu_sum(g.worker), 0
-      for _, pid in ipairs(agents) do agents0 = agents0 + cpu_sum(pid) end
-      local seconds = curl(urls, headers, body, dir .. "/curl.out")
-      local agents1 = 0
-      for _, pid in ipairs(agents) do agents1 = agents1 + cpu_sum(pid) end
-      return { seconds = seconds, mb_per_s = N * BYTES / seconds / common.MB,
-        worker_cpu = cpu_sum(g.worker) - worker0, agent_cpu = agents1 - agents0 }
+      local worker0, agents0, commands0 = cpu_sum(g.worker), agents_cpu()
+      local seconds, reader = curl(urls, headers, body, dir .. "/curl.out")
+      local agents1, commands1 = agents_cpu()
+      return { seconds = seconds, mb_per_s = #urls * BYTES / seconds / common.MB,
+        worker_cpu = cpu_sum(g.worker) - worker0, agent_cpu = agents1 - agents0,
+        command_cpu = commands1 - commands0, reader_cpu = reader }
     end
     local best = {}
     local rounds = { gateway = {}, direct = {} }
@@ -168,7 +202,8 @@ local function run(dir)
     end
     best.gateway.rounds = rounds.gateway
     if best.direct then best.direct.rounds = rounds.direct end
-    return { mode = MODE, reader = READER, streams = N, sessions = #sessions, bytes = N * BYTES, gateway = best.gateway,
+    return { mode = MODE, reader = READER, streams = STREAMS, at_once = N, sessions = #sessions,
+      bytes = STREAMS * BYTES, gateway = best.gateway,
       direct = best.direct, worker_rss_peak = common.status_bytes(g.worker, "VmHWM") }
   end, debug.traceback)
   stop_gateway(g)

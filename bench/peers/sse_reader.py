@@ -1,10 +1,11 @@
 """A reader for bench/gateway.lua whose cost per byte does not grow with its streams.
 
-    python3 sse_reader.py HEADERS_FILE BODY_FILE CONFIG_FILE
+    python3 sse_reader.py HEADERS_FILE BODY_FILE CONFIG_FILE [AT_ONCE]
 
-Reads the same inputs as the `curl --parallel` it stands in for (a file of request headers, the
-request body, a curl config of `url = "…"` lines), POSTs to every URL at once over HTTP/1.1 and
-reads every response body to its end through one selector, so each wakeup costs work only for
+Reads the same inputs as the `curl --parallel --parallel-max AT_ONCE` it stands in for (a file
+of request headers, the request body, a curl config of `url = "…"` lines), POSTs to AT_ONCE of
+the URLs (all of them by default) over HTTP/1.1, each next one as soon as one ended, and reads
+every response body to its end through one selector, so each wakeup costs work only for
 the sockets that are ready (libcurl's multi interface, which `curl --parallel` drives, walks
 every transfer on each pass). Prints "STATUS BODY_BYTES" per URL, in order, as curl's
 `-w "%{http_code} %{size_download}\\n"` does.
@@ -87,10 +88,12 @@ def main():
     headers = [line for line in open(sys.argv[1]).read().splitlines() if line]
     body = open(sys.argv[2], "rb").read()
     urls = [line.split('"')[1] for line in open(sys.argv[3]) if line.startswith("url")]
+    at_once = int(sys.argv[4]) if len(sys.argv) > 4 else len(urls)
     selector = selectors.DefaultSelector()
-    responses = []
-    for index, url in enumerate(urls):
-        authority, _, path = url[len("http://"):].partition("/")
+    responses = [Response() for _ in urls]
+
+    def start(index):
+        authority, _, path = urls[index][len("http://"):].partition("/")
         host, _, port = authority.partition(":")
         sock = socket.create_connection((host, int(port)))
         request = "POST /%s HTTP/1.1\r\nHost: %s\r\n%s\r\nContent-Length: %d\r\n\r\n" % (
@@ -98,10 +101,13 @@ def main():
         sock.sendall(request.encode("latin-1") + body)
         sock.setblocking(False)
         selector.register(sock, selectors.EVENT_READ, index)
-        responses.append(Response())
+
+    started = min(at_once, len(urls))
+    for index in range(started):
+        start(index)
     buffer = bytearray(READ_SIZE)
     view = memoryview(buffer)
-    open_streams = len(urls)
+    open_streams = started
     while open_streams:
         for key, _ in selector.select():
             response = responses[key.data]
@@ -112,6 +118,10 @@ def main():
                 selector.unregister(key.fileobj)
                 key.fileobj.close()
                 open_streams -= 1
+                if started < len(urls):
+                    start(started)
+                    started += 1
+                    open_streams += 1
     for response in responses:
         print(response.status or 0, response.body_bytes if response.done or not response.chunked else 0)
 
