@@ -201,7 +201,8 @@ ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agen
               spec/agent_containerfile_spec.lua \
               spec/agent_containment_spec.lua spec/agent_errors_spec.lua spec/agent_extensions_spec.lua \
               spec/agent_fs_spec.lua spec/agent_http_spec.lua spec/agent_lifetime_spec.lua spec/agent_spec.lua \
-              spec/nginx_handle_spec.lua spec/nginx_kubernetes_spec.lua spec/nginx_protocol_spec.lua \
+              spec/nginx_collector_spec.lua spec/nginx_handle_spec.lua spec/nginx_kubernetes_spec.lua \
+              spec/nginx_protocol_spec.lua \
               spec/nginx_providers_spec.lua spec/nginx_text_stream_spec.lua spec/nginx_transport_spec.lua \
               spec/nginx_worker_spec.lua spec/openresty_example_spec.lua \
               spec/packaging_spec.lua spec/packaging_rock_spec.lua spec/packaging_rock_luajit_spec.lua \

@@ -18,6 +18,9 @@
 --
 -- handle() runs a handler and answers a raised error for it: logged whole, shown to the client
 -- as err:external() with a 500.
+--
+-- collector_floor(bytes), from init_worker_by_lua, keeps LuaJIT's collector from starting a
+-- cycle before that many bytes were allocated since the last one.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
@@ -290,6 +293,68 @@ function sk_ngx.stream(session, argv, opts)
       let_others_run()
       loop_clock, turn_began = ngx.now(), core.now()
     end
+  end
+end
+
+--- The collector's floor (collector_floor): bytes a cycle waits for at least, and the pause in
+-- effect when it was set, which stays the least pause. nil: no floor.
+local floor_bytes, floor_base_pause
+--- Whether a sentinel is armed: one per Lua state, whatever the floor.
+local floor_armed = false
+local newproxy = rawget(_G, "newproxy")
+
+--- A userdata whose finalizer runs at the end of the cycle that collects it, so once per cycle
+-- when each run makes the next (LuaJIT's tables have no __gc).
+local function new_sentinel(on_collect)
+  local sentinel = newproxy(true)
+  getmetatable(sentinel).__gc = on_collect
+  return sentinel
+end
+
+--- Sets the pause of the cycle that just ended so that the next begins once the heap grew by
+-- the larger of its size (the base pause's doing) and floor_bytes. Runs as a finalizer: it may
+-- not raise, and it arms the next cycle's sentinel.
+local function apply_floor()
+  if not floor_bytes then
+    floor_armed = false
+    return
+  end
+  local live = collectgarbage("count") * 1024
+  local pause = math.floor(100 * (live + floor_bytes) / live)
+  collectgarbage("setpause", pause > floor_base_pause and pause or floor_base_pause)
+  new_sentinel(apply_floor)
+end
+
+--- Keeps LuaJIT's collector from starting a cycle before `bytes` more were allocated since the
+-- last one ended, for a worker whose heap is small; nil (or 0) takes the floor away. Without
+-- it, a cycle starts once the heap doubled (the default pause, 200): a worker relaying one
+-- stream keeps 1 to 2 MB alive and allocates a Lua string for each socket read and each frame's
+-- base64, so it runs a whole cycle for every megabyte or two moved, each marking all it keeps.
+-- With a floor, memory grows by at most `bytes` over the default, and not at all once the
+-- live heap is larger than `bytes` at the default pause (many streams: their bound is as it
+-- was). Call it from
+-- init_worker_by_lua; it sets the collector's pause after every cycle, from the pause in
+-- effect at the call (never below it).
+function sk_ngx.collector_floor(bytes)
+  if bytes ~= nil and (type(bytes) ~= "number" or bytes < 0 or bytes ~= math.floor(bytes)) then
+    error("sandkit.ngx.collector_floor: bytes is a whole number of bytes, or nil", 2)
+  end
+  -- Lua 5.4 ignores collectgarbage inside a finalizer: the floor would silently do nothing.
+  if not newproxy then error("sandkit.ngx.collector_floor: needs LuaJIT (nginx's Lua)", 2) end
+  if bytes == nil or bytes == 0 then
+    if floor_bytes then collectgarbage("setpause", floor_base_pause) end
+    floor_bytes = nil
+    return
+  end
+  if not floor_bytes then
+    -- Read by setting it: the pause has no getter.
+    floor_base_pause = collectgarbage("setpause", 200)
+    collectgarbage("setpause", floor_base_pause)
+  end
+  floor_bytes = bytes
+  if not floor_armed then
+    floor_armed = true
+    new_sentinel(apply_floor)
   end
 end
 

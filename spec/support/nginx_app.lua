@@ -455,6 +455,65 @@ local HANDLED = {
   end,
 }
 
+--- The pause in effect, read by setting it (it has no getter) and setting it back.
+local function current_pause()
+  local pause = collectgarbage("setpause", 200)
+  collectgarbage("setpause", pause)
+  return pause
+end
+
+--- The most the heap held, and the collector's cycles, while `rounds` strings of 1 KiB were
+-- made and dropped at once: small enough that the collector's steps keep pace with them, so
+-- that when a cycle starts is what decides how many there are.
+local function churn(rounds)
+  local cycles, counting = 0, true
+  -- A userdata's finalizer runs once per cycle when each makes the next (LuaJIT's tables have
+  -- none).
+  local function count()
+    if not counting then return end
+    cycles = cycles + 1
+    getmetatable(rawget(_G, "newproxy")(true)).__gc = count
+  end
+  count()
+  cycles = 0
+  local peak, last = 0, nil
+  for i = 1, rounds do
+    last = string.rep("x", 1024) .. i
+    local kb = collectgarbage("count")
+    if kb > peak then peak = kb end
+  end
+  counting = false
+  return { peak = peak * 1024, cycles = cycles, last_bytes = #last }
+end
+
+--- GET ?bytes=N -> what sandkit.ngx.collector_floor(N) does to this worker's collector: the
+-- pause after a full cycle with a small live heap and with one larger than N, what churning
+-- garbage costs with and without the floor, and the pause once the floor is taken away.
+function app.collector_floor()
+  local floor = tonumber(ngx.var.arg_bytes)
+  local seen = { base_pause = current_pause() }
+  sk_ngx.collector_floor(floor)
+  collectgarbage("collect")
+  seen.live = collectgarbage("count") * 1024
+  seen.pause = current_pause()
+  local held = { strings = {} }
+  for i = 1, math.ceil(2 * floor / (64 * 1024)) do held.strings[i] = string.rep("k", 64 * 1024) .. i end
+  collectgarbage("collect")
+  seen.live_large = collectgarbage("count") * 1024
+  seen.pause_large = current_pause()
+  seen.held_strings = #held.strings
+  held.strings = nil
+  collectgarbage("collect")
+  seen.base = collectgarbage("count") * 1024
+  seen.with_floor = churn(40000)
+  sk_ngx.collector_floor(nil)
+  seen.pause_after_nil = current_pause()
+  collectgarbage("collect")
+  seen.pause_after_cycle = current_pause()
+  seen.without_floor = churn(40000)
+  reply(seen)
+end
+
 --- GET ?case=NAME -> what sandkit.ngx.handle makes of HANDLED[NAME]; for a handler that
 -- returns, its results are said after its own output.
 function app.handled()
