@@ -431,8 +431,10 @@ local function rows(results)
   end
   for _, n in ipairs(GATEWAY_FANOUT) do
     local r = g[tostring(n)]
+    -- The CPU per GiB of the worker and of the reader say which of them 128 at once costs more.
     row(string.format("gateway 128 x 8 MiB, %d at once, one worker", n), r.gateway and (mb(r.gateway.mb_per_s)
-      .. ", worker RSS " .. mib(r.worker_rss_peak)), string.format("%d sessions", r.sessions or 0))
+      .. ", worker RSS " .. mib(r.worker_rss_peak) .. string.format(", CPU s worker %.2f reader %.2f",
+        r.gateway.worker_cpu, r.gateway.reader_cpu)), string.format("%d sessions", r.sessions or 0))
   end
   local g16, g128 = g["16"], g["128"]
   if g16.gateway and g128.gateway then
