@@ -32,3 +32,53 @@ describe("sandkit.sandbox", function()
     assert.same({ defaultAction = "Deny" }, azure.egress_policy{ mode = "deny" })
   end)
 end)
+
+describe("loading sandkit", function()
+  local local_state = require "support.local_state"
+
+  it("leaves the modules a command needs only when it runs unloaded until then", function()
+    -- In a process of its own: this one may have loaded any of them for another case.
+    local out, status = local_state.run_lua([[
+      require "sandkit.cli"
+      local sandbox = assert(require("sandkit").sandbox{ provider = "local", root = os.tmpname() })
+      for _, name in ipairs{ "sandkit.session_fs", "sandkit.protocol_fs", "sandkit.session_jobs",
+        "sandkit.protocol_jobs", "sandkit.lines", "sandkit.cli_files", "sandkit.cli_jobs",
+        "sandkit.providers.local.images", "sandkit.providers.local.limits", "sandkit.readiness" } do
+        if package.loaded[name] then print("loaded: " .. name) end
+      end
+      assert(sandbox:capabilities().limits, "capabilities() lists the limits")
+      print(package.loaded["sandkit.providers.local.limits"] and "limits asked" or "limits not asked")
+    ]])
+    assert.equal(0, status, out)
+    assert.equal("limits asked\n", out)
+  end)
+
+  it("finds every method of a session and a job before the module that gives it was loaded", function()
+    local out, status = local_state.run_lua([[
+      local sb = assert(require("sandkit").sandbox{ provider = "agent", url = "http://127.0.0.1:9", token = "x" })
+      -- What each module installs, read by installing it into tables of its own.
+      local session_methods, job_methods = {}, {}
+      require("sandkit.session_fs").install(session_methods, {})
+      require("sandkit.session_jobs").install(session_methods, job_methods, {})
+      --- A session of sandbox.lua loaded afresh: none of its methods looked up yet, since the
+      -- first that loads a module installs all of that module's.
+      local function fresh_session()
+        for _, name in ipairs{ "sandkit.sandbox", "sandkit.session_fs", "sandkit.session_jobs" } do
+          package.loaded[name] = nil
+        end
+        return setmetatable({ id = "s", sandbox = sb, record = { id = "s" } },
+          require("sandkit.sandbox").session_metatable)
+      end
+      for name in pairs(session_methods) do
+        if type(fresh_session()[name]) ~= "function" then print("session lacks " .. name) end
+      end
+      for name in pairs(job_methods) do
+        local job = assert(fresh_session():job("j"))
+        if type(job[name]) ~= "function" then print("job lacks " .. name) end
+      end
+      print(next(session_methods) and next(job_methods) and "checked" or "nothing installed")
+    ]])
+    assert.equal(0, status, out)
+    assert.equal("checked\n", out)
+  end)
+end)

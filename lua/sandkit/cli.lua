@@ -11,8 +11,6 @@
 -- stopped, a throwaway session removed, and the status is 128 + the signal. While a session is
 -- being made the signal is held until it exists, so that it can be removed.
 
-local cli_files = require "sandkit.cli_files"
-local cli_jobs = require "sandkit.cli_jobs"
 local core = require "sandkit.core"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
@@ -20,6 +18,11 @@ local options_check = require "sandkit.options"
 local time = require "sandkit.time"
 local sandkit = require "sandkit"
 local wait = require "sandkit.wait"
+
+--- The commands over interactive jobs and over a session's files, loaded by the command that
+-- runs one of them: every other command, and parsing and help, need only the tables here.
+local function cli_jobs() return require "sandkit.cli_jobs" end
+local function cli_files() return require "sandkit.cli_files" end
 
 local cli = {}
 
@@ -151,9 +154,15 @@ local OPTIONS = {
   ["max-bytes"] = { arg = "SIZE", convert = byte_size, help = "refuse an import of more bytes (default 16G)" },
   ["max-entries"] = { arg = "N", convert = options_check.flag.whole_number,
     help = "refuse an import of more entries (default 1000000)" },
+  -- cli_jobs.lua's commands take these two
+  interactive = { short = "i", help = "forward standard input to the command" },
+  tty = { short = "t", help = "run the command on a terminal (standard input forwarded)" },
+  -- and cli_files.lua's these three
+  recursive = { short = "r", help = "a directory and everything in it" },
+  depth = { arg = "N", convert = options_check.flag.whole_number,
+    help = "list N levels down (default 1, at most 32)" },
+  overwrite = { help = "replace what is at the new name" },
 }
-for name, spec in pairs(cli_files.OPTIONS) do OPTIONS[name] = spec end
-for name, spec in pairs(cli_jobs.OPTIONS) do OPTIONS[name] = spec end
 
 --- Options every command takes (and that may come before the command).
 local GLOBAL = {
@@ -343,6 +352,20 @@ local function progress_bar()
   return bar
 end
 
+--- Says once on stderr that standard input holds bytes `run` will not forward (it is no
+-- terminal, and not empty): `echo hi | sandkit run -- cat` must not pass for a run that read
+-- it. Returns whether it said so.
+local function warn_unforwarded(state)
+  if state.warned or core.isatty(0) then return false end
+  local bytes = core.read_ready(0, 1)
+  if type(bytes) == "string" and bytes ~= "" then
+    state.warned = true
+    io.stderr:write("sandkit: standard input is not forwarded to the command (run -i forwards it)\n")
+    return true
+  end
+  return false
+end
+
 -- Sessions ----------------------------------------------------------------------------------
 
 --- Every command that names a session fails alike when it cannot have it (absent, not running,
@@ -412,13 +435,13 @@ local function run(ctx)
     if not session then return no_session(err) end
   end
   if o.interactive or o.tty then
-    local status = cli_jobs.interactive(ctx.helpers, session, ctx.argv, copts, o.tty)
+    local status = cli_jobs().interactive(ctx.helpers, session, ctx.argv, copts, o.tty)
     local removed = not throwaway or remove_throwaway(sandbox, session.id)
     if status == 0 and not removed then return EXIT_SANDKIT end
     return status
   end
   local unforwarded = {}
-  cli_jobs.warn_unforwarded(unforwarded)
+  warn_unforwarded(unforwarded)
   local exit
   local ok, failure = interruptible(function()
     local stream, serr = session:stream(ctx.argv, copts)
@@ -439,7 +462,7 @@ local function run(ctx)
   end)
   -- Closing mid-stream drops the connection, which the agent takes as: stop the command.
   if ctx.stream then ctx.stream:close() end
-  cli_jobs.warn_unforwarded(unforwarded)
+  warn_unforwarded(unforwarded)
   local removed = not throwaway or remove_throwaway(sandbox, session.id)
   local status
   if interrupt.pending then
@@ -758,6 +781,33 @@ local function image_rm(ctx)
   return status
 end
 
+--- What the commands of cli_files.lua and cli_jobs.lua use of this file.
+local HELPERS = {
+  fail = fail, one_line = one_line, print_json = print_json,
+  interruptible = interruptible, interrupted = function() return interrupt.pending ~= nil end,
+  interrupted_status = interrupted_status, open_session = open_session, no_session = no_session,
+  write_frame = write_frame, check_signals = check_signals, command_ended = command_ended,
+  take_winch = function()
+    local winch = interrupt.winch
+    interrupt.winch = false
+    return winch
+  end,
+  fail_error = function(err) return fail(status_of_error(err), one_line(err)) end,
+  env_map = env_map, transfer = transfer,
+  EXIT_FAILED = EXIT_FAILED, EXIT_USAGE = EXIT_USAGE, DEFAULT_TIMEOUT = DEFAULT_TIMEOUT,
+}
+
+--- The handler of command `name` in `module` (cli_files.lua, cli_jobs.lua), loaded when it runs.
+local function handled_by(module, name)
+  return function(ctx) return module().handlers(HELPERS)[name](ctx) end
+end
+
+--- One of the commands `fs NAME …`, over a session's files (cli_files.lua).
+local function fs_command(name, args, options, synopsis, summary)
+  return { name = "fs " .. name, handler = handled_by(cli_files, "fs " .. name), args = args,
+    options = options, session = 1, synopsis = synopsis, summary = summary }
+end
+
 --- The commands, in the order --help lists them. `args` are the positional arguments (a
 -- trailing "..." repeats the last; brackets make one optional), `argv` a command after --,
 -- `session` the argument naming the session the command works in (opened before it runs).
@@ -770,6 +820,10 @@ local COMMANDS = {
     summary = "run ARGV in a session (a throwaway one without --session), streaming its\n"
       .. "output as it comes; exits with its status. -i forwards standard input, -t\n"
       .. "runs ARGV on a terminal (this one raw meanwhile; Ctrl-C reaches ARGV)" },
+  { name = "shell", handler = handled_by(cli_jobs, "shell"), args = { "NAME" }, session = 1,
+    options = { "timeout", "cwd", "env" },
+    synopsis = "shell NAME [--cwd DIR] [--env K=V]...",
+    summary = "open an interactive shell in a session (on a terminal when this is one)" },
   { name = "create", handler = create, args = { "[NAME]" },
     options = { "lifetime", "env", "label", "image", "memory", "pids", "cpus", "disk", "json" },
     synopsis = "create [NAME] [--lifetime S] [--env K=V]... [--label K=V]... [--image NAME]\n"
@@ -796,6 +850,26 @@ local COMMANDS = {
   { name = "get", handler = get, args = { "NAME", "REMOTE", "LOCAL" }, session = 1,
     synopsis = "get NAME REMOTE LOCAL|-",
     summary = "copy a file out of a session (- : standard output)" },
+  { name = "cp", handler = handled_by(cli_files, "cp"), args = { "SRC", "DST" }, options = { "recursive" },
+    synopsis = "cp [-r] SRC DST",
+    summary = "copy between this machine and a session, one side NAME:PATH: a file, or\n"
+      .. "with -r a directory (into DST when it is a directory, as cp does); - is a\n"
+      .. "tar stream on standard input or output" },
+  fs_command("ls", { "NAME", "[PATH]..." }, { "depth", "json" }, "fs NAME ls [PATH]... [--depth N] [--json]",
+    "list a session's directories (default /): mode, size, time, path"),
+  fs_command("stat", { "NAME", "PATH..." }, { "json" }, "fs NAME stat PATH... [--json]",
+    "describe paths of a session; exits 1 when one is absent"),
+  fs_command("rm", { "NAME", "PATH..." }, { "recursive" }, "fs NAME rm [-r] PATH...",
+    "remove files, links or empty directories (-r: whole trees); an absent path\n"
+      .. "is removed already"),
+  fs_command("mv", { "NAME", "FROM", "TO" }, { "overwrite" }, "fs NAME mv FROM TO [--overwrite]",
+    "rename within a session; what is at TO stays unless --overwrite"),
+  fs_command("mkdir", { "NAME", "PATH..." }, nil, "fs NAME mkdir PATH...",
+    "make directories, with their parents"),
+  fs_command("watch", { "NAME", "PATH" }, { "recursive", "timeout", "json" },
+    "fs NAME watch PATH [-r] [--timeout S] [--json]",
+    "print a path's changes as they happen (create, modify, remove, rename,\n"
+      .. "overflow), until --timeout (default a day) or the path goes"),
   { name = "job start", handler = job_start, args = { "NAME" }, argv = true, session = 1,
     options = { "id", "timeout", "cwd", "env", "json" },
     synopsis = "job start NAME [--id ID] [--timeout S] [--cwd DIR] [--env K=V]... [--json]\n"
@@ -808,6 +882,15 @@ local COMMANDS = {
       .. "ended; with --follow, print until it ends" },
   { name = "job cancel", handler = job_cancel, args = { "NAME", "JOB" }, session = 1, synopsis = "job cancel NAME JOB",
     summary = "stop a job" },
+  { name = "job ls", handler = handled_by(cli_jobs, "job ls"), args = { "NAME" }, session = 1,
+    options = { "json" },
+    synopsis = "job ls NAME [--json]",
+    summary = "list a session's jobs: id, running or its ending, start time, stdin/pty,\n"
+      .. "command" },
+  { name = "job attach", handler = handled_by(cli_jobs, "job attach"), args = { "NAME", "JOB" }, session = 1,
+    synopsis = "job attach NAME JOB",
+    summary = "follow a job's output to its end and, for a stdin or pty job still\n"
+      .. "running, send it this input (on a terminal, raw); exits with its status" },
   { name = "image build", handler = image_build, args = { "NAME" },
     options = { "suite", "packages", "mirror", "json" },
     synopsis = "image build NAME [--suite SUITE] [--packages P,Q] [--mirror URL] [--json]",
@@ -827,41 +910,6 @@ local COMMANDS = {
   { name = "help", args = { "[COMMAND]" }, synopsis = "help [COMMAND]",
     summary = "this text, or a command's own" },
 }
-local HELPERS = {
-  fail = fail, one_line = one_line, print_json = print_json,
-  interruptible = interruptible, interrupted = function() return interrupt.pending ~= nil end,
-  interrupted_status = interrupted_status, open_session = open_session, no_session = no_session,
-  write_frame = write_frame, check_signals = check_signals, command_ended = command_ended,
-  take_winch = function()
-    local winch = interrupt.winch
-    interrupt.winch = false
-    return winch
-  end,
-  fail_error = function(err) return fail(status_of_error(err), one_line(err)) end,
-  env_map = env_map,
-  EXIT_FAILED = EXIT_FAILED, EXIT_USAGE = EXIT_USAGE, DEFAULT_TIMEOUT = DEFAULT_TIMEOUT,
-}
--- shell after run, job ls and job attach after job cancel: cli_jobs.lua's.
-do
-  local jobs = cli_jobs.commands(HELPERS)
-  table.insert(COMMANDS, 2, jobs[1])
-  local at = 1
-  while COMMANDS[at].name ~= "job cancel" do at = at + 1 end
-  table.insert(COMMANDS, at + 1, jobs[2])
-  table.insert(COMMANDS, at + 2, jobs[3])
-end
--- cp and fs NAME …: cli_files.lua's, listed after get.
-do
-  local at = 1
-  while COMMANDS[at].name ~= "get" do at = at + 1 end
-  local helpers = {
-    fail = fail, one_line = one_line, print_json = print_json, transfer = transfer,
-    interruptible = interruptible, interrupted = function() return interrupt.pending ~= nil end,
-    interrupted_status = interrupted_status, open_session = open_session, no_session = no_session,
-    EXIT_FAILED = EXIT_FAILED, EXIT_USAGE = EXIT_USAGE, DEFAULT_TIMEOUT = DEFAULT_TIMEOUT,
-  }
-  for i, command in ipairs(cli_files.commands(helpers)) do table.insert(COMMANDS, at + i, command) end
-end
 local BY_NAME = {}
 for _, command in ipairs(COMMANDS) do BY_NAME[command.name] = command end
 --- `job` alone is no command but the name of three: its help describes them all.

@@ -1,23 +1,14 @@
 --- The `sandkit` commands over a session's files as a filesystem: `cp [-r] SRC DST` between
 -- this machine and a session (one side NAME:PATH, as docker cp and scp write it; `-` a tar
--- stream on standard input or output) and `fs NAME ls|stat|rm|mv|mkdir|watch`. cli.lua reads
--- their table (cli_files.commands) with its own and hands them its helpers.
+-- stream on standard input or output) and `fs NAME ls|stat|rm|mv|mkdir|watch`. cli.lua's table
+-- describes them (arguments, options, help) and loads this file to run one, handing it its
+-- helpers.
 
-local options_check = require "sandkit.options"
 local json = require "sandkit.json"
 local localfile = require "sandkit.localfile"
 local time = require "sandkit.time"
 
 local cli_files = {}
-
---- Options these commands add to the command line's (cli.lua's OPTIONS); `short` is a
--- one-letter alias (-r).
-cli_files.OPTIONS = {
-  recursive = { short = "r", help = "a directory and everything in it" },
-  depth = { arg = "N", convert = options_check.flag.whole_number,
-    help = "list N levels down (default 1, at most 32)" },
-  overwrite = { help = "replace what is at the new name" },
-}
 
 --- Which side of a cp is a session's: NAME:PATH, where NAME holds no '/' (write ./a:b for a
 -- local name with a colon, as scp wants).
@@ -60,8 +51,8 @@ local function entry_document(entry)
     mtime = entry.mtime, target = entry.target or json.null }
 end
 
---- The command table's entries for these commands; `h` holds cli.lua's helpers.
-function cli_files.commands(h)
+--- The handlers of these commands by name; `h` holds cli.lua's helpers.
+function cli_files.handlers(h)
   local fail, one_line = h.fail, h.one_line
 
   local function cp(ctx)
@@ -201,34 +192,8 @@ function cli_files.commands(h)
     return 0
   end
 
-  local function fs_command(name, handler, args, options, synopsis, summary)
-    return { name = "fs " .. name, handler = handler, args = args, options = options, session = 1,
-      synopsis = synopsis, summary = summary }
-  end
-
-  return {
-    { name = "cp", handler = cp, args = { "SRC", "DST" }, options = { "recursive" },
-      synopsis = "cp [-r] SRC DST",
-      summary = "copy between this machine and a session, one side NAME:PATH: a file, or\n"
-        .. "with -r a directory (into DST when it is a directory, as cp does); - is a\n"
-        .. "tar stream on standard input or output" },
-    fs_command("ls", fs_ls, { "NAME", "[PATH]..." }, { "depth", "json" },
-      "fs NAME ls [PATH]... [--depth N] [--json]",
-      "list a session's directories (default /): mode, size, time, path"),
-    fs_command("stat", fs_stat, { "NAME", "PATH..." }, { "json" }, "fs NAME stat PATH... [--json]",
-      "describe paths of a session; exits 1 when one is absent"),
-    fs_command("rm", fs_rm, { "NAME", "PATH..." }, { "recursive" }, "fs NAME rm [-r] PATH...",
-      "remove files, links or empty directories (-r: whole trees); an absent path\n"
-        .. "is removed already"),
-    fs_command("mv", fs_mv, { "NAME", "FROM", "TO" }, { "overwrite" }, "fs NAME mv FROM TO [--overwrite]",
-      "rename within a session; what is at TO stays unless --overwrite"),
-    fs_command("mkdir", fs_mkdir, { "NAME", "PATH..." }, nil, "fs NAME mkdir PATH...",
-      "make directories, with their parents"),
-    fs_command("watch", fs_watch, { "NAME", "PATH" }, { "recursive", "timeout", "json" },
-      "fs NAME watch PATH [-r] [--timeout S] [--json]",
-      "print a path's changes as they happen (create, modify, remove, rename,\n"
-        .. "overflow), until --timeout (default a day) or the path goes"),
-  }
+  return { cp = cp, ["fs ls"] = fs_ls, ["fs stat"] = fs_stat, ["fs rm"] = fs_rm, ["fs mv"] = fs_mv,
+    ["fs mkdir"] = fs_mkdir, ["fs watch"] = fs_watch }
 end
 
 return cli_files

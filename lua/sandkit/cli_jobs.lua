@@ -1,6 +1,7 @@
 --- The `sandkit` commands over interactive jobs: `run -i` (standard input forwarded), `run -t`
--- (on a terminal), `shell NAME`, `job ls NAME` and `job attach NAME JOB`. cli.lua reads their
--- table (cli_jobs.commands) with its own and hands them its helpers.
+-- (on a terminal), `shell NAME`, `job ls NAME` and `job attach NAME JOB`. cli.lua's table
+-- describes them (arguments, options, help) and loads this file to run one, handing it its
+-- helpers.
 --
 -- An interactive command is one loop: the job's live stream and this process's standard input
 -- are waited on together (core.poll); output is written as it comes, input sent as it is read,
@@ -15,12 +16,6 @@ local time = require "sandkit.time"
 
 local cli_jobs = {}
 
---- Options these commands add to the command line's (cli.lua's OPTIONS).
-cli_jobs.OPTIONS = {
-  interactive = { short = "i", help = "forward standard input to the command" },
-  tty = { short = "t", help = "run the command on a terminal (standard input forwarded)" },
-}
-
 --- Bytes of standard input read and sent at once: one keystroke burst, or one pipe read.
 local READ_MAX = 64 * 1024
 --- Longest wait for input or output before looking again at the clock and the signals.
@@ -33,20 +28,6 @@ local SHELL = { "/bin/sh", "-c", 'if command -v bash >/dev/null 2>&1; then exec 
 --- This process's standard input as a pollable.
 local STDIN = { pollfd = function() return 0 end, events = function() return "r" end,
   timeout = function() return nil end }
-
---- Says once on stderr that standard input holds bytes `run` will not forward (it is no
--- terminal, and not empty): `echo hi | sandkit run -- cat` must not pass for a run that read
--- it. Returns whether it said so.
-function cli_jobs.warn_unforwarded(state)
-  if state.warned or core.isatty(0) then return false end
-  local bytes = core.read_ready(0, 1)
-  if type(bytes) == "string" and bytes ~= "" then
-    state.warned = true
-    io.stderr:write("sandkit: standard input is not forwarded to the command (run -i forwards it)\n")
-    return true
-  end
-  return false
-end
 
 --- The local terminal's size, or the default.
 local function local_size()
@@ -221,22 +202,9 @@ local function job_attach(h)
   end
 end
 
---- The commands, with cli.lua's helpers `h`.
-function cli_jobs.commands(h)
-  return {
-    { name = "shell", handler = shell(h), args = { "NAME" }, session = 1,
-      options = { "timeout", "cwd", "env" },
-      synopsis = "shell NAME [--cwd DIR] [--env K=V]...",
-      summary = "open an interactive shell in a session (on a terminal when this is one)" },
-    { name = "job ls", handler = job_ls(h), args = { "NAME" }, session = 1, options = { "json" },
-      synopsis = "job ls NAME [--json]",
-      summary = "list a session's jobs: id, running or its ending, start time, stdin/pty,\n"
-        .. "command" },
-    { name = "job attach", handler = job_attach(h), args = { "NAME", "JOB" }, session = 1,
-      synopsis = "job attach NAME JOB",
-      summary = "follow a job's output to its end and, for a stdin or pty job still\n"
-        .. "running, send it this input (on a terminal, raw); exits with its status" },
-  }
+--- The handlers of these commands by name, with cli.lua's helpers `h`.
+function cli_jobs.handlers(h)
+  return { shell = shell(h), ["job ls"] = job_ls(h), ["job attach"] = job_attach(h) }
 end
 
 return cli_jobs

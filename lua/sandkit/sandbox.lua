@@ -22,8 +22,10 @@
 -- session_capabilities(record); preview(record, port); pause(record); resume(record);
 -- snapshot(record); set_lifetime(record, ends) -> true | nil, err (capability set_lifetime:
 -- the session now ends at `ends`, Unix seconds); expires_at(record) -> the end the session now
--- has, when another process may have changed it; and refusals = { [capability] = "why not,
--- and what to do instead" }. Capability `labels` says create{ labels } is stored.
+-- has, when another process may have changed it; enforced_limits() -> the limits this machine
+-- enforces, which capabilities() hands out as `limits` (asked only there, as the answer may cost
+-- a process: the capabilities gating every call leave it out); and refusals = { [capability] =
+-- "why not, and what to do instead" }. Capability `labels` says create{ labels } is stored.
 -- The provider's module exports OPTIONS (sandbox options besides the common ones) and may export
 -- CREATE_OPTIONS (create options besides id and env) and ID (what its session ids are, an
 -- options.id rule); unknown keys and ids that are none are refused before it is asked.
@@ -32,19 +34,18 @@
 -- A connection may carry `ops`, replacing protocol functions for sessions without an agent.
 
 local errors = require "sandkit.errors"
-local lines = require "sandkit.lines"
 local localfile = require "sandkit.localfile"
 local options_check = require "sandkit.options"
 local protocol = require "sandkit.protocol"
-local session_fs = require "sandkit.session_fs"
-local session_jobs = require "sandkit.session_jobs"
 local wait = require "sandkit.wait"
+
+--- Output cut into lines (run's `lines = true`), loaded by the first run that asks for it.
+local function lines() return require "sandkit.lines" end
 
 local sandbox = {}
 
 local sandbox_mt, session_mt, job_mt = {}, {}, {}
 sandbox_mt.__index = sandbox_mt
-session_mt.__index = session_mt
 job_mt.__index = job_mt
 
 --- Which capability each gated operation needs, and the operation name errors carry.
@@ -65,10 +66,9 @@ local NEEDS = {
   set_lifetime = { "set_lifetime", "sandbox.setLifetime" },
   labels = { "labels", "sandbox.create" },
 }
--- A session's files as a filesystem (sandkit.session_fs): `fs`, and `watch` for a watch.
-for what, need in pairs(session_fs.NEEDS) do NEEDS[what] = need end
--- Interactive jobs (sandkit.session_jobs): `stdin`, `pty`, and `jobs` for the list and signals.
-for what, need in pairs(session_jobs.NEEDS) do NEEDS[what] = need end
+-- A session's files as a filesystem (sandkit.session_fs: `fs`, and `watch` for a watch) and
+-- interactive jobs (sandkit.session_jobs: `stdin`, `pty`, and `jobs` for the list and signals)
+-- add their own as they load (below): only their own methods ask for those.
 
 --- A provider may say why it lacks a capability (provider.refusals[capability]), e.g. where
 -- to turn instead; otherwise the refusal names the provider and the capability.
@@ -98,10 +98,16 @@ function sandbox.new(provider, options, module)
     create_options = module and module.CREATE_OPTIONS or {}, id_rule = module and module.ID }, sandbox_mt)
 end
 
+--- A copy of `caps`, with the limits the provider enforces where it has any.
+local function public_capabilities(provider, caps)
+  local copy = {}
+  for k, v in pairs(caps) do copy[k] = v end
+  if provider.enforced_limits then copy.limits = provider:enforced_limits() end
+  return copy
+end
+
 function sandbox_mt:capabilities()
-  local caps = {}
-  for k, v in pairs(self.provider:capabilities()) do caps[k] = v end
-  return caps
+  return public_capabilities(self.provider, self.provider:capabilities())
 end
 
 local function new_session(sb, record)
@@ -259,17 +265,19 @@ end
 
 -- Sessions ----------------------------------------------------------------------------------
 
-function session_mt:capabilities()
-  local provider = self.sandbox.provider
-  local caps = provider.session_capabilities and provider:session_capabilities(self.record)
+--- What the session's provider offers it, as the gates read it.
+local function session_capabilities(session)
+  local provider = session.sandbox.provider
+  return provider.session_capabilities and provider:session_capabilities(session.record)
     or provider:capabilities()
-  local copy = {}
-  for k, v in pairs(caps) do copy[k] = v end
-  return copy
+end
+
+function session_mt:capabilities()
+  return public_capabilities(self.sandbox.provider, session_capabilities(self))
 end
 
 local function gate(session, what)
-  return refuse(session:capabilities(), what, session.sandbox.provider)
+  return refuse(session_capabilities(session), what, session.sandbox.provider)
 end
 
 --- Failures that may be the session's lifetime ending: a request the agent never answered.
@@ -340,6 +348,57 @@ local function check_command_options(opts, operation, extra, level)
   return options_check.check(operation, opts, COMMAND_OPTIONS, extra)
 end
 
+-- Files as a filesystem and interactive jobs -----------------------------------------------
+
+-- sandkit.session_fs and sandkit.session_jobs install their methods on sessions (and jobs) when
+-- the first call needs one of them: a program that never lists a session's files nor writes to
+-- a job (most `sandkit` commands) would otherwise compile a quarter of this API's source for
+-- nothing. Each adds its capabilities to NEEDS as it installs.
+local installed = {}
+
+--- Loads and installs the module `name` once; `install(module)` installs its methods.
+local function install_once(name, install)
+  local module = installed[name]
+  if not module then
+    module = require(name)
+    for what, need in pairs(module.NEEDS) do NEEDS[what] = need end
+    install(module)
+    installed[name] = module
+  end
+  return module
+end
+
+local function session_fs()
+  return install_once("sandkit.session_fs", function(module)
+    module.install(session_mt, { gate = gate, connection = connection, ended = ended,
+      ending_stream = ending_stream })
+  end)
+end
+
+--- Loaded before any job exists (start_job, job, spawn, run with stdin), as it adds to and
+-- replaces job methods (live frames).
+local function session_jobs()
+  return install_once("sandkit.session_jobs", function(module)
+    module.install(session_mt, job_mt, { gate = gate, connection = connection,
+      command_options = command_options })
+  end)
+end
+
+--- The session methods those modules install, each loading its module when first looked up.
+-- spec/sandkit_spec.lua checks that every method they install is here.
+local LOADED_BY = { list = session_fs, stat = session_fs, remove = session_fs, rename = session_fs,
+  write_dir_from = session_fs, read_dir_to = session_fs, watch = session_fs,
+  spawn = session_jobs, jobs = session_jobs }
+
+function session_mt.__index(_, key)
+  local method = session_mt[key]
+  if method == nil and LOADED_BY[key] then
+    LOADED_BY[key]()
+    method = session_mt[key]
+  end
+  return method
+end
+
 --- Starts a command once its options were checked; the stream of protocol.exec, or of lines.
 local function open_stream(session, argv, opts)
   if opts and opts.lines and opts.keep_base64 then
@@ -354,13 +413,13 @@ local function open_stream(session, argv, opts)
   if not conn then return nil, err end
   local stream
   if opts and opts.stdin ~= nil then
-    stream, err = session_jobs.input_stream(session, argv, command_options(session, opts, conn), opts.stdin)
+    stream, err = session_jobs().input_stream(session, argv, command_options(session, opts, conn), opts.stdin)
   else
     stream, err = ops(conn).exec(conn, argv, command_options(session, opts, conn))
   end
   if not stream then return nil, explain_end(session, err) end
   stream = ending_stream(session, stream)
-  if opts and opts.lines then return lines.wrap(stream) end
+  if opts and opts.lines then return lines().wrap(stream) end
   return stream
 end
 
@@ -487,6 +546,7 @@ function session_mt:start_job(argv, opts)
   local id
   id, err = ops(conn).job_start(conn, argv, command_options(self, opts, conn))
   if not id then return nil, explain_end(self, err) end
+  session_jobs()
   return setmetatable({ id = id, session = self }, job_mt)
 end
 
@@ -495,6 +555,7 @@ function session_mt:job(id)
   if type(id) ~= "string" then error("sandkit: a job id is a string", 2) end
   local refusal = gate(self, "job")
   if refusal then return nil, refusal end
+  session_jobs()
   return setmetatable({ id = id, session = self }, job_mt)
 end
 
@@ -630,9 +691,6 @@ function session_mt:mkdir(path)
   return ended(self, ops(conn).mkdir(conn, path))
 end
 
-session_fs.install(session_mt, { gate = gate, connection = connection, ended = ended,
-  ending_stream = ending_stream })
-
 local function provider_call(session, what, ...)
   local refusal = gate(session, what)
   if refusal then return nil, refusal end
@@ -766,9 +824,6 @@ function job_mt:frames(opts)
     end
   end
 end
-
-session_jobs.install(session_mt, job_mt, { gate = gate, connection = connection,
-  command_options = command_options })
 
 sandbox.session_metatable = session_mt
 sandbox.job_metatable = job_mt

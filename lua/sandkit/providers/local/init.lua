@@ -48,12 +48,17 @@ local json = require "sandkit.json"
 local options_check = require "sandkit.options"
 local oserror = require "sandkit.oserror"
 local protocol = require "sandkit.protocol"
-local readiness = require "sandkit.readiness"
 local wait = require "sandkit.wait"
 local agent_process = require "sandkit.providers.local.agent_process"
-local images = require "sandkit.providers.local.images"
-local limits = require "sandkit.providers.local.limits"
 local state = require "sandkit.providers.local.state"
+
+-- Loaded by the first call that needs them: images, limits and the wait for a new agent serve
+-- only creating sessions and keeping images, and a command that lists sessions or runs in one
+-- (most of what `sandkit` is started for) would compile a third of this provider's source for
+-- nothing.
+local function images() return require "sandkit.providers.local.images" end
+local function limits() return require "sandkit.providers.local.limits" end
+local function readiness() return require "sandkit.readiness" end
 
 local provider_local = {}
 
@@ -127,14 +132,22 @@ function provider_local.new(options)
   end
   return setmetatable({ name = "local", options = options, root = root, isolate = isolate,
     network = network, bwrap = options.bwrap or DEFAULT_BWRAP, sessions = root .. "/sessions",
-    ready_timeout = ready_timeout, images = images.store(root, options) }, provider_mt)
+    ready_timeout = ready_timeout }, provider_mt)
 end
 
---- What this machine lets a session's agent enforce, asked of the agent once per sandbox. A
--- disk is a confined session's own filesystem: an unconfined one writes this machine's.
+--- The image store of this state folder (images.lua), made by the first call that needs it.
+function provider_mt:image_store()
+  if not self.images then self.images = images().store(self.root, self.options) end
+  return self.images
+end
+
+--- What this machine lets a session's agent enforce, asked of the agent once per sandbox, and
+-- only by what needs the answer (capabilities().limits, a create with limits): the asking
+-- starts an agent, which costs more CPU than the rest of a `sandkit ls` together. A disk is a
+-- confined session's own filesystem: an unconfined one writes this machine's.
 function provider_mt:enforced_limits()
   if not self.enforced then
-    self.enforced = limits.probe((agent_process.find(self.options)))
+    self.enforced = limits().probe((agent_process.find(self.options)))
     self.enforced.disk = self.enforced.disk and self.isolate == "bwrap"
   end
   return self.enforced
@@ -151,7 +164,6 @@ function provider_mt:capabilities()
     bwrap = state.file_exists(self.bwrap),
     set_lifetime = true, labels = true,
     images = self.isolate == "bwrap",
-    limits = self:enforced_limits(),
   }
 end
 
@@ -208,10 +220,10 @@ function provider_mt:start_agent(id, dir, fields)
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
   local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap)
   if fields.image then
-    for _, word in ipairs{ "--image", self.images.dir .. "/" .. fields.image .. "/rootfs",
+    for _, word in ipairs{ "--image", self:image_store().dir .. "/" .. fields.image .. "/rootfs",
       "--image-work", dir .. "/work" } do argv[#argv + 1] = word end
   end
-  limits.argv(argv, fields.limits)
+  if fields.limits then limits().argv(argv, fields.limits) end
   if fields.limits and fields.limits.disk then
     argv[#argv + 1] = "--disk"
     argv[#argv + 1] = dir .. "/disk.img"
@@ -261,7 +273,7 @@ function provider_mt:await_agent(id, dir, pid, reader, token, fields)
     host_uid = fields.host_uid, env = fields.env, created_at = os.time(),
     expires_at = fields.expires_at, labels = fields.labels, image = fields.image, limits = fields.limits }
   local conn = protocol.connection(transport_for(record.port, token), self.options)
-  local health, herr = readiness.wait(conn, { timeout = self.ready_timeout })
+  local health, herr = readiness().wait(conn, { timeout = self.ready_timeout })
   if not health then return nil, herr end
   local written, werr = state.write_record(dir, record)
   if not written then return nil, errors.invalid_input("sandbox.create", "root", tostring(werr)) end
@@ -285,7 +297,8 @@ function provider_mt:create(opts)
   end
   local bad_env = check_env(opts.env)
   if bad_env then return nil, bad_env end
-  local kept_limits, bad_limits = limits.check(opts.limits, opts.limits and self:enforced_limits() or {})
+  local kept_limits, bad_limits
+  if opts.limits ~= nil then kept_limits, bad_limits = limits().check(opts.limits, self:enforced_limits()) end
   if bad_limits then return nil, bad_limits end
   local confined = self.isolate == "bwrap"
   if opts.image ~= nil and not confined then
@@ -293,7 +306,7 @@ function provider_mt:create(opts)
       "an image is a confined session's /; with isolate = \"none\" commands see this machine's")
   end
   if opts.image ~= nil then
-    local bad_name = images.check_name("sandbox.create", opts.image)
+    local bad_name = images().check_name("sandbox.create", opts.image)
     if bad_name then return nil, errors.invalid_input("sandbox.create", "image", bad_name.message) end
   end
   local made, err = state.mkdirs(self.sessions)
@@ -313,14 +326,14 @@ function provider_mt:create(opts)
   core.mkdir(dir .. "/files", 493)
   local host_uid = confined and agent_process.host_uid() or nil
   if kept_limits and kept_limits.disk then
-    local made_disk, derr = limits.make_disk(dir .. "/disk.img", kept_limits.disk, host_uid or 0)
+    local made_disk, derr = limits().make_disk(dir .. "/disk.img", kept_limits.disk, host_uid or 0)
     if not made_disk then
       core.remove_tree(dir)
       return nil, derr
     end
   end
   if opts.image ~= nil then
-    local claimed, cerr = images.claim(self.images, dir, opts.image)
+    local claimed, cerr = images().claim(self:image_store(), dir, opts.image)
     if not claimed then
       core.remove_tree(dir)
       return nil, cerr
@@ -498,28 +511,28 @@ end
 -- Images --------------------------------------------------------------------------------------
 
 function provider_mt:image_import(name, source, opts)
-  return images.import(self.images, name, source, opts)
+  return images().import(self:image_store(), name, source, opts)
 end
 
 function provider_mt:image_build(name, opts)
-  return images.build(self.images, name, opts)
+  return images().build(self:image_store(), name, opts)
 end
 
 --- A session's current tree as a new image; the session must be one from an image.
 function provider_mt:image_commit(id, name)
   local record = state.load_record(self:dir(id))
   if not record then
-    return nil, errors.invalid_input(images.OPS.commit, "session", "no session named " .. tostring(id))
+    return nil, errors.invalid_input(images().OPS.commit, "session", "no session named " .. tostring(id))
   end
-  return images.commit(self.images, record, self:dir(id), name)
+  return images().commit(self:image_store(), record, self:dir(id), name)
 end
 
 function provider_mt:image_list()
-  return images.list(self.images)
+  return images().list(self:image_store())
 end
 
 function provider_mt:image_remove(name)
-  return images.remove(self.images, name)
+  return images().remove(self:image_store(), name)
 end
 
 return provider_local
