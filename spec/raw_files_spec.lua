@@ -106,19 +106,18 @@ describe("a file sent with rawFiles", function()
   it("of 48 MiB leaves the sender's memory bounded", function()
     session, server = agent_session.open([[function(req, conn)
       respond.status(conn, "204 No Content") end]], nil, RAW)
-    local src = temp_path()
-    local data = files.pattern(48 * 1024 * 1024)
-    files.write(src, data)
+    local src, size = temp_path(), 48 * 1024 * 1024
+    files.write_pattern(src, size)
     local result, peak = run_measured(string.format([[
       local sb = assert(require("sandkit").sandbox{ provider = "agent", url = %q, token = "t" })
       local session = assert(sb:create{})
       print(assert(session:write_file_from("/big", %q)))
     ]], server.url, src))
     os.remove(src)
-    assert.equal(tostring(#data), result)
+    assert.equal(tostring(size), result)
     local put = server:requests_to("/v1/files/raw")[1]
-    assert.equal(#data, put.body_length)
-    assert.equal(files.checksum(data), put.body_sum)
+    assert.equal(size, put.body_length)
+    assert.equal(files.pattern_checksum(size), put.body_sum)
     assert_peak(peak, 24, "send 48 MiB")
   end)
 end)
@@ -132,12 +131,16 @@ describe("a file read with rawFiles", function()
   local function serving(size, cut)
     return agent_session.open(string.format([[function(req, conn)
       if req.path ~= "/v1/files/raw" then return respond.status(conn, "404 Not Found", "no") end
-      local data = require("support.files").pattern(%d)
+      local size = %d
       conn:write("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: "
-        .. #data .. "\r\n\r\n")
-      local stop = %s or #data
-      for i = 1, stop, 65536 do conn:write(data:sub(i, math.min(i + 65535, stop))) end
-      if stop < #data then conn:close() end
+        .. size .. "\r\n\r\n")
+      local stop, sent = %s or size, 0
+      for piece in require("support.files").pattern_pieces(stop) do
+        conn:write(piece)
+        sent = sent + #piece
+      end
+      assert(sent == stop)
+      if stop < size then conn:close() end
     end]], size, cut and tostring(cut) or "nil"), nil, RAW)
   end
 
@@ -186,7 +189,7 @@ describe("a file read with rawFiles", function()
       print(assert(session:read_file_to("/big", %q)))
     ]], server.url, dst))
     assert.equal(tostring(48 * 1024 * 1024), result)
-    assert.equal(files.checksum(files.pattern(48 * 1024 * 1024)), files.checksum(files.read(dst)))
+    assert.equal(files.pattern_checksum(48 * 1024 * 1024), files.file_checksum(dst))
     os.remove(dst)
     assert_peak(peak, 24, "read 48 MiB")
   end)
@@ -277,14 +280,13 @@ describe("files of any size through the real sandkit-agent", function()
   it("go in and out whole past 32 MiB, and a cut upload leaves the old file", function()
     assert.is_true(session.conn.features.rawFiles, "sandkit-agent offers rawFiles")
     local size = 40 * 1024 * 1024
-    local data = files.pattern(size)
     local src, dst = temp_path(), temp_path()
-    files.write(src, data)
+    files.write_pattern(src, size)
     assert.equal(size, assert(session:write_file_from("/in/big.bin", src)))
     assert.equal(tostring(size) .. "\n", assert(session:exec({ "sh", "-c", "wc -c < /in/big.bin" },
       { timeout = 10 })).stdout)
     assert.equal(size, assert(session:read_file_to("/in/big.bin", dst)))
-    assert.equal(files.checksum(data), files.checksum(files.read(dst)))
+    assert.equal(files.pattern_checksum(size), files.file_checksum(dst))
     local sent, err = session:write_file_from("/in/big.bin", function() return nil, "the source broke" end)
     assert.is_nil(sent)
     assert.equal("INVALID_INPUT", err.code)

@@ -16,25 +16,92 @@ function files.write(path, data)
   f:close()
 end
 
+--- Every how many bytes files.checksum samples one: a prime, so no power-of-two block lines up
+-- with it.
+local CHECKSUM_STRIDE = 997
+local CHECKSUM_MODULUS = 2147483647
+
+--- files.checksum's sum over bytes that come in pieces, their total length known first:
+-- sum.add(piece) for each piece in order, then sum.value(). A body of tens of MiB is summed
+-- without ever being one string: on a virtual machine each fresh page of memory costs more than
+-- the bytes written into it.
+function files.checksummer(total)
+  local sum, done = total, 0
+  local summer = {}
+  function summer.add(piece)
+    -- The first sampled position (1, 1 + STRIDE, …, counted over the whole body) in this piece.
+    local behind = done % CHECKSUM_STRIDE
+    local i = behind == 0 and done + 1 or done + 1 + CHECKSUM_STRIDE - behind
+    local last = done + #piece
+    while i <= last do
+      sum = (sum * 31 + piece:byte(i - done) * i) % CHECKSUM_MODULUS
+      i = i + CHECKSUM_STRIDE
+    end
+    done = last
+  end
+  function summer.value() return sum end
+  return summer
+end
+
 --- A checksum of a large body, cheap enough for tens of MiB in Lua: it samples every 997th
--- byte (a prime, so no power-of-two block lines up with it) weighted by position, and the
--- length. Over content that does not repeat (files.pattern), a lost, added or moved run of
--- bytes changes it.
+-- byte weighted by position, and the length. Over content that does not repeat (files.pattern),
+-- a lost, added or moved run of bytes changes it.
 function files.checksum(s)
-  local sum = #s
-  for i = 1, #s, 997 do sum = (sum * 31 + s:byte(i) * i) % 2147483647 end
-  return sum
+  local summer = files.checksummer(#s)
+  summer.add(s)
+  return summer.value()
+end
+
+--- Bytes a piece of a file or of files.pattern holds: below the size from which the C library
+-- maps fresh memory for each allocation instead of reusing what the last piece freed.
+local PIECE = 65536
+
+--- files.checksum of the file at path, read a piece at a time.
+function files.file_checksum(path)
+  local f = assert(io.open(path, "rb"))
+  local summer = files.checksummer(f:seek("end"))
+  f:seek("set")
+  for piece in function() return f:read(PIECE) end do summer.add(piece) end
+  f:close()
+  return summer.value()
+end
+
+--- files.pattern(n)'s bytes a 64 KiB block at a time: an iterator of its pieces.
+function files.pattern_pieces(n)
+  -- A block's cells after its first, which names the block.
+  local cells = {}
+  for i = 2, PIECE / 16 do cells[#cells + 1] = string.format("%015x\n", i) end
+  local rest = table.concat(cells)
+  local b, blocks = 0, math.ceil(n / PIECE)
+  return function()
+    b = b + 1
+    if b > blocks then return nil end
+    local block = string.format("block %09x\n", b) .. rest
+    if b == blocks then block = block:sub(1, n - (b - 1) * PIECE) end
+    return block
+  end
 end
 
 --- n bytes that do not repeat at any short period: 16-byte cells holding their index within a
 -- 64 KiB block, the block's first cell its own number.
 function files.pattern(n)
-  local cells = {}
-  for i = 1, 4096 do cells[i] = string.format("%015x\n", i) end
-  local base = table.concat(cells)
-  local blocks = {}
-  for b = 1, math.ceil(n / 65536) do blocks[b] = string.format("block %09x\n", b) .. base:sub(17) end
-  return table.concat(blocks):sub(1, n)
+  local pieces = {}
+  for piece in files.pattern_pieces(n) do pieces[#pieces + 1] = piece end
+  return table.concat(pieces)
+end
+
+--- Writes files.pattern(n) to path a piece at a time.
+function files.write_pattern(path, n)
+  local f = assert(io.open(path, "wb"))
+  for piece in files.pattern_pieces(n) do assert(f:write(piece)) end
+  assert(f:close())
+end
+
+--- files.checksum of files.pattern(n), computed a piece at a time.
+function files.pattern_checksum(n)
+  local summer = files.checksummer(n)
+  for piece in files.pattern_pieces(n) do summer.add(piece) end
+  return summer.value()
 end
 
 --- A fresh private directory under the system's temporary folder (mode 0700, or `mode`).
