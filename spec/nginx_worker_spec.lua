@@ -440,7 +440,10 @@ end)
 describe("sandkit in an nginx phase without cosockets", function()
   local server, root
 
-  before_each(function()
+  -- One nginx for every case, and nothing cleaned between them: each case asserts that nothing
+  -- was ever started under root, after its own phase's attempt and the init phases' (which ran
+  -- as nginx started), so a session or agent any of them made fails it still.
+  setup(function()
     root = local_state.new()
     local probe = string.format("require('support.nginx_app').probe_into_dict(%q)", root)
     server = nginx.start{
@@ -464,7 +467,7 @@ describe("sandkit in an nginx phase without cosockets", function()
 ]] }
   end)
 
-  after_each(function()
+  teardown(function()
     if server then server:stop() end
     -- An agent started against the rule has no session record to be terminated by: end it here.
     for _, pid in ipairs(agent_process.processes{ root }) do core.kill(pid, core.SIGTERM) end
