@@ -104,6 +104,20 @@ function files.pattern_checksum(n)
   return summer.value()
 end
 
+--- Whether files and folders made with `mode` get all of it, no bit of it being in this
+-- process's umask (Linux says the umask in /proc; false where it does not): where they do, no
+-- chmod need be started after them.
+function files.umask_keeps(mode)
+  local status = files.read("/proc/self/status")
+  local umask = status and tonumber(status:match("\nUmask:%s*(%d+)") or "", 8)
+  if not umask then return false end
+  for bit = 0, 8 do
+    local b = 2 ^ bit
+    if math.floor(mode / b) % 2 == 1 and math.floor(umask / b) % 2 == 1 then return false end
+  end
+  return true
+end
+
 --- A fresh private directory under the system's temporary folder (mode 0700, or `mode`).
 function files.temp_dir(mode)
   local core = require "sandkit.core"

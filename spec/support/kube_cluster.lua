@@ -87,8 +87,12 @@ local MATERIAL = { "ca.crt", "ca.key", "server.crt", "server.key", "named.crt", 
 local material
 
 local function write_material(dir)
+  -- nginx loads an SNI-picked certificate in its worker, which runs as nobody under root: the
+  -- keys openssl made private, and files.write's that the umask may have made so, become 0644.
+  local readable = { "server.key", "named.key" }
   if material then
     for name, text in pairs(material) do files.write(dir .. "/" .. name, text) end
+    if not files.umask_keeps(tonumber("644", 8)) then tls.run(dir, "chmod 644 " .. table.concat(readable, " ")) end
   else
     local ca = tls.ca(dir, "ca")
     tls.issue(dir, ca, "server", { "IP:127.0.0.1", "DNS:localhost" })
@@ -100,9 +104,8 @@ local function write_material(dir)
     local made = {}
     for _, name in ipairs(MATERIAL) do made[name] = assert(files.read(dir .. "/" .. name), name) end
     material = made
+    tls.run(dir, "chmod 644 " .. table.concat(readable, " "))
   end
-  -- nginx loads an SNI-picked certificate in its worker, which runs as nobody under root.
-  tls.run(dir, "chmod 644 server.key named.key")
 end
 
 function kube_cluster.start(opts)

@@ -41,8 +41,12 @@ local read_file, write_file = files.read, files.write
 local server_mt = {}
 server_mt.__index = server_mt
 
+--- Paths found executable, each asked once a process: a spec file starts nginx many times.
+local found_executable = {}
+
 local function executable(path)
-  return files.execute("test -x " .. files.shell_quote(path))
+  if not found_executable[path] then found_executable[path] = files.execute("test -x " .. files.shell_quote(path)) end
+  return found_executable[path]
 end
 
 --- Ends a process of ours: SIGTERM, then SIGKILL when it has not gone within the bound.
@@ -56,7 +60,9 @@ function nginx.temp_dir()
   os.remove(dir)
   assert(core.mkdir(dir, tonumber("755", 8)))
   -- Whatever the umask took away.
-  assert(files.execute("chmod 755 " .. files.shell_quote(dir)))
+  if not files.umask_keeps(tonumber("755", 8)) then
+    assert(files.execute("chmod 755 " .. files.shell_quote(dir)))
+  end
   assert(core.mkdir(dir .. "/temp", tonumber("755", 8)))
   return dir
 end

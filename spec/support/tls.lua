@@ -24,8 +24,12 @@ function tls.run(dir, command)
   end
 end
 
+--- Whether the openssl command was found: asked once a process.
+local have_openssl
+
 function tls.require_openssl()
-  if not files.execute("command -v openssl >/dev/null 2>&1") then
+  have_openssl = have_openssl or files.execute("command -v openssl >/dev/null 2>&1")
+  if not have_openssl then
     error("this spec needs the openssl command line tool (Debian package openssl)", 0)
   end
 end
