@@ -1,7 +1,7 @@
 --- A local session's resource limits: `create{ limits = { memory =, pids =, cpu =, disk = } }`,
 -- checked here and enforced by the session's agent in control groups of its own
 -- (src/agent/limits.h). What this machine can enforce is asked of the agent itself
--- (`sandkit-agent --probe-limits`), once per sandbox.
+-- (`sandkit-agent --probe-limits`), once per sandbox and only by what needs the answer.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
