@@ -226,7 +226,8 @@ once-specs-exist:
 ALONE_SPECS := spec/nginx_worker_spec.lua spec/cli_interactive_spec.lua
 
 # Both passes of check at once: every spec file under Lua 5.4 and BOTH_SPECS under LuaJIT, each
-# file its own busted process, TEST_JOBS of them at a time, the slowest first (by the times
+# file its own busted process, TEST_JOBS of them at a time and one more while cores stay idle
+# (every file running waiting at once), the slowest first (by the times
 # the last run recorded in $(BUILD)/spec_times.txt, else tools/spec_times.txt), and ALONE_SPECS
 # once the heavy files are done, beside one light file at most (tools/run_specs.lua). Most of the suite waits on processes and sockets, so a file runs
 # in a fraction of a core; each file makes its own ports, folders, nginx prefixes and agents, so

@@ -21,6 +21,11 @@
 -- files say it took at most LIGHT_CPU_SECONDS of CPU), beside one light file at most. Each
 -- file's result is printed as it ends; the logs of the files that failed are printed at the end,
 -- named, and the exit status is 1 if any failed.
+--
+-- While the files run, the runner looks at the machine's idle time every TICK_SECONDS (the
+-- aggregate line of /proc/stat): where FILL_IDLE_CORES or more stayed idle for FILL_WINDOW
+-- seconds, the next file starts beyond --jobs (FILL_MAX such at once), as every file running
+-- was waiting at the same time. The closing lines say how idle the machine was.
 
 
 --- The CPU seconds below which a file is light: the quickest half of the suite's files, each a
@@ -33,6 +38,20 @@ local BESIDE_ALONE = 1
 -- one such file may run beyond --jobs, as it keeps no core busy. Only a light one: a heavy
 -- file's share, recorded on a machine busy with other work, can look as small.
 local SLEEPER_LOAD = 0.25
+--- How often the runner looks at the machine's idle time: often enough that a core left idle
+-- is given work within a few seconds, rarely enough that the looks cost nothing measurable.
+local TICK_SECONDS = 1
+--- Idle cores, on average over FILL_WINDOW seconds, at which one more file starts beyond --jobs:
+-- the files running all waited at once (on processes, sockets, a mirror) for that long, which a
+-- fixed width cannot foresee. Less than a core idle is what starting and ending files leave.
+local FILL_IDLE_CORES = 0.75
+local FILL_WINDOW = 3
+--- Files started on idle cores beyond --jobs at once: one, so a burst of the files that were
+-- waiting finds at most one more beside them, not a crowd that stretches the bounds some
+-- specs keep.
+local FILL_MAX = 1
+--- The unit of /proc/stat's times (USER_HZ, 100 on every Linux architecture it runs on here).
+local STAT_HZ = 100
 
 local function usage(problem)
   io.stderr:write("run_specs: ", problem, "\n")
@@ -108,6 +127,21 @@ local function read_file(path)
   return text
 end
 
+--- The machine's CPU time so far and the idle part of it, in STAT_HZ ticks summed over its
+-- cores, and how many cores /proc/stat counts; nil where there is no /proc.
+local function cpu_sample()
+  local text = read_file("/proc/stat")
+  if not text then return nil end
+  local fields = {}
+  for n in text:match("^cpu +([^\n]*)"):gmatch("%d+") do fields[#fields + 1] = tonumber(n) end
+  -- user, nice, system, idle, iowait, irq, softirq, steal: guest time is inside user already.
+  local total = 0
+  for i = 1, 8 do total = total + (fields[i] or 0) end
+  local cores = 0
+  for _ in text:gmatch("\ncpu%d+ ") do cores = cores + 1 end
+  return { total = total, idle = fields[4] + (fields[5] or 0), cores = math.max(cores, 1) }
+end
+
 --- The counts on busted's closing line, from a log: the last such line, as a spec's own output
 -- may hold one of a busted it ran.
 local function counts(log)
@@ -179,6 +213,10 @@ os.remove(wakeup_path)
 local made = os.execute("mkfifo " .. shell_quote(wakeup_path))
 if made ~= true and made ~= 0 then usage("cannot make the FIFO " .. wakeup_path) end
 local wakeup = assert(io.open(wakeup_path, "r+"))
+-- The ticks: a shell writing a line every TICK_SECONDS until a write fails, as the first after
+-- the runner closed the FIFO does (no reader is left).
+os.execute(("{ exec 3>%s; while sleep %d && echo t >&3; do :; done; } 2>/dev/null &")
+  :format(shell_quote(wakeup_path), TICK_SECONDS))
 
 local function start(job)
   -- The shell reports the status and the clock at both ends in one file, written whole, then
@@ -207,15 +245,18 @@ local function report(job, status, seconds, cpu)
   io.stdout:flush()
 end
 
---- Runs the shards, at most `width` at once and one sleeper beyond them, the slowest first, and
--- the alone jobs one at a time once every shard running or still to start is light, with
--- BESIDE_ALONE shards beside them.
+--- Runs the shards, at most `width` at once, one sleeper and FILL_MAX more on idle cores beyond
+-- them, the slowest first, and the alone jobs one at a time once every shard running or still
+-- to start is light, with BESIDE_ALONE shards beside them.
 local function run(queue, alone_queue, width)
   local last_heavy = 0
   for i, job in ipairs(queue) do
     if not job.light then last_heavy = i end
   end
   local next_shard, next_alone, running, alone_running, sleeper_running = 1, 1, {}, false, false
+  local fills_running = 0
+  -- The looks at /proc/stat since the last file started on idle cores, oldest first.
+  local looks = { cpu_sample() }
   local function heavy_running()
     for _, job in ipairs(running) do
       if not job.light then return true end
@@ -231,6 +272,16 @@ local function run(queue, alone_queue, width)
   local function skip_started()
     while queue[next_shard] and queue[next_shard].started do next_shard = next_shard + 1 end
   end
+  --- Whether FILL_IDLE_CORES stayed idle over the last FILL_WINDOW seconds of looks.
+  local function idle_enough()
+    local last = looks[#looks]
+    if not last then return false end
+    local window = FILL_WINDOW * STAT_HZ * last.cores
+    while looks[2] and last.total - looks[2].total >= window do table.remove(looks, 1) end
+    local first = looks[1]
+    local spent = last.total - first.total
+    return spent >= window and (last.idle - first.idle) / spent * last.cores >= FILL_IDLE_CORES
+  end
   while next_shard <= #queue or next_alone <= #alone_queue or #running > 0 do
     skip_started()
     -- Once an alone job's turn has come, the shards running beside it are BESIDE_ALONE at most:
@@ -242,7 +293,7 @@ local function run(queue, alone_queue, width)
       next_alone = next_alone + 1
       launch(alone_running)
     end
-    local shards_running = #running - (alone_running and 1 or 0) - (sleeper_running and 1 or 0)
+    local shards_running = #running - (alone_running and 1 or 0) - (sleeper_running and 1 or 0) - fills_running
     local room = (alone_running or alone_due) and BESIDE_ALONE or width
     while next_shard <= #queue and shards_running < room do
       launch(queue[next_shard])
@@ -258,14 +309,25 @@ local function run(queue, alone_queue, width)
         end
       end
     end
-    -- One line a file that ended; a line whose file an earlier look already found finds none.
+    if not (alone_running or alone_due) and fills_running < FILL_MAX and next_shard <= #queue
+      and idle_enough() then
+      queue[next_shard].fill = true
+      fills_running = fills_running + 1
+      launch(queue[next_shard])
+      skip_started()
+      looks = { looks[#looks] }
+    end
+    -- One line a file that ended, or a tick; a line whose file an earlier look already found
+    -- finds none.
     assert(wakeup:read("l"), "the FIFO " .. wakeup_path .. " closed")
+    looks[#looks + 1] = cpu_sample()
     for i = #running, 1, -1 do
       local status, seconds, cpu = read_done(running[i].done)
       if status then
         report(running[i], status, seconds, cpu)
         if running[i] == alone_running then alone_running = false end
         if running[i] == sleeper_running then sleeper_running = false end
+        if running[i].fill then fills_running = fills_running - 1 end
         table.remove(running, i)
       end
     end
@@ -279,11 +341,11 @@ local function now()
   return t
 end
 
-local clock = now()
+local clock, first_look = now(), cpu_sample()
 io.stdout:write(("%d spec files in %d passes, %d at once, and %d alone beside %d light one at most\n")
   :format(#shards, #o.passes, o.jobs, #alone, BESIDE_ALONE))
 run(shards, alone, o.jobs)
-local wall = now() - clock
+local wall, last_look = now() - clock, cpu_sample()
 wakeup:close()
 os.remove(wakeup_path)
 
@@ -302,6 +364,15 @@ for _, job in ipairs(failures) do
 end
 io.stdout:write(("\n%d successes / %d failures / %d errors / %d pending in %d files: %.1f s, %.1f s of CPU\n")
   :format(total.ok, total.failed, total.errors, total.pending, count, wall, cpu_total))
+if first_look and last_look then
+  local filled = 0
+  for _, job in ipairs(shards) do
+    if job.fill then filled = filled + 1 end
+  end
+  local idle = (last_look.idle - first_look.idle) / STAT_HZ
+  io.stdout:write(("The machine's %d cores were idle %.1f s of %.1f (%.0f%%); %d files started on idle cores\n")
+    :format(last_look.cores, idle, wall * last_look.cores, 100 * idle / (wall * last_look.cores), filled))
+end
 if #failures > 0 then
   io.stdout:write("Failed:\n")
   for _, job in ipairs(failures) do io.stdout:write(("  %s  %s\n"):format(job.pass.name, job.spec)) end
