@@ -79,7 +79,6 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *clientp, void 
 {
 	sk_client *c = clientp;
 	(void)easy;
-	(void)socketp;
 	if (what == CURL_POLL_REMOVE) {
 		epoll_ctl(c->epfd, EPOLL_CTL_DEL, s, NULL);
 		return 0;
@@ -88,10 +87,20 @@ static int on_socket(CURL *easy, curl_socket_t s, int what, void *clientp, void 
 	memset(&ev, 0, sizeof ev);
 	ev.events = ((what & CURL_POLL_IN) ? EPOLLIN : 0u) | ((what & CURL_POLL_OUT) ? EPOLLOUT : 0u);
 	ev.data.fd = s;
-	/* A descriptor number can come back after a close that epoll already forgot, or still
-	 * be registered from before; try both verbs rather than trust a cached belief. */
-	if (epoll_ctl(c->epfd, EPOLL_CTL_MOD, s, &ev) < 0 && errno == ENOENT)
-		epoll_ctl(c->epfd, EPOLL_CTL_ADD, s, &ev);
+	/* libcurl hands back what curl_multi_assign gave a socket until it asks for the socket's
+	 * removal: a socket seen first is added, one seen before is changed, a system call each
+	 * (every connection and every resumed pause used to pay a failed change first). The
+	 * other verb still follows a refusal: a descriptor number can come back after a close
+	 * that epoll already forgot, or still be registered from before. */
+	int op = socketp ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
+	if (epoll_ctl(c->epfd, op, s, &ev) < 0) {
+		if (errno == ENOENT)
+			epoll_ctl(c->epfd, EPOLL_CTL_ADD, s, &ev);
+		else if (errno == EEXIST)
+			epoll_ctl(c->epfd, EPOLL_CTL_MOD, s, &ev);
+	}
+	if (socketp == NULL)
+		curl_multi_assign(c->multi, s, c);
 	return 0;
 }
 
