@@ -1180,6 +1180,12 @@ group = "an interactive job"
 
 local INTERACTIVE = [[{ features = { "jobStdin", "jobPty", "jobSignal", "jobList", "jobStream" } }]]
 
+--- Writes "abc" to job j1 through a handle that does not know where its input is.
+local function write_abc(session)
+  local ok, err = session:job("j1"):write("abc")
+  return { ok = ok, err = plain(err) }
+end
+
 --- The input requests a fake agent received: each one's offset, body and whether it closed.
 local function input_requests(server)
   local seen = {}
@@ -1234,10 +1240,7 @@ case("gives up on a piece of input after three sends whose answers were lost, sa
     if #req.body > 0 then return conn:close() end
     respond.json_last(conn, "200 OK", { offset = 0, closed = false })
   end]],
-  act = function(session)
-    local ok, err = session:job("j1"):write("x")
-    return { ok = ok, err = plain(err) }
-  end,
+  act = write_abc,
   check = function(r, server)
     assert.is_nil(r.ok)
     assert.equal("SANDBOX_UNREACHABLE", r.err.code)
@@ -1247,7 +1250,7 @@ case("gives up on a piece of input after three sends whose answers were lost, sa
     -- (every answer closes its connection, so no transport resends on a pooled one).
     local seen = input_requests(server)
     assert.equal(4, #seen)
-    for i = 2, 4 do assert.same({ offset = 0, body = "x", close = false }, seen[i]) end
+    for i = 2, 4 do assert.same({ offset = 0, body = "abc", close = false }, seen[i]) end
   end,
 })
 
@@ -1257,10 +1260,7 @@ case("reads a write's answer without an offset as unanswered, and sends the piec
     if #req.body > 0 then return respond.json_last(conn, "200 OK", { closed = false }) end
     respond.json_last(conn, "200 OK", { offset = 0, closed = false })
   end]],
-  act = function(session)
-    local ok, err = session:job("j1"):write("abc")
-    return { ok = ok, err = plain(err) }
-  end,
+  act = write_abc,
   check = function(r, server)
     assert.is_nil(r.ok)
     assert.equal("SANDBOX_UNREACHABLE", r.err.code)
@@ -1317,15 +1317,18 @@ case("lists the jobs the agent holds, running and ended, with their times in sec
   end,
 })
 
+--- The session's list of jobs, or the error that came instead.
+local function list_jobs(session)
+  local list, err = session:jobs()
+  return { list = list, err = plain(err) }
+end
+
 case("refuses a list whose entry lacks its id, command, state or start", {
   health = INTERACTIVE,
   route = [[function(req, conn)
     respond.json(conn, "200 OK", { jobs = { { jobId = "a", command = { "true" }, running = false } } })
   end]],
-  act = function(session)
-    local list, err = session:jobs()
-    return { list = list, err = plain(err) }
-  end,
+  act = list_jobs,
   check = function(r)
     assert.is_nil(r.list)
     assert.equal("UNEXPECTED_RESPONSE_FORMAT", r.err.code)
@@ -1341,10 +1344,7 @@ case("refuses a list longer than its bound before reading it whole", {
     for i = 1, 40000 do command[i] = "argument" end
     respond.json(conn, "200 OK", { jobs = { { jobId = "a", command = command, running = true, startedAt = 1 } } })
   end]],
-  act = function(session)
-    local list, err = session:jobs()
-    return { list = list, err = plain(err) }
-  end,
+  act = list_jobs,
   check = function(r)
     assert.is_nil(r.list)
     assert.equal("SANDBOX_UNREACHABLE", r.err.code)
@@ -1395,15 +1395,18 @@ case("follows a live stream again from its last frame when it breaks, each frame
   end,
 })
 
+--- Follows job j1's frames to their end; whether that raised, and the error it raised.
+local function follow_to_end(session)
+  local ok, err = pcall(function()
+    for _ in session:job("j1"):frames() do end
+  end)
+  return { ok = ok, err = plain(err) }
+end
+
 case("ends a live stream with the agent's refusal, not following it again", {
   health = INTERACTIVE,
   route = [[function(req, conn) respond.status(conn, "404 Not Found", "JOB_NOT_FOUND: no job j1") end]],
-  act = function(session)
-    local ok, err = pcall(function()
-      for _ in session:job("j1"):frames() do end
-    end)
-    return { ok = ok, err = plain(err) }
-  end,
+  act = follow_to_end,
   check = function(r, server)
     assert.is_false(r.ok)
     assert.equal("SANDBOX_COMMAND_FAILED", r.err.code)
@@ -1418,12 +1421,7 @@ case("gives up a live stream that breaks three times in a row without a frame", 
     respond.chunked_start(conn, "200 OK")
     conn:close()
   end]],
-  act = function(session)
-    local ok, err = pcall(function()
-      for _ in session:job("j1"):frames() do end
-    end)
-    return { ok = ok, err = plain(err) }
-  end,
+  act = follow_to_end,
   check = function(r, server)
     assert.is_false(r.ok)
     assert.equal("sandbox.jobStream", r.err.operation)
