@@ -159,10 +159,11 @@ $(TAR_SO): $(TAR_OBJ) | $(MODDIR)/sandkit
 $(BUILD)/agent-obj/%.o: src/%.c $(wildcard src/agent/*.h) $(COMMON_H) | $(BUILD)/agent-obj/agent
 	$(CC) $(CFLAGS) $(STRICT) $(SRC_CFLAGS) $(EVENT_CFLAGS) $(OPENSSL_CFLAGS) $(ARCHIVE_CFLAGS) -c $< -o $@
 
-# libcrypto verifies capability tokens (src/agent/capability.c, Ed25519); libarchive carries
-# directories (src/agent/fs_tar.c).
+# libcrypto verifies capability tokens (src/agent/capability.c, Ed25519). libarchive, which
+# carries directories (src/agent/fs_tar.c), is not linked: the agent opens it on its first
+# directory transfer (src/agent/archive_loader.h), as its libraries would double every start.
 $(AGENT_BIN): $(AGENT_OBJ)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS) $(ARCHIVE_LIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(AGENT_OBJ) $(EVENT_LIBS) $(OPENSSL_LIBS)
 
 $(INIT_BIN): src/init/init.c src/common/reaper.c src/common/reaper.h | $(BUILD)/agent-obj/agent
 	$(CC) $(INIT_CFLAGS) -static -std=c99 -Wall -Wextra $(WERROR) $(SRC_CFLAGS) -o $@ src/init/init.c src/common/reaper.c

@@ -451,6 +451,48 @@ time.sleep(120)
       end
       os.remove(A.root .. "/t4/zeros")
     end)
+
+    --- Whether the agent `pid` has libarchive mapped.
+    local function maps_libarchive(pid)
+      return assert(read_file("/proc/" .. pid .. "/maps")):find("libarchive.so", 1, true) ~= nil
+    end
+
+    it("loads libarchive at its first directory transfer, so an agent that moves none never maps it",
+      function()
+      local B = assert(start_agent())
+      finally(function() B:stop() end)
+      sh("mkdir -p " .. shell_quote(B.root .. "/d") .. " && printf x > " .. shell_quote(B.root .. "/d/f"))
+      assert.are.equal(200, (list(B, "/d")).status)
+      assert.is_false(maps_libarchive(B.pid), "mapped before any archive")
+      local res = B:req("GET", "/v1/fs/tar?path=/d")
+      assert.are.equal(200, res.status, res.body)
+      assert.truthy(res.body:find("x", 513, true), "the archive holds the file")
+      assert.is_true(maps_libarchive(B.pid), "not mapped after an archive")
+    end)
+
+    it("answers a directory transfer without a loadable libarchive with a 500 naming why, and goes on",
+      function()
+      -- A file by libarchive's name that is no library, first on the loader's path.
+      local libs = files.temp_dir()
+      write_file(libs .. "/libarchive.so.13", "not a library\n")
+      local B = assert(start_agent{ env = { LD_LIBRARY_PATH = libs } })
+      finally(function()
+        B:stop()
+        core.remove_tree(libs)
+      end)
+      sh("mkdir -p " .. shell_quote(B.root .. "/d"))
+      for _ = 1, 2 do
+        local res = B:req("GET", "/v1/fs/tar?path=/d")
+        assert.are.equal(500, res.status)
+        assert.matches("AGENT_OPERATION_FAILED: Agent operation 'archive a directory' failed: cannot load "
+          .. "libarchive.so.13: .*libarchive.so.13", res.body)
+      end
+      local status, body = put_archive(B, "/new", tar.archive(tar.entry({ name = "f" }, "x")))
+      assert.are.equal(500, status)
+      assert.matches("Agent operation 'extract an archive' failed: cannot load libarchive.so.13", body)
+      assert.is_false(exists(B.root .. "/new"), "the target was made")
+      assert.are.equal(200, (list(B, "/d")).status)
+    end)
   end)
 
   describe("watch", function()

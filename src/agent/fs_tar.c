@@ -8,6 +8,7 @@
 #include "fs.h"
 
 #include "agent.h"
+#include "archive_loader.h"
 #include "common/tarstream.h"
 #include "common/tree_remove.h"
 #include "fserror.h"
@@ -26,6 +27,17 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+
+/* Whether libarchive could not be loaded (archive_loader.h), answered as the operation's
+ * failure before anything of it is done. */
+static int tar_unavailable(struct http_request *req, const char *operation)
+{
+	const char *why = archive_loader_load();
+	if (why == NULL)
+		return 0;
+	reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation '%s' failed: %s", operation, why);
+	return 1;
+}
 
 /* ---- GET: the archive out ---- */
 
@@ -85,7 +97,7 @@ void fs_tar_get(struct http_request *req)
 	int dirfd;
 	if (p == NULL)
 		return;
-	if (fs_normalize(req, p, plen, rel) < 0)
+	if (fs_normalize(req, p, plen, rel) < 0 || tar_unavailable(req, "archive a directory"))
 		goto out;
 	if (paths_open(rel, O_PATH | O_DIRECTORY, 0, &dirfd) != PATH_OK) {
 		if (errno == ENOTDIR) {
@@ -246,7 +258,8 @@ void fs_tar_put(struct http_request *req)
 		return;
 	if (fs_normalize(req, p, plen, rel) < 0 ||
 	    read_bound(req, "maxEntries", SK_TAR_MAX_ENTRIES, &max_entries) < 0 ||
-	    read_bound(req, "maxBytes", SK_TAR_MAX_BYTES, &max_bytes) < 0)
+	    read_bound(req, "maxBytes", SK_TAR_MAX_BYTES, &max_bytes) < 0 ||
+	    tar_unavailable(req, "extract an archive"))
 		goto fail;
 	if ((r = calloc(1, sizeof *r)) == NULL) {
 		reply_out_of_memory(req, "extract an archive");
