@@ -61,6 +61,15 @@ function common.cpu(pid)
 end
 
 --- Nearest-rank percentile of an array of numbers (sorted in place).
+--- How curl reaches the agent of a local session's `record`: the words that name its Unix
+-- socket ("" where it listens on a port instead) and the base of its routes' URLs.
+function common.agent_address(record)
+  if record.socket then
+    return "--unix-socket '" .. record.socket:gsub("'", "'\\''") .. "' ", "http://127.0.0.1"
+  end
+  return "", "http://127.0.0.1:" .. math.floor(record.port)
+end
+
 function common.percentile(values, p)
   table.sort(values)
   local rank = math.max(1, math.ceil(p / 100 * #values))

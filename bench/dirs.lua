@@ -88,7 +88,8 @@ common.result(common.with_sandbox(function(sandbox, sessions)
   local headers = dir .. "/curl-headers"
   os.remove(headers)
   assert(core.write_private(headers, "Authorization: Bearer " .. session.record.token .. "\n"))
-  local url = "http://127.0.0.1:" .. session.record.port .. "/v1/fs/tar?path="
+  local reach, base = common.agent_address(session.record)
+  local url = base .. "/v1/fs/tar?path="
   local runs = { put = { sandkit = {}, curl = {} }, get = { sandkit = {}, curl = {} } }
   -- Every round writes to paths of its own, and nothing is removed before the writes are timed
   -- (the gets, which remove their local copy each round, come after): on a filesystem without a
@@ -99,7 +100,7 @@ common.result(common.with_sandbox(function(sandbox, sessions)
   for round = 1, ROUNDS do
     table.insert(runs.put.sandkit, timed(function() assert(session:write_dir_from("/sk" .. round, source)) end))
     table.insert(runs.put.curl, timed(function()
-      assert(curl("-T - -H @" .. quote(headers) .. " " .. quote(url .. "/curl" .. round),
+      assert(curl(reach .. "-T - -H @" .. quote(headers) .. " " .. quote(url .. "/curl" .. round),
         "tar -cf - -C " .. quote(source) .. " . | ") == "204")
     end))
   end
@@ -113,7 +114,7 @@ common.result(common.with_sandbox(function(sandbox, sessions)
     assert(io.open(back .. "/d100/f100.bin", "rb"), "the tree came back whole"):close()
     sh("rm -rf " .. quote(back) .. " && mkdir " .. quote(back))
     table.insert(runs.get.curl, timed(function()
-      sh("curl -sf -H @" .. quote(headers) .. " " .. quote(url .. "/sk1") .. " | tar -xf - -C " .. quote(back))
+      sh("curl -sf " .. reach .. "-H @" .. quote(headers) .. " " .. quote(url .. "/sk1") .. " | tar -xf - -C " .. quote(back))
     end))
   end
   -- The listing: 10,000 empty files in one directory.

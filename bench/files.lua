@@ -65,7 +65,8 @@ common.result(common.with_sandbox(function(sandbox, sessions)
   local headers = dir .. "/curl-headers"
   os.remove(headers)
   assert(core.write_private(headers, "Authorization: Bearer " .. session.record.token .. "\n"))
-  local url = "http://127.0.0.1:" .. session.record.port .. "/v1/files/raw?path="
+  local reach, base = common.agent_address(session.record)
+  local url = base .. "/v1/files/raw?path="
   local runs = { put = { sandkit = {}, curl = {} }, get = { sandkit = {}, curl = {} }, copy = {} }
   local copied = dir .. "/local-copy.bin"
   for _ = 1, ROUNDS do
@@ -78,7 +79,7 @@ common.result(common.with_sandbox(function(sandbox, sessions)
       assert(assert(session:write_file_from("/sandkit.bin", source)) == BYTES)
     end))
     table.insert(runs.put.curl, timed(function()
-      assert(curl("-T " .. quote(source) .. " -H @" .. quote(headers) .. " " .. quote(url .. "/curl.bin")) == "204")
+      assert(curl(reach .. "-T " .. quote(source) .. " -H @" .. quote(headers) .. " " .. quote(url .. "/curl.bin")) == "204")
     end))
     table.insert(runs.get.sandkit, timed(function()
       assert(assert(session:read_file_to("/sandkit.bin", back)) == BYTES)
@@ -86,7 +87,7 @@ common.result(common.with_sandbox(function(sandbox, sessions)
     assert(size_of(back) == BYTES)
     os.remove(back)
     table.insert(runs.get.curl, timed(function()
-      assert(curl("-o " .. quote(back) .. " -H @" .. quote(headers) .. " " .. quote(url .. "/curl.bin")) == "200")
+      assert(curl(reach .. "-o " .. quote(back) .. " -H @" .. quote(headers) .. " " .. quote(url .. "/curl.bin")) == "200")
     end))
     assert(size_of(back) == BYTES)
     os.remove(back)

@@ -98,11 +98,12 @@ end
 
 --- One curl reading the urls, N at once (--parallel), each body to /dev/null; returns wall
 -- seconds and the reader's CPU seconds, having checked that each read a whole body.
-local function curl(urls, headers_file, body_file, out)
+local function curl(urls, headers_file, body_file, out, socket)
   -- The URLs go in a config file: 128 of them would not fit an argv sandkit's spawn takes.
   local config = {}
   for _, url in ipairs(urls) do
     config[#config + 1] = string.format('url = "%s"\noutput = "/dev/null"', url)
+      .. (socket and string.format('\nunix-socket = "%s"', socket) or "")
   end
   write(out .. ".config", table.concat(config, "\n") .. "\n")
   os.remove(out)
@@ -110,6 +111,7 @@ local function curl(urls, headers_file, body_file, out)
     "-w", "%{http_code} %{size_download}\n", "-H", "@" .. headers_file, "--data-binary", "@" .. body_file,
     "--config", out .. ".config" }
   if READER == "python" then
+    assert(not socket, "the python reader reaches the gateway only, not an agent's Unix socket")
     argv = { "python3", here .. "/peers/sse_reader.py", headers_file, body_file, out .. ".config", tostring(N) }
   end
   -- Through a shell that says what its child cost, which its stderr carries alone (curl's
@@ -157,7 +159,7 @@ local function run(dir)
       gateway_urls[i] = string.format("http://127.0.0.1:%d/sessions/%s/run", g.port,
         sessions[(i - 1) % #sessions + 1])
     end
-    -- Straight from the agent: its port and token from the session's record (run.sh keeps its
+    -- Straight from the agent: its socket (or port) and token from the session's record (run.sh keeps its
     -- state in a directory of its own under TMPDIR).
     local state = assert(io.popen("ls -d " .. dir .. "/tmp.*")):read("*l")
     local session_dir = state .. "/sandkit/sessions/" .. sessions[1]
@@ -166,7 +168,8 @@ local function run(dir)
     write(direct_headers, "Authorization: Bearer " .. common.read_file(session_dir .. "/token")
       .. "\nContent-Type: application/json\n")
     write(dir .. "/exec.json", cjson.encode{ command = argv, timeoutMs = TIMEOUT * 1000 })
-    local direct_url = string.format("http://127.0.0.1:%d/v1/exec", record.port)
+    local direct_url = record.socket and "http://127.0.0.1/v1/exec"
+      or string.format("http://127.0.0.1:%d/v1/exec", record.port)
 
     local agents = {}
     for _, id in ipairs(sessions) do
@@ -182,9 +185,9 @@ local function run(dir)
       end
       return own, commands
     end
-    local function measured(urls, headers, body)
+    local function measured(urls, headers, body, socket)
       local worker0, agents0, commands0 = cpu_sum(g.worker), agents_cpu()
-      local seconds, reader = curl(urls, headers, body, dir .. "/curl.out")
+      local seconds, reader = curl(urls, headers, body, dir .. "/curl.out", socket)
       local agents1, commands1 = agents_cpu()
       return { seconds = seconds, mb_per_s = #urls * BYTES / seconds / common.MB,
         worker_cpu = cpu_sum(g.worker) - worker0, agent_cpu = agents1 - agents0,
@@ -198,7 +201,8 @@ local function run(dir)
     end
     for _ = 1, ROUNDS do
       keep("gateway", measured(gateway_urls, auth, dir .. "/run.json"))
-      if MODE == "stream" then keep("direct", measured({ direct_url }, direct_headers, dir .. "/exec.json")) end
+      if MODE == "stream" then keep("direct", measured({ direct_url }, direct_headers, dir .. "/exec.json",
+        record.socket)) end
     end
     best.gateway.rounds = rounds.gateway
     if best.direct then best.direct.rounds = rounds.direct end

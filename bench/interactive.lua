@@ -68,9 +68,10 @@ local function curl_rate(session)
   local headers = common.out .. "/interactive-headers"
   os.remove(headers)
   assert(core.write_private(headers, "Authorization: Bearer " .. session.record.token .. "\n"))
-  local url = "http://127.0.0.1:" .. session.record.port .. "/v1/files/raw?path=/upload.bin"
+  local reach, base = common.agent_address(session.record)
+  local url = base .. "/v1/files/raw?path=/upload.bin"
   local t0 = common.now()
-  assert(os.execute("curl -s -o /dev/null -T " .. quote(source) .. " -H @" .. quote(headers) .. " " .. quote(url)))
+  assert(os.execute("curl -s " .. reach .. "-o /dev/null -T " .. quote(source) .. " -H @" .. quote(headers) .. " " .. quote(url)))
   local seconds = common.now() - t0
   os.remove(source)
   os.remove(headers)

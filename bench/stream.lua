@@ -56,8 +56,9 @@ local function curl_command(session, dir)
   local f = assert(io.open(body, "wb"))
   f:write(string.format('{"command":["%s"],"timeoutMs":%d}', table.concat(ARGV, '","'), TIMEOUT * 1000))
   f:close()
-  return string.format("curl -sN -o /dev/null -w '%%{http_code} %%{size_download}' -H @%s --data-binary @%s "
-    .. "http://127.0.0.1:%d/v1/exec", headers, body, session.record.port)
+  local reach, base = common.agent_address(session.record)
+  return string.format("curl -sN %s-o /dev/null -w '%%{http_code} %%{size_download}' -H @%s --data-binary @%s "
+    .. "%s/v1/exec", reach, headers, body, base)
 end
 
 local function via_curl(command)

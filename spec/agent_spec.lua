@@ -878,6 +878,44 @@ describe("sandkit-agent start-up and shutdown", function()
     assert.are.equal(0, b:stop())
   end)
 
+  it("listens on a Unix socket of mode 0600 with --listen unix:PATH, reports port 0 and removes it at exit",
+    function()
+    local path = tmpdir() .. "/agent.sock"
+    local a = assert(start_agent{ args = { "--listen", "unix:" .. path } })
+    finally(function() a:stop() end)
+    assert.equal(0, a.port)
+    assert.equal("socket 600\n", run("stat -c '%F %a' " .. shell_quote(path)))
+    local function get(route, token)
+      return run("curl -s -w ' %{http_code}' --unix-socket " .. shell_quote(path)
+        .. (token and (" -H " .. shell_quote("Authorization: Bearer " .. token)) or "")
+        .. " " .. shell_quote("http://127.0.0.1" .. route))
+    end
+    local body, status = get("/v1/health?version=1"):match("^(.*) (%d+)$")
+    assert.equal("200", status)
+    assert.equal(a.boot_id, cjson.decode(body).bootId)
+    assert.matches(" 200$", get("/v1/jobs/list", a.token))
+    assert.matches(" 401$", get("/v1/jobs/list"))
+    assert.truthy(read_file(a.log):find("on unix:" .. path, 1, true), "the log names the socket")
+    assert.equal(0, a:stop())
+    assert.is_false(exists(path), "the socket outlived the agent")
+  end)
+
+  it("refuses a --listen unix: path that is relative, too long to bind, or taken", function()
+    local dir = tmpdir()
+    local taken = dir .. "/taken"
+    write_file(taken, "")
+    for path, said in pairs{ ["relative.sock"] = "takes an absolute path of at most 107 bytes",
+        ["/" .. string.rep("s", 107)] = "takes an absolute path of at most 107 bytes",
+        [taken] = "cannot listen on unix:" .. taken .. ": Address already in use" } do
+      local a, log, status = start_agent{ args = { "--listen", "unix:" .. path } }
+      if a then a:stop() end
+      assert.is_nil(a, path)
+      assert.are_not.equal(0, status)
+      assert.truthy(log:find(said, 1, true), log)
+    end
+    assert.equal("", read_file(taken), "the file in the way was left as it was")
+  end)
+
   it("serves without a credential in --no-auth mode", function()
     local N = assert(start_agent{ no_token = true, args = { "--no-auth" } })
     finally(function() N:stop() end)

@@ -38,6 +38,33 @@ describe("the local provider", function()
     assert.equal("ready\n", result.stdout)
   end)
 
+  it("serves a session over a Unix socket in its folder that only its user may open, on no port", function()
+    local session = assert(sandbox:create{ id = "sock" })
+    local path = root .. "/sessions/sock/agent.sock"
+    assert.equal(path, session.record.socket)
+    assert.is_nil(session.record.port)
+    assert.equal("600", stat_mode(path))
+    assert.truthy(io.open(root .. "/sessions/sock/agent.log"):read("a"):find("on unix:" .. path, 1, true))
+    -- Found again from the record, as another process would.
+    local again = assert(assert(sandkit.sandbox{ provider = "local", root = root }):get("sock"))
+    assert.equal(path, again.record.socket)
+    assert.equal("here\n", assert(again:exec({ "echo", "here" }, { timeout = 10 })).stdout)
+    assert(session:terminate())
+    assert.is_nil(io.open(path), "the socket outlived its session")
+  end)
+
+  it("serves a session on 127.0.0.1 where its socket's path would pass 107 bytes", function()
+    local deep = root .. "/" .. string.rep("d", 100 - #root)
+    local sb = assert(sandkit.sandbox{ provider = "local", root = deep })
+    local session = assert(sb:create{ id = "far" })
+    assert.is_nil(session.record.socket)
+    assert.is_number(session.record.port)
+    assert.is_nil(io.open(deep .. "/sessions/far/agent.sock"))
+    assert.equal("far\n", assert(session:exec({ "echo", "far" }, { timeout = 10 })).stdout)
+    assert.equal("far\n", assert(assert(sb:get("far")):exec({ "echo", "far" }, { timeout = 10 })).stdout)
+    assert(session:terminate())
+  end)
+
   it("refuses ids outside [A-Za-z0-9_-] of 1 to 63 before touching the disk", function()
     for _, id in ipairs({ "", "a/b", "..", "a b", string.rep("x", 64), "é" }) do
       local session, err = sandbox:create{ id = id }

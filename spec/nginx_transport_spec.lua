@@ -5,6 +5,7 @@
 -- sends.
 
 local cjson = require "cjson"
+local agent_process = require "support.agent_process"
 local fake_http = require "support.fake_http"
 local files = require "support.files"
 local nginx = require "support.nginx"
@@ -180,6 +181,28 @@ describe("the cosocket transport", function()
         client_key_pem = files.read(gateway.dir .. "/client.key") }[1]
       assert.equal("sni= client=SUCCESS CN=client", a.body)
     end)
+  end)
+
+  it("goes to the Unix socket unix_socket names, the URL only naming the request, and pools by it", function()
+    local agents, paths = {}, {}
+    finally(function() for _, a in ipairs(agents) do a:stop() end end)
+    for i = 1, 2 do
+      paths[i] = agent_process.tmpdir() .. "/agent.sock"
+      agents[i] = assert(agent_process.start_agent{ args = { "--listen", "unix:" .. paths[i] } })
+    end
+    local function get(socket_path)
+      return { method = "GET", url = "http://127.0.0.1:1/v1/health?version=1", unix_socket = socket_path }
+    end
+    -- The same URL each time: a connection pooled by the URL alone would take the second
+    -- agent's request to the first.
+    local answers = exchange(get(paths[1]), get(paths[2]), get(paths[1]), get(paths[1] .. ".none"))
+    for i, which in ipairs{ 1, 2, 1 } do
+      assert.equal(200, answers[i].status, cjson.encode(answers[i]))
+      assert.equal(agents[which].boot_id, cjson.decode(answers[i].body).bootId)
+    end
+    assert.equal("refused", answers[4].failure.kind)
+    assert.is_false(answers[4].failure.sent)
+    assert.matches("connecting to unix:" .. paths[1] .. ".none failed", answers[4].failure.detail, 1, true)
   end)
 
   it("refuses a proxy, sending nothing", function()

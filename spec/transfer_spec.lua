@@ -1,6 +1,9 @@
--- The C core's transfers on one libcurl multi handle, against fake servers over real sockets.
+-- The C core's transfers on one libcurl multi handle, against fake servers over real sockets
+-- (and a real agent on a Unix socket).
 
 local core = require "sandkit.core"
+local http = require "sandkit.http"
+local agent_process = require "support.agent_process"
 local fake_http = require "support.fake_http"
 
 local function run_until(client, pred, limit)
@@ -317,5 +320,42 @@ describe("a streamed request body over the libcurl transport", function()
     -- Refused when the source went wrong, not when a server gave up waiting for the rest.
     assert.is_true(core.now() - started < 5, "failed at once")
     assert.equal(0, #server:requests_to("/up"), "no request with a wrong body reached the server")
+  end)
+end)
+
+describe("a request with unix_socket", function()
+  local agent, path
+  setup(function()
+    path = agent_process.tmpdir() .. "/agent.sock"
+    agent = assert(agent_process.start_agent{ args = { "--listen", "unix:" .. path } })
+  end)
+  teardown(function() agent:stop() end)
+
+  --- http.exchange of a GET of `route` on port 1 of 127.0.0.1, where nothing listens.
+  local function get(route, socket_path)
+    return http.exchange{ method = "GET", url = "http://127.0.0.1:1" .. route, unix_socket = socket_path,
+      headers = { Authorization = "Bearer " .. agent.token }, deadline = core.now() + 10 }
+  end
+
+  it("goes to the socket it names, the URL's host and port only naming the request", function()
+    local answer, failure = get("/v1/jobs/list", path)
+    assert(answer, failure and failure.detail)
+    assert.equal(200, answer.status)
+    assert.same({}, answer.json.jobs)
+    assert.equal(agent.boot_id, assert(get("/v1/health?version=1", path)).json.bootId)
+  end)
+
+  it("is refused, unsent, where no socket listens at the path", function()
+    local answer, failure = get("/v1/jobs/list", path .. ".none")
+    assert.is_nil(answer)
+    assert.equal("refused", failure.kind)
+    assert.is_false(failure.sent)
+  end)
+
+  it("refuses a path longer than a Unix socket's 107 bytes before connecting", function()
+    local ok, err = pcall(core.client().request, core.client(), { method = "GET", url = "http://127.0.0.1:1/",
+      unix_socket = "/" .. string.rep("s", 107) })
+    assert.is_false(ok)
+    assert.matches("a Unix socket's path over 107 bytes", err, 1, true)
   end)
 end)

@@ -6,6 +6,7 @@
  *   client:step()                                          -- ready I/O, never blocks
  *   local t = client:request{ method =, url =, headers = { [name] = value }, body =,
  *                             fresh_connect =, ca_file =, proxy =, connect_timeout = <s>,
+ *                             unix_socket = <path>,
  *                             max_body =, max_error_body =, buffer_size =,
  *                             body_stream =, body_length =,
  *                             ca_pem =, client_cert_pem =, client_key_pem =,  -- PEM text
@@ -206,6 +207,7 @@ static int client_request(lua_State *L)
 	req.url = opt_string(L, 2, "url");
 	req.ca_file = opt_string(L, 2, "ca_file");
 	req.proxy = opt_string(L, 2, "proxy");
+	req.unix_socket = opt_string(L, 2, "unix_socket");
 	req.ca_pem = opt_lstring(L, 2, "ca_pem", &req.ca_pem_len);
 	req.client_cert_pem = opt_lstring(L, 2, "client_cert_pem", &req.client_cert_pem_len);
 	req.client_key_pem = opt_lstring(L, 2, "client_key_pem", &req.client_key_pem_len);

@@ -206,6 +206,7 @@ end
 
 local function pool_name(url, spec, fresh)
   local name = url.scheme .. "://" .. url.host .. ":" .. url.port .. "|" .. (spec.tls_server_name or "")
+  if spec.unix_socket then name = name .. "|unix:" .. spec.unix_socket end
   if spec.client_cert_pem then name = name .. "|" .. ngx.md5(spec.client_cert_pem) end
   -- A connection verified against one request's CAs is no proof for another's.
   if spec.ca_pem then
@@ -281,12 +282,18 @@ local function attempt(spec, url, head_bytes, fresh)
   local connect_ms = spec.connect_timeout and floor(spec.connect_timeout * 1000) or DEFAULT_CONNECT_MS
   if deadline then connect_ms = min(connect_ms, ms_until(deadline)) end
   sock:settimeout(connect_ms < 1 and 1 or connect_ms)
-  local ok, err = sock:connect(url.host, url.port, { pool = pool_name(url, spec, fresh),
-    pool_size = POOL_SIZE })
+  local options = { pool = pool_name(url, spec, fresh), pool_size = POOL_SIZE }
+  local ok, err
+  if spec.unix_socket then
+    ok, err = sock:connect("unix:" .. spec.unix_socket, options)
+  else
+    ok, err = sock:connect(url.host, url.port, options)
+  end
   if not ok then
     if timed_out(deadline) then return nil, { kind = "timeout", sent = false } end
-    return nil, { kind = "refused", sent = false,
-      detail = "connecting to " .. url.host .. ":" .. url.port .. " failed: " .. tostring(err) }
+    return nil, { kind = "refused", sent = false, detail = "connecting to "
+      .. (spec.unix_socket and ("unix:" .. spec.unix_socket) or (url.host .. ":" .. url.port))
+      .. " failed: " .. tostring(err) }
   end
   local reused = (sock:getreusedtimes() or 0) > 0
   if url.scheme == "https" and not reused then

@@ -37,7 +37,8 @@ response_mt.__index = response_mt
 --       max_body, max_error_body, buffer_size, header_deadline (absolute, core.now clock),
 --       ca_pem, client_cert_pem, client_key_pem (PEM text: the only CA trusted, and a client
 --       certificate for mTLS), tls_server_name (the name the certificate is verified against
---       and sent as SNI, when it is not the URL's host)
+--       and sent as SNI, when it is not the URL's host), unix_socket (the path of a Unix socket
+--       to connect to instead of the URL's host and port, which then only name the request)
 -- A body of any size can instead come from `body_reader`, a function returning the next chunk,
 -- nil at the end, or nil and an error; `body_length` (bytes) sends it with a Content-Length,
 -- without it the body is chunked. It goes out on a fresh connection, in bounded memory, while

@@ -2,7 +2,8 @@
 --
 -- A connection `conn` says where requests go and how long to wait:
 --   conn.transport:prepare(method, path, operation) -> { url =, headers = {…}, ca_file =,
---       ca_pem =, client_cert_pem =, client_key_pem =, tls_server_name = } | nil, err
+--       ca_pem =, client_cert_pem =, client_key_pem =, tls_server_name =, unix_socket = }
+--       | nil, err
 --     (the only thing providers disagree on: how a request to a session's agent is authorized;
 --     the TLS fields are http.send's, for agents reached through a server that wants them)
 --   conn.transport:settle(operation, err, target, replayed) -> "replay" | nil [, err] (optional)
@@ -130,6 +131,7 @@ local function attempt(conn, target, operation, method, body, max_body)
     client_cert_pem = target.client_cert_pem,
     client_key_pem = target.client_key_pem,
     tls_server_name = target.tls_server_name,
+    unix_socket = target.unix_socket,
     connect_timeout = math.min(conn.connect_timeout, conn.header_timeout),
     max_body = max_body,
     max_error_body = protocol.MAX_ERROR_BODY,

@@ -46,6 +46,7 @@ struct agent_config {
 				     * under confinement the session's own / (confine.h) */
 	char *listen_host;
 	unsigned listen_port;
+	char *listen_socket;        /* --listen unix:PATH: a Unix socket instead of host and port */
 	int no_auth;
 	char token[AGENT_TOKEN_CHARS + 1];
 	struct capability *capability; /* non-NULL in capability mode (capability.h) */

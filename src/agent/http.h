@@ -51,10 +51,17 @@ enum http_body_mode {
  * holds its connection (and a command blocked on its output, a file, a job's pin) no longer. */
 #define HTTP_DEFAULT_STALL_TIMEOUT_MS 60000
 
+/* The longest path a Unix socket can be bound at: Linux's sun_path holds 108 bytes with its
+ * NUL. */
+#define HTTP_SOCKET_PATH_MAX 107
+
 struct http_config {
 	struct event_base *base;     /* the loop the listener and every connection run on */
 	const char *host;
 	unsigned port;
+	/* Non-NULL: listen on a Unix socket made at this path, mode 0600, instead of host and
+	 * port; at most HTTP_SOCKET_PATH_MAX bytes. */
+	const char *socket_path;
 	unsigned max_connections;
 	/* The connection cap is lowered to what RLIMIT_NOFILE leaves after fds_reserved, at
 	 * fds_per_connection descriptors each (what serving one request may hold at once). */

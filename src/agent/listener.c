@@ -13,6 +13,8 @@
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 
 #include <event2/event.h>
 #include <event2/util.h>
@@ -59,6 +61,7 @@ static struct listener {
 	size_t busy_len;
 	struct event_base *base;
 	struct refused refused[REFUSED_LINGERING];
+	const char *socket_path;         /* the Unix socket's name while it is bound, else NULL */
 } lis = { .fd = -1 };
 
 void listener_add(struct listener_entry *e)
@@ -271,11 +274,39 @@ static int prepare_busy_reply(const char *text)
 	return 0;
 }
 
-int listener_start(const struct http_config *cfg, unsigned *port)
+/* A Unix socket made at `path`, listening, mode 0600: only the agent's own user (and root) may
+ * connect, whatever the folder around it allows. The umask is the process's, so it is set
+ * for the bind alone, before any thread or command exists. -1 with errno. */
+static int bind_unix(const char *path)
 {
-	if (prepare_busy_reply(cfg->busy_text) < 0)
+	struct sockaddr_un at;
+	memset(&at, 0, sizeof at);
+	at.sun_family = AF_UNIX;
+	if (strlen(path) >= sizeof at.sun_path) {
+		errno = ENAMETOOLONG;
 		return -1;
-	lis.max_conns = connection_cap(cfg);
+	}
+	memcpy(at.sun_path, path, strlen(path));
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	mode_t was = umask(0177);
+	int bound = bind(fd, (struct sockaddr *)&at, sizeof at);
+	umask(was);
+	if (bound < 0 || listen(fd, SOMAXCONN) < 0) {
+		int e = errno;
+		close(fd);
+		if (bound == 0)
+			unlink(path);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
+/* A TCP socket bound to cfg->host:cfg->port and listening; *port receives the port bound. */
+static int bind_inet(const struct http_config *cfg, unsigned *port)
+{
 	char portstr[16];
 	snprintf(portstr, sizeof portstr, "%u", cfg->port);
 	struct evutil_addrinfo hints, *ai = NULL;
@@ -309,6 +340,25 @@ int listener_start(const struct http_config *cfg, unsigned *port)
 	}
 	*port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
 					       : ((struct sockaddr_in *)&ss)->sin_port);
+	return fd;
+}
+
+int listener_start(const struct http_config *cfg, unsigned *port)
+{
+	if (prepare_busy_reply(cfg->busy_text) < 0)
+		return -1;
+	lis.max_conns = connection_cap(cfg);
+	int fd;
+	if (cfg->socket_path) {
+		*port = 0;
+		fd = bind_unix(cfg->socket_path);
+		if (fd >= 0)
+			lis.socket_path = cfg->socket_path;
+	} else {
+		fd = bind_inet(cfg, port);
+	}
+	if (fd < 0)
+		return -1;
 	lis.fd = fd;
 	lis.base = cfg->base;
 	lis.accept_ev = event_new(cfg->base, fd, EV_READ | EV_PERSIST, on_accept, NULL);
@@ -346,4 +396,8 @@ void listener_stop(void)
 	if (lis.fd >= 0)
 		close(lis.fd);
 	lis.fd = -1;
+	/* The socket's name goes with it: nobody is listening there any more. */
+	if (lis.socket_path)
+		unlink(lis.socket_path);
+	lis.socket_path = NULL;
 }

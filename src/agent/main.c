@@ -71,7 +71,9 @@ static void usage(FILE *out)
 		"  --root DIR             SANDKIT_AGENT_ROOT      the sandbox root (must exist); every\n"
 		"                                                 caller path is resolved beneath it\n"
 		"  --listen HOST:PORT     SANDKIT_AGENT_LISTEN    address to bind (default 127.0.0.1:0,\n"
-		"                                                 port 0 = any free port; [v6]:PORT works)\n"
+		"                                                 port 0 = any free port; [v6]:PORT works),\n"
+		"                                                 or unix:PATH, a Unix socket made there\n"
+		"                                                 with mode 0600 (the ready line's port: 0)\n"
 		"  --token-file FILE      SANDKIT_AGENT_TOKEN_FILE  bearer token: %d random bytes as %d\n"
 		"                                                 characters of standard base64; never\n"
 		"                                                 accepted on the command line\n"
@@ -223,6 +225,16 @@ static uint64_t parse_u64(const char *what, const char *v, uint64_t max)
 
 static void parse_listen(const char *v)
 {
+	if (strncmp(v, "unix:", 5) == 0) {
+		const char *path = v + 5;
+		if (path[0] != '/' || strlen(path) > HTTP_SOCKET_PATH_MAX)
+			die("--listen unix:PATH takes an absolute path of at most %d bytes, not '%s'",
+			    HTTP_SOCKET_PATH_MAX, path);
+		agent.cfg.listen_socket = strdup(path);
+		if (agent.cfg.listen_socket == NULL)
+			die("out of memory");
+		return;
+	}
 	const char *colon = strrchr(v, ':');
 	if (colon == NULL || colon == v)
 		die("--listen must be HOST:PORT, not '%s'", v);
@@ -684,9 +696,12 @@ int main(int argc, char **argv)
 	if (agent.base == NULL)
 		die("cannot create the event loop");
 	unsigned port;
-	if (server_start(&port) < 0)
+	if (server_start(&port) < 0) {
+		if (agent.cfg.listen_socket)
+			die("cannot listen on unix:%s: %s", agent.cfg.listen_socket, strerror(errno));
 		die("cannot listen on %s:%u: %s", agent.cfg.listen_host, agent.cfg.listen_port,
 		    strerror(errno));
+	}
 	struct event *term = evsignal_new(agent.base, SIGTERM, on_signal, NULL);
 	struct event *intr = evsignal_new(agent.base, SIGINT, on_signal, NULL);
 	if (term == NULL || intr == NULL || event_add(term, NULL) < 0 || event_add(intr, NULL) < 0)
@@ -697,8 +712,13 @@ int main(int argc, char **argv)
 	if (contain_watch() < 0 || confine_watch() < 0)
 		die("cannot watch the process whose end ends the commands");
 	/* Logged before the ready line, so whoever reads that line finds this one. */
-	log_info("serving %s on port %u, at most %u connections (%s%s%s)", agent.cfg.root_path,
-		 port, http_max_connections(),
+	char where[HTTP_SOCKET_PATH_MAX + 8];
+	if (agent.cfg.listen_socket)
+		snprintf(where, sizeof where, "unix:%s", agent.cfg.listen_socket);
+	else
+		snprintf(where, sizeof where, "port %u", port);
+	log_info("serving %s on %s, at most %u connections (%s%s%s)", agent.cfg.root_path, where,
+		 http_max_connections(),
 		 agent.cfg.no_auth ? "no auth" : agent.cfg.capability ? "capability" : "bearer token",
 		 agent.cfg.require_activation ? ", activation required" : "",
 		 agent.cfg.isolate_bwrap ? ", bwrap" : "");
@@ -723,6 +743,7 @@ int main(int argc, char **argv)
 	close(agent.cfg.root_fd);
 	free(agent.cfg.root_path);
 	free(agent.cfg.listen_host);
+	free(agent.cfg.listen_socket);
 	explicit_bzero(agent.cfg.token, sizeof agent.cfg.token);
 	capability_free(agent.cfg.capability);
 	return contain_lost() || confine_lost() ? 1 : 0;

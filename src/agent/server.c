@@ -242,6 +242,7 @@ int server_start(unsigned *port)
 		.base = agent.base,
 		.host = agent.cfg.listen_host,
 		.port = agent.cfg.listen_port,
+		.socket_path = agent.cfg.listen_socket,
 		.max_connections = agent.cfg.max_connections,
 		.fds_per_connection = FDS_PER_CONNECTION,
 		.fds_reserved = FDS_RESERVED + AGENT_JOBS_MAX * FDS_PER_JOB,

@@ -564,6 +564,10 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	}
 	if (check_tls(req, err, errlen) < 0)
 		return NULL;
+	if (req->unix_socket && strlen(req->unix_socket) > SK_TRANSFER_MAX_UNIX_SOCKET) {
+		snprintf(err, errlen, "a Unix socket's path over %d bytes", SK_TRANSFER_MAX_UNIX_SOCKET);
+		return NULL;
+	}
 	sk_transfer *t = calloc(1, sizeof *t);
 	if (t == NULL) {
 		snprintf(err, errlen, "out of memory");
@@ -621,6 +625,8 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	set_tls_blobs(e, req);
 	/* An empty string disables the proxy environment variables too: proxies only when asked. */
 	curl_easy_setopt(e, CURLOPT_PROXY, req->proxy ? req->proxy : "");
+	if (req->unix_socket)
+		curl_easy_setopt(e, CURLOPT_UNIX_SOCKET_PATH, req->unix_socket);
 	if (c->user_agent)
 		curl_easy_setopt(e, CURLOPT_USERAGENT, c->user_agent);
 	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);

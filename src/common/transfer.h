@@ -50,6 +50,8 @@
 #define SK_TRANSFER_MAX_PEM ((size_t)1024 * 1024)
 /* A DNS name is at most 253 characters (RFC 1035 §2.3.4). */
 #define SK_TRANSFER_MAX_SERVER_NAME 253
+/* The longest path a Unix socket has on Linux: sun_path's 108 bytes less the NUL. */
+#define SK_TRANSFER_MAX_UNIX_SOCKET 107
 
 typedef struct sk_client sk_client;
 typedef struct sk_transfer sk_transfer;
@@ -85,6 +87,9 @@ struct sk_request {
 	 * host and port, and the Host header still names them. NULL: the URL's host. */
 	const char *tls_server_name;
 	const char *proxy;       /* NULL: no proxy at all, whatever the environment says */
+	/* A Unix socket to connect to instead of the URL's host and port, which then only name
+	 * the request (its Host header); at most SK_TRANSFER_MAX_UNIX_SOCKET bytes. NULL: TCP. */
+	const char *unix_socket;
 	long connect_timeout_ms; /* 0: libcurl's default */
 	size_t max_body;         /* bytes a 2xx body may have; 0: unbounded (streamed) */
 	size_t max_error_body;   /* bytes a non-2xx body may have; 0: unbounded */

@@ -1,5 +1,6 @@
 --- The `local` provider, the default: each session is a directory on this machine served by
--- its own sandkit-agent process on 127.0.0.1 with a fresh per-boot token.
+-- its own sandkit-agent process, on a Unix socket in that directory (on 127.0.0.1 where the
+-- socket's path would be too long), with a fresh per-boot token.
 --
 --   sandkit.sandbox{ provider = "local", root = nil, isolate = "bwrap", network = "none",
 --                    bwrap = nil, agent_path = nil, output_cap = nil, ready_timeout = 10,
@@ -27,8 +28,9 @@
 --           own filesystem; limits.lua); one this machine cannot enforce is refused
 --
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
---   record.json  { id, pid, port, boot_id, generation, isolate, network, host_uid, env,
---                  created_at, expires_at, labels, image, limits }
+--   record.json  { id, pid, socket or port, boot_id, generation, isolate, network, host_uid,
+--                  env, created_at, expires_at, labels, image, limits }
+--   agent.sock   the agent's Unix socket, mode 0600 (agent_process.socket_path)
 --   image        the name of its image, written before the image is looked for (images.lua)
 --   work/        overlayfs's work folder, for a session from an image
 --   disk.img     with limits.disk: the filesystem the session's files live on instead of files/
@@ -194,10 +196,13 @@ function provider_mt:dir(id)
   return self.sessions .. "/" .. id
 end
 
-local function transport_for(port, token)
+--- How requests reach the agent of `record`: its Unix socket, or its port on 127.0.0.1. The
+-- URL's host and port then only name the request.
+local function transport_for(record, token)
+  local base = "http://127.0.0.1:" .. (record.socket and 80 or record.port)
   return {
     prepare = function(_, _, path)
-      return { url = "http://127.0.0.1:" .. port .. path,
+      return { url = base .. path, unix_socket = record.socket,
         headers = { Authorization = "Bearer " .. token } }
     end,
   }
@@ -218,7 +223,10 @@ function provider_mt:start_agent(id, dir, fields)
   local ok, err = core.write_private(token_path, token)
   if ok then ok, err = agent_process.write_end(dir, fields.expires_at) end
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
-  local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap)
+  -- A socket left by an agent that was killed would refuse the next one its name.
+  local socket = agent_process.socket_path(dir)
+  if socket then os.remove(socket) end
+  local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap, socket)
   if fields.image then
     for _, word in ipairs{ "--image", self:image_store().dir .. "/" .. fields.image .. "/rootfs",
       "--image-work", dir .. "/work" } do argv[#argv + 1] = word end
@@ -236,7 +244,8 @@ function provider_mt:start_agent(id, dir, fields)
 
   -- Whatever fails once the agent runs, the agent goes with it: a session without its record
   -- is one no get, list or terminate could find again.
-  local done, record, failure = pcall(self.await_agent, self, id, dir, pid, reader, token, fields)
+  local done, record, failure = pcall(self.await_agent, self, id, dir, pid, reader, token, fields,
+    socket)
   if not done then
     failure = errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
       .. " was started, then: " .. tostring(record), { retryable = false })
@@ -253,7 +262,7 @@ end
 
 --- Waits until the agent started as `pid` listens and serves, then writes its record: the
 -- record, or nil and an error (the caller stops the agent).
-function provider_mt:await_agent(id, dir, pid, reader, token, fields)
+function provider_mt:await_agent(id, dir, pid, reader, token, fields, socket)
   -- The agent writes one line when it listens; its closing without one means it failed.
   local line, closed = agent_process.ready_line(reader, core.now() + self.ready_timeout)
   local ready = line and json.decode(line)
@@ -268,11 +277,12 @@ function provider_mt:await_agent(id, dir, pid, reader, token, fields)
     return nil, errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
       .. " did not report that it listens: " .. log)
   end
-  local record = { id = id, pid = pid, port = json.integer(ready.port), boot_id = ready.bootId,
+  local record = { id = id, pid = pid, socket = socket, port = not socket and json.integer(ready.port) or nil,
+    boot_id = ready.bootId,
     generation = fields.generation, isolate = fields.isolate, network = fields.network,
     host_uid = fields.host_uid, env = fields.env, created_at = os.time(),
     expires_at = fields.expires_at, labels = fields.labels, image = fields.image, limits = fields.limits }
-  local conn = protocol.connection(transport_for(record.port, token), self.options)
+  local conn = protocol.connection(transport_for(record, token), self.options)
   local health, herr = readiness().wait(conn, { timeout = self.ready_timeout })
   if not health then return nil, herr end
   local written, werr = state.write_record(dir, record)
@@ -372,7 +382,7 @@ function provider_mt:get(id)
   core.reap(record.pid)
   record.state = "terminated"
   if record.token and core.alive(record.pid) and agent_process.is_agent_of(record.pid, dir) then
-    local conn = protocol.connection(transport_for(record.port, record.token),
+    local conn = protocol.connection(transport_for(record, record.token),
       { header_timeout = PROBE_TIMEOUT })
     local health = protocol.health(conn)
     -- The boot id tells this agent from another that took the port after it died.
@@ -487,7 +497,7 @@ function provider_mt:connection(record)
     return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.connect",
       message = "session " .. record.id .. " is " .. tostring(record.state) })
   end
-  local conn = protocol.connection(transport_for(record.port, record.token), self.options)
+  local conn = protocol.connection(transport_for(record, record.token), self.options)
   conn.features = record.features or {}
   conn.default_env = record.env
   return conn

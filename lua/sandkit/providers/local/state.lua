@@ -81,7 +81,8 @@ function state.load_record(dir)
   if record.isolate ~= "bwrap" then record.isolate = "none" end
   if record.network == json.null then record.network = nil end
   -- A record this provider did not write whole is not a session it can serve.
-  if not (record.pid and record.port and record.generation) then return nil end
+  if type(record.socket) ~= "string" then record.socket = nil end
+  if not (record.pid and (record.port or record.socket) and record.generation) then return nil end
   if record.env == json.null then record.env = nil end
   -- Labels are what this provider wrote: strings to strings; anything else is none.
   local labels = {}
