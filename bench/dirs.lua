@@ -114,7 +114,8 @@ common.result(common.with_sandbox(function(sandbox, sessions)
     assert(io.open(back .. "/d100/f100.bin", "rb"), "the tree came back whole"):close()
     sh("rm -rf " .. quote(back) .. " && mkdir " .. quote(back))
     table.insert(runs.get.curl, timed(function()
-      sh("curl -sf " .. reach .. "-H @" .. quote(headers) .. " " .. quote(url .. "/sk1") .. " | tar -xf - -C " .. quote(back))
+      sh("curl -sf " .. reach .. "-H @" .. quote(headers) .. " " .. quote(url .. "/sk1")
+        .. " | tar -xf - -C " .. quote(back))
     end))
   end
   -- The listing: 10,000 empty files in one directory.

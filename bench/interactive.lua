@@ -71,7 +71,8 @@ local function curl_rate(session)
   local reach, base = common.agent_address(session.record)
   local url = base .. "/v1/files/raw?path=/upload.bin"
   local t0 = common.now()
-  assert(os.execute("curl -s " .. reach .. "-o /dev/null -T " .. quote(source) .. " -H @" .. quote(headers) .. " " .. quote(url)))
+  assert(os.execute("curl -s " .. reach .. "-o /dev/null -T " .. quote(source) .. " -H @" .. quote(headers) .. " "
+    .. quote(url)))
   local seconds = common.now() - t0
   os.remove(source)
   os.remove(headers)

@@ -277,7 +277,6 @@ describe("a transfer", function()
 end)
 
 describe("a streamed request body over the libcurl transport", function()
-  local http = require "sandkit.http"
   local server
   before_each(function()
     server = fake_http.start([[
