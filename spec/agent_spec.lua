@@ -886,7 +886,9 @@ describe("sandkit-agent start-up and shutdown", function()
     assert.equal(0, a.port)
     assert.equal("socket 600\n", run("stat -c '%F %a' " .. shell_quote(path)))
     local function get(route, token)
-      return run("curl -s -w ' %{http_code}' --unix-socket " .. shell_quote(path)
+      -- curl without the sanitizer runtime check-asan preloads (files.SANITIZER_ENV).
+      return run("env -u LD_PRELOAD -u ASAN_OPTIONS -u UBSAN_OPTIONS curl -s -w ' %{http_code}' --unix-socket "
+        .. shell_quote(path)
         .. (token and (" -H " .. shell_quote("Authorization: Bearer " .. token)) or "")
         .. " " .. shell_quote("http://127.0.0.1" .. route))
     end
