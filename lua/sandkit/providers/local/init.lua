@@ -1,6 +1,7 @@
 --- The `local` provider, the default: each session is a directory on this machine served by
--- its own sandkit-agent process, on a Unix socket in that directory (on 127.0.0.1 where the
--- socket's path would be too long), with a fresh per-boot token.
+-- its own sandkit-agent process, on a Unix socket in that directory (on 127.0.0.1 for a
+-- session made inside nginx, or where the socket's path would be too long), with a fresh
+-- per-boot token.
 --
 --   sandkit.sandbox{ provider = "local", root = nil, isolate = "bwrap", network = "none",
 --                    bwrap = nil, agent_path = nil, output_cap = nil, ready_timeout = 10,
@@ -223,8 +224,11 @@ function provider_mt:start_agent(id, dir, fields)
   local ok, err = core.write_private(token_path, token)
   if ok then ok, err = agent_process.write_end(dir, fields.expires_at) end
   if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
-  -- A socket left by an agent that was killed would refuse the next one its name.
-  local socket = agent_process.socket_path(dir)
+  -- Inside nginx the agent listens on 127.0.0.1: there a Unix socket woke the worker for
+  -- smaller reads and cost a stream 10-20% of its rate (bench/RESULTS.md "The agent's start,
+  -- and local sessions over a Unix socket"). A socket left by an agent that was killed would
+  -- refuse the next one its name.
+  local socket = not wait.check_nginx() and agent_process.socket_path(dir) or nil
   if socket then os.remove(socket) end
   local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap, socket)
   if fields.image then
