@@ -17,7 +17,8 @@
 #include <archive.h>
 #include <archive_entry.h>
 
-/* The library's name as the dynamic loader knows it: libarchive's ABI, unchanged since 3.0. */
+/* The library's name as the dynamic loader knows it (its soname, as Debian's libarchive13
+ * installs it); a system whose libarchive has another builds with -DARCHIVE_LOADER_SONAME. */
 #ifndef ARCHIVE_LOADER_SONAME
 #define ARCHIVE_LOADER_SONAME "libarchive.so.13"
 #endif
