@@ -196,6 +196,17 @@ describe("the cosocket transport", function()
     -- The same URL each time: a connection pooled by the URL alone would take the second
     -- agent's request to the first.
     local answers = exchange(get(paths[1]), get(paths[2]), get(paths[1]), get(paths[1] .. ".none"))
+    -- The libcurl transport's bound (core.LIMITS.MAX_UNIX_SOCKET): one byte past it raises
+    -- there and here alike; a path of the bound itself is tried, and nothing listens there.
+    local function padded(size)
+      local answer = assert(raw_http.request(gateway.port, "POST", "/pem_bound",
+        { body = cjson.encode({ method = "GET", url = "http://127.0.0.1:1/", pad = "unix_socket", size = size,
+          unix_socket = "/" }), timeout = 30 }))
+      assert(answer.status == 200, answer.body .. gateway:error_log())
+      return cjson.decode(answer.body)
+    end
+    assert.matches("a Unix socket's path over 107 bytes", padded(108).error, 1, true)
+    assert.equal("refused", padded(107).failure.kind)
     for i, which in ipairs{ 1, 2, 1 } do
       assert.equal(200, answers[i].status, cjson.encode(answers[i]))
       assert.equal(agents[which].boot_id, cjson.decode(answers[i].body).bootId)

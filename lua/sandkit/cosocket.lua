@@ -349,6 +349,9 @@ function cosocket.send(spec)
     -- Refused before anything parses it, as the libcurl transport refuses it.
     if type(pem) == "string" and #pem > MAX_PEM then error(format("PEM text over %d bytes", MAX_PEM), 3) end
   end
+  if spec.unix_socket and #spec.unix_socket > LIMITS.MAX_UNIX_SOCKET then
+    error(format("a Unix socket's path over %d bytes", LIMITS.MAX_UNIX_SOCKET), 3)
+  end
   local url, why = http1.parse_url(spec.url)
   if not url then return nil, { kind = "refused", sent = false, detail = why } end
   local head_bytes = http1.request_head(spec, url)

@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/un.h>
 
 struct evbuffer;
 struct event_base;
@@ -51,9 +52,8 @@ enum http_body_mode {
  * holds its connection (and a command blocked on its output, a file, a job's pin) no longer. */
 #define HTTP_DEFAULT_STALL_TIMEOUT_MS 60000
 
-/* The longest path a Unix socket can be bound at: Linux's sun_path holds 108 bytes with its
- * NUL. */
-#define HTTP_SOCKET_PATH_MAX 107
+/* The longest path a Unix socket can be bound at: sun_path less its NUL (107 bytes on Linux). */
+#define HTTP_SOCKET_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
 
 struct http_config {
 	struct event_base *base;     /* the loop the listener and every connection run on */

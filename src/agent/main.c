@@ -228,7 +228,7 @@ static void parse_listen(const char *v)
 	if (strncmp(v, "unix:", 5) == 0) {
 		const char *path = v + 5;
 		if (path[0] != '/' || strlen(path) > HTTP_SOCKET_PATH_MAX)
-			die("--listen unix:PATH takes an absolute path of at most %d bytes, not '%s'",
+			die("--listen unix:PATH takes an absolute path of at most %zu bytes, not '%s'",
 			    HTTP_SOCKET_PATH_MAX, path);
 		agent.cfg.listen_socket = strdup(path);
 		if (agent.cfg.listen_socket == NULL)

@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/un.h>
 
 /* Per-transfer body buffer: one full output frame line (a 64 KiB payload is ~87.4 KB of
  * base64 and JSON) and the next 16 KiB chunk fit in it, and 128 concurrent streams stay
@@ -50,8 +51,8 @@
 #define SK_TRANSFER_MAX_PEM ((size_t)1024 * 1024)
 /* A DNS name is at most 253 characters (RFC 1035 §2.3.4). */
 #define SK_TRANSFER_MAX_SERVER_NAME 253
-/* The longest path a Unix socket has on Linux: sun_path's 108 bytes less the NUL. */
-#define SK_TRANSFER_MAX_UNIX_SOCKET 107
+/* The longest path a Unix socket can have: sun_path less its NUL (107 bytes on Linux). */
+#define SK_TRANSFER_MAX_UNIX_SOCKET (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
 
 typedef struct sk_client sk_client;
 typedef struct sk_transfer sk_transfer;

@@ -38,9 +38,6 @@ function agent_process.find(options)
   return nil, "sandkit-agent was not found (set agent_path, $SANDKIT_AGENT, or put it on $PATH)"
 end
 
---- The longest path a Unix socket can be bound at (Linux's sun_path, less its NUL).
-local SOCKET_PATH_MAX = 107
-
 --- Where the agent of the session folder `dir` listens: its Unix socket there, or nil when
 -- that path is too long to bind (a deep root), and the agent listens on 127.0.0.1 instead.
 -- Over a Unix socket a file read out moves at twice the rate for half the CPU here (loopback
@@ -48,7 +45,7 @@ local SOCKET_PATH_MAX = 107
 -- machine's user can connect at all.
 function agent_process.socket_path(dir)
   local path = dir .. "/agent.sock"
-  if #path > SOCKET_PATH_MAX then return nil end
+  if #path > core.LIMITS.MAX_UNIX_SOCKET then return nil end
   return path
 end
 
