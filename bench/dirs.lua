@@ -96,23 +96,29 @@ common.result(common.with_sandbox(function(sandbox, sessions)
   -- journal (ext4 as this machine's is), the kernel passes over every inode freed in the last
   -- minute each time it picks one for a new file, so a tree written right after 10,000 files
   -- were removed took several times as long as one written into a quiet filesystem, whichever
-  -- way it was written (bench/RESULTS.md).
+  -- way it was written (bench/RESULTS.md). And every timed round starts with nothing left for the
+  -- disk to write (`sync`, untimed): else each round pays the writeback of the tree the round
+  -- before it wrote, and the first pays the source tree's, so a row compared one side's disk
+  -- with the other's.
   for round = 1, ROUNDS do
+    sh("sync")
     table.insert(runs.put.sandkit, timed(function() assert(session:write_dir_from("/sk" .. round, source)) end))
+    sh("sync")
     table.insert(runs.put.curl, timed(function()
       assert(curl(reach .. "-T - -H @" .. quote(headers) .. " " .. quote(url .. "/curl" .. round),
         "tar -cf - -C " .. quote(source) .. " . | ") == "204")
     end))
   end
   -- One write_files call per file: the way there was before directories travelled whole.
+  sh("sync")
   local each = timed(function()
     for path, bytes in pairs(contents) do assert(session:write_files{ ["/each" .. path] = bytes }) end
   end)
   for _ = 1, ROUNDS do
-    sh("rm -rf " .. quote(back))
+    sh("rm -rf " .. quote(back) .. " && sync")
     table.insert(runs.get.sandkit, timed(function() assert(session:read_dir_to("/sk1", back)) end))
     assert(io.open(back .. "/d100/f100.bin", "rb"), "the tree came back whole"):close()
-    sh("rm -rf " .. quote(back) .. " && mkdir " .. quote(back))
+    sh("rm -rf " .. quote(back) .. " && mkdir " .. quote(back) .. " && sync")
     table.insert(runs.get.curl, timed(function()
       sh("curl -sf " .. reach .. "-H @" .. quote(headers) .. " " .. quote(url .. "/sk1")
         .. " | tar -xf - -C " .. quote(back))

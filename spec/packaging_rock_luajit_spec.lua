@@ -10,7 +10,7 @@ local local_state = require "support.local_state"
 local packaging = require "support.packaging"
 
 local q = files.shell_quote
-local CLEAN_ENV, PARALLEL = packaging.CLEAN_ENV, packaging.PARALLEL
+local CLEAN_ENV, PARALLEL, ROCK_CFLAGS = packaging.CLEAN_ENV, packaging.PARALLEL, packaging.ROCK_CFLAGS
 
 describe("a source rock", function()
   local dir
@@ -27,8 +27,9 @@ describe("a source rock", function()
     local log, err, status = local_state.sh(as_user .. "luarocks --lua-version=5.1 config --scope=user "
       .. "lua_interpreter luajit && " .. CLEAN_ENV .. PARALLEL .. "HOME=" .. q(home)
       .. " luarocks --lua-version=5.1 install --tree=" .. q(tree) .. " --deps-mode=none"
-      .. " --only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " 2>&1")
+      .. " --only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " CFLAGS=" .. q(ROCK_CFLAGS) .. " 2>&1")
     assert.equal(0, status, log .. err)
+    assert.truthy(log:find("cc " .. ROCK_CFLAGS .. " ", 1, true), "the CFLAGS LuaRocks is given reach the compiler")
     assert.truthy(files.read(tree .. "/lib/lua/5.1/sandkit/core.so"), "the C core is in the 5.1 tree")
     assert.truthy(files.read(tree .. "/lib/lua/5.1/sandkit/tar.so"), "the tar module is in the 5.1 tree")
     local paths = "eval \"$(luarocks --lua-version=5.1 path --tree=" .. q(tree) .. ")\""

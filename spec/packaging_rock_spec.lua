@@ -8,7 +8,7 @@ local local_state = require "support.local_state"
 local packaging = require "support.packaging"
 
 local q = files.shell_quote
-local CLEAN_ENV, PARALLEL = packaging.CLEAN_ENV, packaging.PARALLEL
+local CLEAN_ENV, PARALLEL, ROCK_CFLAGS = packaging.CLEAN_ENV, packaging.PARALLEL, packaging.ROCK_CFLAGS
 
 describe("a source rock", function()
   local dir
@@ -22,8 +22,9 @@ describe("a source rock", function()
     local tree = dir .. "/tree"
     local log, err, status = local_state.sh("cd " .. q(dir) .. " && " .. CLEAN_ENV .. PARALLEL
       .. "luarocks --lua-version=5.4 install --tree=" .. q(tree) .. " --deps-mode=none "
-      .. "--only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " 2>&1")
+      .. "--only-server=" .. q(dir .. "/no-server") .. " " .. q(rock) .. " CFLAGS=" .. q(ROCK_CFLAGS) .. " 2>&1")
     assert.equal(0, status, log .. err)
+    assert.truthy(log:find("cc " .. ROCK_CFLAGS .. " ", 1, true), "the CFLAGS LuaRocks is given reach the compiler")
     assert.truthy(log:find("-Wall -Wextra", 1, true), "the build's commands are in its log")
     assert.is_nil(log:find("-Werror ", 1, true), "a user's build keeps warnings as warnings")
     assert.truthy(files.read(tree .. "/bin/sandkit-agent"))

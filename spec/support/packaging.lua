@@ -14,6 +14,10 @@ local q = files.shell_quote
 packaging.CLEAN_ENV = "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS -u BUSTED_ARGS "
 --- Added to CLEAN_ENV where a make only compiles: one job a core, as a user's -j would.
 packaging.PARALLEL = "MAKEFLAGS=-j$(nproc) "
+--- The CFLAGS a rock's install is given, as a user may give LuaRocks any: no optimisation, which
+-- compiles in about half the CPU time. These cases are about what a rock carries and where it
+-- installs; the code the compiler makes of the sources is the suite's own build's, at -O2.
+packaging.ROCK_CFLAGS = "-O0 -fPIC"
 
 --- Packs a source rock of this checkout with `make rock` into the folder build: its path.
 function packaging.make_rock(build)
