@@ -85,22 +85,29 @@ function common.sandbox(isolate)
 end
 
 --- Runs fn(sandbox, sessions) in a sandbox of common.sandbox(isolate) and returns its result
--- once every session made through sessions.create(opts) (create's options, default none) is
--- terminated, even when fn fails: an agent left behind would run on after the benchmark,
--- detached from it. The caller reports the result only then, so a reader that
--- went away (a closed stdout) cannot end the process before its sessions are gone.
+-- once every session made through sessions.create(opts, other_isolate) (create's options, default
+-- none; other_isolate makes the session in a sandbox of that confinement instead, for a benchmark
+-- that interleaves the two) is terminated, even when fn fails: an agent left behind would run on
+-- after the benchmark, detached from it. The caller reports the result only then, so a reader
+-- that went away (a closed stdout) cannot end the process before its sessions are gone.
 function common.with_sandbox(fn, isolate)
   local sandbox = common.sandbox(isolate)
+  local others = {}
   local made = {}
   local sessions = {
-    create = function(opts)
-      local session = assert(sandbox:create(opts or {}))
-      made[#made + 1] = session
+    create = function(opts, other_isolate)
+      local from = sandbox
+      if other_isolate then
+        others[other_isolate] = others[other_isolate] or common.sandbox(other_isolate)
+        from = others[other_isolate]
+      end
+      local session = assert(from:create(opts or {}))
+      made[#made + 1] = { from = from, session = session }
       return session
     end,
   }
   local ok, result = xpcall(fn, debug.traceback, sandbox, sessions)
-  for _, session in ipairs(made) do sandbox:terminate(session.id) end
+  for _, m in ipairs(made) do m.from:terminate(m.session.id) end
   if not ok then error(result, 0) end
   return result
 end

@@ -1,26 +1,30 @@
---- Streaming: one command writes 1 GiB of output; three readers take it.
---   sandkit  for frame in session:run(argv) do count bytes end   (a local session)
---   curl     curl -sN reading the same agent's POST /v1/exec body into /dev/null
---   floor    the same command piped locally into cat >/dev/null: no agent, no HTTP, no base64
+--- Streaming: one command writes 1 GiB of output; five readers take it.
+--   sandkit     for frame in session:run(argv) do count bytes end   (a confined local session)
+--   unconfined  the same in an unconfined session (isolate = "none"): what confinement costs
+--   limited     the same in a confined session with a memory limit: what the limit costs
+--   curl        curl -sN reading the confined session's POST /v1/exec body into /dev/null
+--   floor       the same command piped locally into cat >/dev/null: no agent, no HTTP, no base64
 -- Each reader runs ROUNDS times, interleaved, and its fastest round is kept (other work on the
--- machine only ever slows a round down). MB/s counts the command's output bytes (1 GiB), not
--- the base64 and JSON on the wire. CPU seconds of the client and of the agent are kept too:
--- they tell which side limited a number.
---   lua5.4 bench/stream.lua [ISOLATE [MEMORY]]   (ISOLATE: bwrap, the default, or none; MEMORY:
---                                                the session's memory limit in bytes)
--- Prints RESULT { bytes, isolate, memory, sandkit = {…}, curl = {…} | missing, floor = {…} }.
+-- machine only ever slows a round down): so each comparison is between rounds of the same
+-- minute, not between two runs that a shared machine loads differently. MB/s counts the
+-- command's output bytes (1 GiB), not the base64 and JSON on the wire. CPU seconds of the
+-- client and of the agent are kept too: they tell which side limited a number.
+--   lua5.4 bench/stream.lua [MEMORY]   (MEMORY: the limited session's memory limit in bytes,
+--                                      DEFAULT_MEMORY unless given)
+-- Prints RESULT { bytes, memory, command, sandkit = {…}, unconfined = {…}, limited = {…},
+-- curl = {…} | missing, floor = {…} }.
 
 package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
 local common = require "common"
 local core = require "sandkit.core"
 
-local ROUNDS = 2
+local ROUNDS = 3
 local BYTES = common.GIB
 local ARGV = { "head", "-c", tostring(BYTES), "/dev/zero" }
 local SHELL = table.concat(ARGV, " ")
 local TIMEOUT = 300
-local ISOLATE = arg[1] or "bwrap"
-local MEMORY = arg[2] and math.floor(tonumber(arg[2]))
+local DEFAULT_MEMORY = 512 * common.MIB
+local MEMORY = arg[1] and math.floor(assert(tonumber(arg[1]), "usage: stream.lua [MEMORY]")) or DEFAULT_MEMORY
 
 local function cpu_sum(pid)
   local user, sys = common.cpu(pid)
@@ -90,25 +94,33 @@ local function best(runs)
 end
 
 common.result(common.with_sandbox(function(sandbox, sessions)
-  local session = sessions.create(MEMORY and { limits = { memory = MEMORY } } or nil)
+  local session = sessions.create()
+  local unconfined = sessions.create(nil, "none")
+  local limited = sessions.create{ limits = { memory = MEMORY } }
   local pid = session.record.pid
   local have_curl = os.execute("curl --version >/dev/null 2>&1")
   local curl = have_curl and curl_command(session, sandbox.provider:dir(session.id))
-  local runs = { sandkit = {}, curl = {}, floor = {} }
+  local runs = { sandkit = {}, unconfined = {}, limited = {}, curl = {}, floor = {} }
+  local function read_through(name, s)
+    local r = measured(s.record.pid, function() return via_sandkit(s) end)
+    assert(r.bytes == BYTES, name .. ": sandkit delivered " .. r.bytes .. " bytes, not " .. BYTES)
+    table.insert(runs[name], r)
+  end
   for _ = 1, ROUNDS do
-    local r = measured(pid, function() return via_sandkit(session) end)
-    assert(r.bytes == BYTES, "sandkit delivered " .. r.bytes .. " bytes, not " .. BYTES)
-    table.insert(runs.sandkit, r)
+    read_through("sandkit", session)
     if curl then table.insert(runs.curl, measured(pid, function() return via_curl(curl) end)) end
+    read_through("unconfined", unconfined)
     table.insert(runs.floor, measured(pid, via_pipe))
+    read_through("limited", limited)
   end
   return {
     bytes = BYTES,
-    isolate = ISOLATE,
     memory = MEMORY,
     command = SHELL,
     sandkit = best(runs.sandkit),
+    unconfined = best(runs.unconfined),
+    limited = best(runs.limited),
     curl = curl and best(runs.curl) or "missing",
     floor = best(runs.floor),
   }
-end, ISOLATE))
+end))
