@@ -535,7 +535,9 @@ do
   for i, n in ipairs(GATEWAY_FANOUT) do counts[i] = tostring(n) end
   local fanout = step("gateway fan-out (128 streams, " .. table.concat(counts, " and ") .. " at once, rounds "
     .. "alternating)", lua_script("gateway.lua", "fanout", table.unpack(counts)))
-  for _, n in ipairs(counts) do results.gateway[n] = fanout.failed and fanout or fanout[n] or { failed = "no result" } end
+  for _, n in ipairs(counts) do
+    results.gateway[n] = fanout.failed and fanout or fanout[n] or { failed = "no result for " .. n }
+  end
 end
 results.seconds = common.now() - started
 results.machine.load_after = (common.read_file("/proc/loadavg") or ""):match("^(%S+ %S+ %S+)")
