@@ -175,7 +175,7 @@ static void push_limits(lua_State *L)
 		{ "MAX_HEADERS", SK_TRANSFER_MAX_HEADERS },
 		{ "MAX_REQUEST_HEADERS", SK_TRANSFER_MAX_REQUEST_HEADERS },
 		{ "MAX_PEM", SK_TRANSFER_MAX_PEM },
-		{ "MAX_UNIX_SOCKET", SK_TRANSFER_MAX_UNIX_SOCKET },
+		{ "MAX_UNIX_SOCKET", SK_UNIX_SOCKET_PATH_MAX },
 	};
 	lua_createtable(L, 0, (int)(sizeof limits / sizeof limits[0]));
 	for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {

@@ -20,7 +20,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
-#include <sys/un.h>
 
 struct evbuffer;
 struct event_base;
@@ -52,15 +51,12 @@ enum http_body_mode {
  * holds its connection (and a command blocked on its output, a file, a job's pin) no longer. */
 #define HTTP_DEFAULT_STALL_TIMEOUT_MS 60000
 
-/* The longest path a Unix socket can be bound at: sun_path less its NUL (107 bytes on Linux). */
-#define HTTP_SOCKET_PATH_MAX (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
-
 struct http_config {
 	struct event_base *base;     /* the loop the listener and every connection run on */
 	const char *host;
 	unsigned port;
 	/* Non-NULL: listen on a Unix socket made at this path, mode 0600, instead of host and
-	 * port; at most HTTP_SOCKET_PATH_MAX bytes. */
+	 * port; at most SK_UNIX_SOCKET_PATH_MAX bytes (common/unix_socket.h). */
 	const char *socket_path;
 	unsigned max_connections;
 	/* The connection cap is lowered to what RLIMIT_NOFILE leaves after fds_reserved, at

@@ -1,6 +1,7 @@
 /* listener.c — see listener.h. */
 #include "listener.h"
 
+#include "common/unix_socket.h"
 #include "http.h"
 #include "log.h"
 #include "util.h"
@@ -282,7 +283,7 @@ static int bind_unix(const char *path)
 	struct sockaddr_un at;
 	memset(&at, 0, sizeof at);
 	at.sun_family = AF_UNIX;
-	if (strlen(path) >= sizeof at.sun_path) {
+	if (strlen(path) > SK_UNIX_SOCKET_PATH_MAX) {
 		errno = ENAMETOOLONG;
 		return -1;
 	}

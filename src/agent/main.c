@@ -10,6 +10,7 @@
 #include "capability.h"
 #include "common/base64.h"
 #include "common/regular_file.h"
+#include "common/unix_socket.h"
 #include "confine.h"
 #include "contain.h"
 #include "exec.h"
@@ -227,9 +228,9 @@ static void parse_listen(const char *v)
 {
 	if (strncmp(v, "unix:", 5) == 0) {
 		const char *path = v + 5;
-		if (path[0] != '/' || strlen(path) > HTTP_SOCKET_PATH_MAX)
+		if (path[0] != '/' || strlen(path) > SK_UNIX_SOCKET_PATH_MAX)
 			die("--listen unix:PATH takes an absolute path of at most %zu bytes, not '%s'",
-			    HTTP_SOCKET_PATH_MAX, path);
+			    SK_UNIX_SOCKET_PATH_MAX, path);
 		agent.cfg.listen_socket = strdup(path);
 		if (agent.cfg.listen_socket == NULL)
 			die("out of memory");
@@ -712,7 +713,7 @@ int main(int argc, char **argv)
 	if (contain_watch() < 0 || confine_watch() < 0)
 		die("cannot watch the process whose end ends the commands");
 	/* Logged before the ready line, so whoever reads that line finds this one. */
-	char where[HTTP_SOCKET_PATH_MAX + 8];
+	char where[SK_UNIX_SOCKET_PATH_MAX + 8];
 	if (agent.cfg.listen_socket)
 		snprintf(where, sizeof where, "unix:%s", agent.cfg.listen_socket);
 	else

@@ -564,8 +564,8 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 	}
 	if (check_tls(req, err, errlen) < 0)
 		return NULL;
-	if (req->unix_socket && strlen(req->unix_socket) > SK_TRANSFER_MAX_UNIX_SOCKET) {
-		snprintf(err, errlen, "a Unix socket's path over %zu bytes", SK_TRANSFER_MAX_UNIX_SOCKET);
+	if (req->unix_socket && strlen(req->unix_socket) > SK_UNIX_SOCKET_PATH_MAX) {
+		snprintf(err, errlen, "a Unix socket's path over %zu bytes", SK_UNIX_SOCKET_PATH_MAX);
 		return NULL;
 	}
 	sk_transfer *t = calloc(1, sizeof *t);

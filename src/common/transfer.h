@@ -20,7 +20,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/un.h>
+
+#include "common/unix_socket.h"
 
 /* Per-transfer body buffer: one full output frame line (a 64 KiB payload is ~87.4 KB of
  * base64 and JSON) and the next 16 KiB chunk fit in it, and 128 concurrent streams stay
@@ -51,8 +52,6 @@
 #define SK_TRANSFER_MAX_PEM ((size_t)1024 * 1024)
 /* A DNS name is at most 253 characters (RFC 1035 §2.3.4). */
 #define SK_TRANSFER_MAX_SERVER_NAME 253
-/* The longest path a Unix socket can have: sun_path less its NUL (107 bytes on Linux). */
-#define SK_TRANSFER_MAX_UNIX_SOCKET (sizeof(((struct sockaddr_un *)0)->sun_path) - 1)
 
 typedef struct sk_client sk_client;
 typedef struct sk_transfer sk_transfer;
@@ -89,7 +88,7 @@ struct sk_request {
 	const char *tls_server_name;
 	const char *proxy;       /* NULL: no proxy at all, whatever the environment says */
 	/* A Unix socket to connect to instead of the URL's host and port, which then only name
-	 * the request (its Host header); at most SK_TRANSFER_MAX_UNIX_SOCKET bytes. NULL: TCP. */
+	 * the request (its Host header); at most SK_UNIX_SOCKET_PATH_MAX bytes. NULL: TCP. */
 	const char *unix_socket;
 	long connect_timeout_ms; /* 0: libcurl's default */
 	size_t max_body;         /* bytes a 2xx body may have; 0: unbounded (streamed) */
