@@ -2,6 +2,7 @@
 
 local sandkit = require "sandkit"
 local core = require "sandkit.core"
+local files = require "support.files"
 local local_state = require "support.local_state"
 
 local function stat_mode(path)
@@ -51,6 +52,43 @@ describe("the local provider", function()
     assert.equal("here\n", assert(again:exec({ "echo", "here" }, { timeout = 10 })).stdout)
     assert(session:terminate())
     assert.is_nil(io.open(path), "the socket outlived its session")
+  end)
+
+  it("sends a session's token to no socket but its own folder's, whatever its record names", function()
+    local session = assert(sandbox:create{ id = "own" })
+    local token = io.open(root .. "/sessions/own/token"):read("a")
+    -- A listener elsewhere that keeps what one connection sends, then hangs up: a reader of
+    -- the record who connected there would have sent it the token before its answer came.
+    local planted, heard = root .. "/planted.sock", root .. "/heard"
+    local listener = io.popen("exec python3 -u -c " .. local_state.shell_quote([[
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1]); s.listen(4)
+print(os.getpid(), flush=True)
+while True:
+    c, _ = s.accept()
+    data = c.recv(65536)
+    with open(sys.argv[2], "ab") as f: f.write(data)
+    c.close()
+]]) .. " " .. local_state.shell_quote(planted) .. " " .. local_state.shell_quote(heard))
+    local pid = assert(tonumber(listener:read("l")), "the listener did not start")
+    finally(function()
+      os.execute("kill " .. pid)
+      listener:close()
+    end)
+    local path = root .. "/sessions/own/record.json"
+    local text = io.open(path):read("a")
+    local edited = text:gsub('"socket":"[^"]*"', '"socket":"' .. planted .. '"')
+    assert.are_not.equal(text, edited)
+    local f = io.open(path, "w")
+    f:write(edited)
+    f:close()
+    local again = assert(sandkit.sandbox{ provider = "local", root = root })
+    assert.is_nil(again:get("own"), "a record naming another socket was served")
+    local sent = files.read(heard)
+    assert.is_nil(sent, "the planted socket was sent " .. tostring(sent and (sent:find(token, 1, true)
+      and "the session's token" or sent)))
+    assert(session:terminate())
   end)
 
   it("serves a session on 127.0.0.1 where its socket's path would pass 107 bytes", function()

@@ -38,21 +38,10 @@ function agent_process.find(options)
   return nil, "sandkit-agent was not found (set agent_path, $SANDKIT_AGENT, or put it on $PATH)"
 end
 
---- Where the agent of the session folder `dir` listens: its Unix socket there, or nil when
--- that path is too long to bind (a deep root), and the agent listens on 127.0.0.1 instead.
--- Over a Unix socket a file read out moves at twice the rate for half the CPU here (loopback
--- TCP makes the reader transmit the agent's data as it acknowledges it), and only this
--- machine's user can connect at all.
-function agent_process.socket_path(dir)
-  local path = dir .. "/agent.sock"
-  if #path > core.LIMITS.MAX_UNIX_SOCKET then return nil end
-  return path
-end
-
 --- The command line of the agent of the session folder `dir` (sandkit/providers/local/init.lua
 -- has the layout): its files, token, log and lifetime file there (the agent's own clock ends the
 -- session at the time that file names, read again on SIGHUP: write_end, reread_end), listening
--- on `socket` (socket_path's) or else on a port of 127.0.0.1; confined or not as `fields` say,
+-- on `socket` (state.socket_path's) or else on a port of 127.0.0.1; confined or not as `fields` say,
 -- with its network and host uid, and bubblewrap at `bwrap`.
 function agent_process.argv(agent, dir, fields, options, bwrap, socket)
   local argv = { agent, "--root", dir .. "/files", "--token-file", dir .. "/token",

@@ -31,7 +31,7 @@
 -- Layout of a session, all under <root>/sessions/<id> (mode 0700):
 --   record.json  { id, pid, socket or port, boot_id, generation, isolate, network, host_uid,
 --                  env, created_at, expires_at, labels, image, limits }
---   agent.sock   the agent's Unix socket, mode 0600 (agent_process.socket_path)
+--   agent.sock   the agent's Unix socket, mode 0600 (state.socket_path)
 --   image        the name of its image, written before the image is looked for (images.lua)
 --   work/        overlayfs's work folder, for a session from an image
 --   disk.img     with limits.disk: the filesystem the session's files live on instead of files/
@@ -228,7 +228,7 @@ function provider_mt:start_agent(id, dir, fields)
   -- smaller reads and cost a stream 10-20% of its rate (bench/RESULTS.md "The agent's start,
   -- and local sessions over a Unix socket"). A socket left by an agent that was killed would
   -- refuse the next one its name.
-  local socket = not wait.check_nginx() and agent_process.socket_path(dir) or nil
+  local socket = not wait.check_nginx() and state.socket_path(dir) or nil
   if socket then os.remove(socket) end
   local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap, socket)
   if fields.image then
