@@ -353,8 +353,10 @@ describe("a request with unix_socket", function()
 
   it("refuses a path longer than a Unix socket's 107 bytes before connecting, and tries one of 107", function()
     assert.equal(107, core.LIMITS.MAX_UNIX_SOCKET)
-    local ok, err = pcall(core.client().request, core.client(), { method = "GET", url = "http://127.0.0.1:1/",
+    local client = core.client()
+    local ok, err = pcall(client.request, client, { method = "GET", url = "http://127.0.0.1:1/",
       unix_socket = "/" .. string.rep("s", 107) })
+    client:close()
     assert.is_false(ok)
     assert.matches("a Unix socket's path over 107 bytes", err, 1, true)
     local answer, failure = get("/v1/jobs/list", "/" .. string.rep("s", 106))
