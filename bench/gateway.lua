@@ -182,8 +182,8 @@ local function prepare(setups, dir, n)
   write(direct_headers, "Authorization: Bearer " .. common.read_file(session_dir .. "/token")
     .. "\nContent-Type: application/json\n")
   write(dir .. "/exec.json", cjson.encode{ command = argv, timeoutMs = TIMEOUT * 1000 })
-  local direct_url = record.socket and "http://127.0.0.1/v1/exec"
-    or string.format("http://127.0.0.1:%d/v1/exec", record.port)
+  local _, agent_base = common.agent_address(record)
+  local direct_url = agent_base .. "/v1/exec"
 
   local agents = {}
   for _, id in ipairs(sessions) do
