@@ -34,5 +34,15 @@ describe("a local image built with mmdebstrap", function()
     assert(session, err)
     local r = assert(session:exec({ "/bin/sh", "-c", "cat /etc/debian_version; id -un" }, { timeout = 30 }))
     assert.truthy(r.stdout:match("^12%.%d+\nuser\n$"), r.stdout .. r.stderr)
+    -- Merged-/usr from the start, as debootstrap makes it: Debian's usr-is-merged, not the
+    -- usrmerge conversion and the perl it needs.
+    r = assert(session:exec({ "/bin/sh", "-c", "readlink /bin; for p in usr-is-merged usrmerge perl; do "
+      .. "echo \"$p $(dpkg-query -W -f '${db:Status-Status}' $p 2>/dev/null)\"; done" }, { timeout = 30 }))
+    local status = {}
+    for name, said in r.stdout:gmatch("([%w.-]+) ?([%w-]*)\n") do status[name] = said end
+    assert.equal("usr/bin", r.stdout:match("^[^\n]*"), r.stdout)
+    assert.equal("installed", status["usr-is-merged"], r.stdout)
+    assert.not_equal("installed", status.usrmerge, r.stdout)
+    assert.not_equal("installed", status.perl, r.stdout)
   end)
 end)

@@ -473,6 +473,24 @@ describe("a local image", function()
       assert.equal(3, past_two, text)
     end)
 
+    it("from a system merged-/usr from the start, by the hook kept beside the mmdebstrap it runs", function()
+      -- A stand-in that writes down how it was run into the tree it is asked to make.
+      local tool = work .. "/tool"
+      local hook = tool .. "/hooks/maybe-merged-usr"
+      assert(core.mkdir(tool, 493))
+      assert(core.mkdir(tool .. "/hooks", 493))
+      assert(core.mkdir(hook, 493))
+      files.write(hook .. "/setup00.sh", "#!/bin/sh\n")
+      files.write(tool .. "/mmdebstrap", "#!/bin/sh\neval \"target=\\${$#}\"\nmkdir -p \"$target\"\n"
+        .. "printf '%s\\n' \"$@\" > \"$target/argv\"\n")
+      assert(os.execute("chmod 755 " .. q(tool .. "/mmdebstrap")))
+      assert(sandbox:image_build("deb", { mmdebstrap = tool .. "/mmdebstrap" }))
+      local argv = {}
+      for line in files.read(root .. "/images/deb/rootfs/argv"):gmatch("[^\n]+") do argv[#argv + 1] = line end
+      assert.same({ "--variant=essential", "--hook-dir=" .. hook, "bookworm" }, { unpack(argv, 1, 3) })
+      assert.equal(4, #argv)
+    end)
+
     it("refusing a suite, package or mirror that is no such name", function()
       for _, opts in ipairs{ { suite = "Book worm" }, { packages = { "ok", "bad name" } }, { packages = 5 },
         { mirror = "not a url" }, { variant = "everything" } } do

@@ -277,6 +277,22 @@ local function find_mmdebstrap(given)
   end
 end
 
+--- mmdebstrap's hook that makes the system merged-/usr itself where the suite has Debian's
+-- usr-is-merged package (bookworm on), as debootstrap does: otherwise the Essential set's
+-- init-system-helpers pulls in usrmerge, and with it perl, which then converts the tree —
+-- 51 MB more in the image and 5 s more a build here. Debian's package keeps its hooks in
+-- /usr/share; a checkout of mmdebstrap beside the script. Without the hook, the build is
+-- Debian's plain one.
+local MERGED_USR_HOOK = "hooks/maybe-merged-usr"
+local MMDEBSTRAP_SHARE = "/usr/share/mmdebstrap"
+
+local function merged_usr_hook(tool)
+  for _, dir in ipairs({ tool:match("^(.*)/[^/]*$") or ".", MMDEBSTRAP_SHARE }) do
+    local hook = dir .. "/" .. MERGED_USR_HOOK
+    if state.file_exists(hook .. "/setup00.sh") then return hook end
+  end
+end
+
 --- Packages as a list, from a list or a comma-separated text: the list, or nil and why.
 local function package_list(op, packages)
   if packages == nil then return {} end
@@ -333,6 +349,8 @@ function images.build(store, name, opts)
   local tmp, err = stage(store, op, name)
   if not tmp then return nil, err end
   local argv = { tool, "--variant=" .. variant }
+  local hook = merged_usr_hook(tool)
+  if hook then argv[#argv + 1] = "--hook-dir=" .. hook end
   if #packages > 0 then argv[#argv + 1] = "--include=" .. table.concat(packages, ",") end
   argv[#argv + 1] = suite
   argv[#argv + 1] = tmp .. "/build"
