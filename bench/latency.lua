@@ -8,7 +8,10 @@
 -- would meet a machine in another state (caches warm for it, or someone else's tests started),
 -- and the difference between them would measure that.
 --   lua5.4 bench/latency.lua
--- Prints RESULT { count, sandkit = { p50, p99, mean }, spawn = { … } } in milliseconds.
+-- Then COUNT round trips alone, for what each costs this process (the client): its user and
+-- system CPU and how often it slept, from /proc/self — the spawns would count there too.
+-- Prints RESULT { count, sandkit = { p50, p99, mean }, spawn = { … } } in milliseconds, and
+-- client = { user_us, system_us, sleeps } per round trip.
 
 package.path = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/?.lua;" .. package.path
 local common = require "common"
@@ -23,6 +26,11 @@ local function summary(samples)
   local mean = sum / #samples
   return { p50 = common.percentile(samples, 50) * 1000, p99 = common.percentile(samples, 99) * 1000,
     mean = mean * 1000, max = samples[#samples] * 1000 }
+end
+
+--- How many times this process has given up its CPU to wait.
+local function voluntary_switches()
+  return tonumber(common.read_file("/proc/self/status"):match("\nvoluntary_ctxt_switches:%s*(%d+)"))
 end
 
 --- Runs a and b alternately n times; returns the seconds each call of each took.
@@ -50,5 +58,12 @@ common.result(common.with_sandbox(function(_, sessions)
   end
   alternating(WARMUP, round_trip, spawn)
   local sandkit, local_spawn = alternating(COUNT, round_trip, spawn)
-  return { count = COUNT, sandkit = summary(sandkit), spawn = summary(local_spawn) }
+  local user0, system0 = common.cpu("self")
+  local sleeps0 = voluntary_switches()
+  for _ = 1, COUNT do round_trip() end
+  local user1, system1 = common.cpu("self")
+  local per = 1e6 / COUNT
+  return { count = COUNT, sandkit = summary(sandkit), spawn = summary(local_spawn),
+    client = { user_us = (user1 - user0) * per, system_us = (system1 - system0) * per,
+      sleeps = (voluntary_switches() - sleeps0) / COUNT } }
 end))

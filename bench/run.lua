@@ -284,6 +284,10 @@ local function rows(results)
     row("round trip p99 vs spawn", ms(l.sandkit.p99), "posix_spawn true: " .. ms(l.spawn.p99),
       string.format("%+.2f ms", over99), "<= +" .. string.format("%.0f", LATENCY_P99_OVER_SPAWN) .. " ms",
       met(over99 <= LATENCY_P99_OVER_SPAWN))
+    -- What the client process spends on each: no target of its own, what the round trip's
+    -- rows are made of (bench/RESULTS.md "The client's part, counted").
+    row("client CPU per round trip", string.format("%.0f + %.0f us", l.client.user_us, l.client.system_us),
+      string.format("user + system; sleeps %.2f", l.client.sleeps))
   end
 
   local c = results.confine
