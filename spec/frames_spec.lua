@@ -351,6 +351,22 @@ describe("the frame decoder", function()
     assert.equal(65536, #out[1].data)
   end)
 
+  it("takes a chunk fed before next() ran out of the last one only while what is left of it starts a line", function()
+    local d = core.decoder()
+    d:feed('{"t":"stdout","seq":0,')
+    d:feed('"data":"YWJj"}\n{"t":"exit",')
+    assert.equal("abc", d:next().data)
+    assert.is_false(d:next())
+    d:feed('"code":0}\n{"t":"exit","code":1}\n')
+    assert.equal(0, d:next().code)
+    -- A whole line still to be handed out would come after the new chunk's lines.
+    local ok, err = pcall(d.feed, d, '{"t":"exit","code":2}\n')
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("feed() before next() has used up the previous chunk", 1, true), err)
+    assert.equal(1, d:next().code)
+    assert.is_false(d:next())
+  end)
+
   it("counts an unterminated tail as pending bytes", function()
     local _, d = decode{ '{"t":"exit","code":0}\n{"t":"ex' }
     assert.equal(8, d:pending())

@@ -45,7 +45,6 @@ struct decoder {
 	sk_frames *d;
 	const char *input; /* the unread part of the last fed chunk, anchored in the user value */
 	size_t input_len;
-	const char *tail;  /* where the chunk's unterminated last line starts */
 	size_t max_line;
 	int keep_base64;   /* core.decoder's second argument */
 	int encode_output; /* binary and keep_base64: output frames are encoded (relay_base64) */
@@ -280,10 +279,11 @@ static int decoder_feed(lua_State *L)
 	size_t len;
 	const char *s = luaL_checklstring(L, 2, &len);
 	if (u->input_len > 0) {
-		if (u->input < u->tail)
+		/* Fed again before next() said the chunk was used up: what is left may only be the
+		 * start of a line, gathered now while its chunk is still anchored (a failure is
+		 * next()'s to report). A whole line left would be handed out after later ones. */
+		if (sk_frames_whole(u->d, u->input, u->input_len, 0) > 0)
 			return luaL_error(L, "feed() before next() has used up the previous chunk");
-		/* The line next() left in the previous chunk, gathered while that is still anchored.
-		 * It holds no newline, so this takes all of it (or fails, which next() reports). */
 		sk_frame f;
 		(void)sk_frames_decode(u->d, &u->input, &u->input_len, &f);
 		u->input_len = 0;
@@ -292,21 +292,17 @@ static int decoder_feed(lua_State *L)
 	skc_setuservalue(L, 1);
 	u->input = s;
 	u->input_len = len;
-	u->tail = s + sk_frames_whole(u->d, s, len, 0, 0);
 	return 0;
 }
 
 static int decoder_next(lua_State *L)
 {
 	struct decoder *u = check_method(L);
-	/* Only the unterminated last line is left: it waits for the next feed() where it is, unless
-	 * it is already over the limit (or the decoder failed), which is reported now. */
-	if (u->input_len > 0 && u->input >= u->tail && sk_frames_failure(u->d) == SK_FRAMES_NO_FAILURE &&
-	    sk_frames_pending(u->d) + u->input_len <= u->max_line) {
-		lua_pushboolean(L, 0);
-		return 1;
-	}
+	int had_input = u->input_len > 0;
 	sk_frame f;
+	/* Lines are found forwards, each by the one scan that parses it; an unterminated last
+	 * line is gathered into the decoder (the only copy of its bytes) and waits there for the
+	 * next feed(), unless it is already over the limit, which is reported now. */
 	int r = sk_frames_decode(u->d, &u->input, &u->input_len, &f);
 	if (r == SK_FRAMES_FRAME) {
 		skl_push_frame(L, 1, &f);
@@ -324,6 +320,11 @@ static int decoder_next(lua_State *L)
 	if (r == SK_FRAMES_FAILED) {
 		u->input_len = 0; /* nothing after a failure is ever read */
 		return skl_push_decoder_failure(L, u->d);
+	}
+	if (had_input) {
+		/* The chunk is used up: let go, as after a frame. */
+		lua_pushliteral(L, "");
+		skc_setuservalue(L, 1);
 	}
 	lua_pushboolean(L, 0);
 	return 1;

@@ -357,7 +357,7 @@ static int transfer_decode(lua_State *L)
 				u->partial = 0; /* read() took bytes since: nothing is known any more */
 			if (sk_frames_pending(d) == 0 && !sk_transfer_paused(u->t)) {
 				sk_transfer_state(u->t, &st);
-				if (!st.done && sk_frames_whole(d, p, n, u->partial, 1) == 0) {
+				if (!st.done && sk_frames_whole(d, p, n, u->partial) == 0) {
 					u->partial = n;
 					break;
 				}

@@ -587,17 +587,15 @@ static int decode_binary(sk_frames *d, const char **in, size_t *in_len, sk_frame
 	return SK_FRAMES_AGAIN;
 }
 
-size_t sk_frames_whole(const sk_frames *d, const char *in, size_t len, size_t known, int first)
+size_t sk_frames_whole(const sk_frames *d, const char *in, size_t len, size_t known)
 {
 	if (!d->binary) {
 		if (known >= len)
 			return 0;
-		const char *nl = first ? memchr(in + known, '\n', len - known)
-				       : memrchr(in + known, '\n', len - known);
+		const char *nl = memchr(in + known, '\n', len - known);
 		return nl ? (size_t)(nl - in) + 1 : 0;
 	}
 	const unsigned char *p = (const unsigned char *)in;
-	size_t at = 0, whole = 0;
 	if (d->line_len > 0) {
 		/* The frame being gathered: its header, from what is held and what follows. */
 		unsigned char head[SK_FRAMES_BINARY_HEAD];
@@ -610,25 +608,14 @@ size_t sk_frames_whole(const sk_frames *d, const char *in, size_t len, size_t kn
 		size_t total = binary_total(d, head);
 		if (total == 0)
 			return more;
-		at = total - d->line_len;
-		if (at > len)
-			return 0;
-		whole = at;
-		if (first)
-			return whole;
+		return total - d->line_len <= len ? total - d->line_len : 0;
 	}
-	while (len - at >= SK_FRAMES_BINARY_HEAD) {
-		size_t total = binary_total(d, p + at);
-		if (total == 0)
-			return at + SK_FRAMES_BINARY_HEAD;
-		if (len - at < total)
-			break;
-		at += total;
-		whole = at;
-		if (first)
-			break;
-	}
-	return whole;
+	if (len < SK_FRAMES_BINARY_HEAD)
+		return 0;
+	size_t total = binary_total(d, p);
+	if (total == 0)
+		return SK_FRAMES_BINARY_HEAD;
+	return total <= len ? total : 0;
 }
 
 static int blank(const char *p, size_t len)

@@ -154,14 +154,13 @@ const char *sk_frames_error(const sk_frames *d);
 size_t sk_frames_pending(const sk_frames *d);
 
 /*
- * How many of the len bytes at in, from the first, end frames, with what the decoder holds back
- * before them: the length up to the end of the last whole frame there (with first, of the
- * first one: enough for a caller asking whether any ends), 0 when none ends in them. A frame
- * whose header is over the bound counts as ended, since decoding it fails at once. known: how
- * many leading bytes of in the caller already found to end no frame (0 if unknown), which an
- * NDJSON scan skips. A caller that keeps a frame still arriving in its own buffer, rather than
+ * Whether the len bytes at in end a frame, with what the decoder holds back before them: the
+ * length up to the end of the first frame that ends there, 0 when none does. A frame whose
+ * header is over the bound counts as ended, since decoding it fails at once. known: how many
+ * leading bytes of in the caller already found to end no frame (0 if unknown), which an NDJSON
+ * scan skips. A caller that keeps a frame still arriving in its own buffer, rather than
  * handing it over to be copied, asks this first.
  */
-size_t sk_frames_whole(const sk_frames *d, const char *in, size_t len, size_t known, int first);
+size_t sk_frames_whole(const sk_frames *d, const char *in, size_t len, size_t known);
 
 #endif

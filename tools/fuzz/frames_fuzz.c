@@ -38,20 +38,36 @@ static void mix(uint64_t *h, const void *p, size_t n)
 		*h = (*h ^ b[i]) * 0x100000001b3ULL;
 }
 
+/* Where the last frame that ends in the n bytes at in ends (0: none does): the first one's
+ * end as d, holding what it holds, finds it; each after it where a decoder holding nothing
+ * (fresh, of the same syntax) finds its own. */
+static size_t last_whole(const sk_frames *d, const sk_frames *fresh, const char *in, size_t n)
+{
+	size_t at = sk_frames_whole(d, in, n, 0), step;
+	if (at == 0)
+		return 0;
+	while (at < n && (step = sk_frames_whole(fresh, in + at, n - at, 0)) > 0)
+		at += step;
+	return at;
+}
+
 /* Feeds body in pieces of chunk bytes, checking every frame as it comes. */
 static struct outcome run(const char *body, size_t left, size_t chunk, int keep, int release,
                           int keepalive, int watch, int binary)
 {
 	struct outcome o = { 0xcbf29ce484222325ULL, 0, 0 };
 	sk_frames *d = sk_frames_new(FUZZ_MAX_LINE);
-	if (d == NULL)
+	sk_frames *fresh = sk_frames_new(FUZZ_MAX_LINE);
+	if (d == NULL || fresh == NULL)
 		abort();
-	if (binary)
+	if (binary) {
 		sk_frames_binary(d);
-	/* The most payload a frame carries: a line's base64 decoded, or a binary body's bytes
-	 * (base64 of them when kept); and the most held back: a line, or a frame and its header. */
-	size_t max_data = binary ? (keep ? SK_B64_ENCODED_LEN(FUZZ_MAX_LINE - SK_FRAMES_BINARY_SEQ)
-					 : FUZZ_MAX_LINE - SK_FRAMES_BINARY_SEQ)
+		sk_frames_binary(fresh);
+	}
+	/* The most payload a frame carries: a line's base64 (decoded unless kept), or a binary
+	 * body's bytes as they came, kept or not (a relay that keeps base64 encodes them above
+	 * this layer); and the most held back: a line, or a frame and its header. */
+	size_t max_data = binary ? FUZZ_MAX_LINE - SK_FRAMES_BINARY_SEQ
 				 : (keep ? FUZZ_MAX_LINE : FUZZ_MAX_LINE / 4 * 3);
 	size_t max_pending = binary ? FUZZ_MAX_LINE + SK_FRAMES_BINARY_HEAD : FUZZ_MAX_LINE;
 	if (keep)
@@ -68,9 +84,8 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 		/* What the decoder says ends frames here ends exactly where decoding them does:
 		 * what it holds back afterwards is what lies past that (checked below). */
 		size_t held = sk_frames_pending(d);
-		size_t whole = sk_frames_whole(d, in, n, 0, 0);
-		size_t first = sk_frames_whole(d, in, n, 0, 1);
-		if (whole > n || first > whole || (whole > 0) != (first > 0))
+		size_t whole = last_whole(d, fresh, in, n);
+		if (whole > n)
 			abort();
 		body += n;
 		left -= n;
@@ -85,7 +100,9 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 				int output = f.type == SK_FRAME_STDOUT || f.type == SK_FRAME_STDERR;
 				if (output && f.data_len > max_data)
 					abort();
-				if (output && keep) {
+				if (output && binary && f.data_is_base64)
+					abort();
+				if (output && keep && !binary) {
 					static unsigned char decoded[SK_B64_DECODED_MAX(SK_B64_ENCODED_LEN(FUZZ_MAX_LINE))];
 					size_t m;
 					if (!f.data_is_base64 ||
@@ -136,6 +153,7 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 			sk_frames_release(d);
 	}
 	sk_frames_free(d);
+	sk_frames_free(fresh);
 	return o;
 }
 
