@@ -4,7 +4,7 @@
  * through it before the kernel's openat2 does the rest.
  *
  *   make fuzz FUZZ_TARGETS=paths
- * sources: src/agent/paths.c src/agent/fserror.c
+ * sources: src/agent/paths.c src/agent/fserror.c src/common/beneath.c
  * options: -max_len=8192
  *
  * The whole input is one caller path (NUL bytes included, as a JSON string can carry them).
