@@ -45,6 +45,7 @@ struct decoder {
 	sk_frames *d;
 	const char *input; /* the unread part of the last fed chunk, anchored in the user value */
 	size_t input_len;
+	int input_held;    /* next() found the rest of the input to end no frame: it waits there */
 	size_t max_line;
 	int keep_base64;   /* core.decoder's second argument */
 	int encode_output; /* binary and keep_base64: output frames are encoded (relay_base64) */
@@ -279,31 +280,36 @@ static int decoder_feed(lua_State *L)
 	size_t len;
 	const char *s = luaL_checklstring(L, 2, &len);
 	if (u->input_len > 0) {
-		/* Fed again before next() said the chunk was used up: what is left may only be the
-		 * start of a line, gathered now while its chunk is still anchored (a failure is
-		 * next()'s to report). A whole line left would be handed out after later ones. */
-		if (sk_frames_whole(u->d, u->input, u->input_len, 0) > 0)
+		/* What next() left of the last chunk is the start of a frame, gathered now while that
+		 * chunk is still anchored (a failure is next()'s to report). Until then it waited
+		 * where it lay: a stream spends its waits there, and the chunk is held anyway. Fed
+		 * again before next() ran out of the chunk, a whole line may be left, which would be
+		 * handed out after later ones. */
+		if (!u->input_held && sk_frames_whole(u->d, u->input, u->input_len, 0) > 0)
 			return luaL_error(L, "feed() before next() has used up the previous chunk");
-		sk_frame f;
-		(void)sk_frames_decode(u->d, &u->input, &u->input_len, &f);
+		(void)sk_frames_gather(u->d, u->input, u->input_len);
 		u->input_len = 0;
 	}
 	lua_pushvalue(L, 2);
 	skc_setuservalue(L, 1);
 	u->input = s;
 	u->input_len = len;
+	u->input_held = 0;
 	return 0;
 }
 
 static int decoder_next(lua_State *L)
 {
 	struct decoder *u = check_method(L);
-	int had_input = u->input_len > 0;
+	if (u->input_held) {
+		lua_pushboolean(L, 0);
+		return 1;
+	}
 	sk_frame f;
 	/* Lines are found forwards, each by the one scan that parses it; an unterminated last
-	 * line is gathered into the decoder (the only copy of its bytes) and waits there for the
-	 * next feed(), unless it is already over the limit, which is reported now. */
-	int r = sk_frames_decode(u->d, &u->input, &u->input_len, &f);
+	 * line stays in its chunk until the next feed(), unless it is already over the limit,
+	 * which is reported now. */
+	int r = sk_frames_decode_whole(u->d, &u->input, &u->input_len, &f);
 	if (r == SK_FRAMES_FRAME) {
 		skl_push_frame(L, 1, &f);
 		sk_frames_release(u->d);
@@ -321,11 +327,7 @@ static int decoder_next(lua_State *L)
 		u->input_len = 0; /* nothing after a failure is ever read */
 		return skl_push_decoder_failure(L, u->d);
 	}
-	if (had_input) {
-		/* The chunk is used up: let go, as after a frame. */
-		lua_pushliteral(L, "");
-		skc_setuservalue(L, 1);
-	}
+	u->input_held = u->input_len > 0;
 	lua_pushboolean(L, 0);
 	return 1;
 }
@@ -343,6 +345,7 @@ static int decoder_close(lua_State *L)
 	sk_frames_free(u->d);
 	u->d = NULL;
 	u->input_len = 0;
+	u->input_held = 0;
 	return 0;
 }
 

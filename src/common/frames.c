@@ -537,7 +537,7 @@ static int settle(sk_frames *d, int held, int r, const sk_frame *out)
 	return r;
 }
 
-static int decode_binary(sk_frames *d, const char **in, size_t *in_len, sk_frame *out)
+static int decode_binary(sk_frames *d, const char **in, size_t *in_len, sk_frame *out, int gather)
 {
 	while (*in_len > 0) {
 		const unsigned char *p = (const unsigned char *)*in;
@@ -551,6 +551,10 @@ static int decode_binary(sk_frames *d, const char **in, size_t *in_len, sk_frame
 		if (d->line_len == 0 && *in_len >= SK_FRAMES_BINARY_HEAD && *in_len >= total) {
 			frame = p; /* the whole frame is in the caller's buffer: no copy */
 		} else {
+			/* A frame still arriving stays where it lies unless gathered; its end is in its
+			 * header, so knowing it costs no scan. */
+			if (!gather && sk_frames_whole(d, *in, *in_len, 0) == 0)
+				return SK_FRAMES_AGAIN;
 			/* The header first, then (its length known) the rest, into room for all. */
 			size_t want = d->line_len < SK_FRAMES_BINARY_HEAD
 				? SK_FRAMES_BINARY_HEAD
@@ -626,18 +630,22 @@ static int blank(const char *p, size_t len)
 	return 1;
 }
 
-int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out)
+/* sk_frames_decode (gather) and sk_frames_decode_whole (not): whether a frame still arriving
+ * at the end of the input is taken into the decoder or left where it lies. */
+static int decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out, int gather)
 {
 	if (d->failure)
 		return SK_FRAMES_FAILED;
 	if (d->binary)
-		return decode_binary(d, in, in_len, out);
+		return decode_binary(d, in, in_len, out, gather);
 	while (*in_len > 0) {
 		const char *nl = memchr(*in, '\n', *in_len);
 		size_t take = nl ? (size_t)(nl - *in) + 1 : *in_len;
 		if (d->line_len + take > d->max_line)
 			return fail(d, SK_FRAMES_TOO_LONG, "an output frame did not parse: %s (%ld bytes)",
 			            "a line exceeded the decoder's limit", (long)d->max_line);
+		if (!nl && !gather)
+			return SK_FRAMES_AGAIN;
 		const char *line;
 		size_t len;
 		if (d->line_len == 0 && nl) {
@@ -664,5 +672,33 @@ int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *ou
 		if (r != SK_FRAMES_AGAIN)
 			return r;
 	}
+	return SK_FRAMES_AGAIN;
+}
+
+int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out)
+{
+	return decode(d, in, in_len, out, 1);
+}
+
+int sk_frames_decode_whole(sk_frames *d, const char **in, size_t *in_len, sk_frame *out)
+{
+	return decode(d, in, in_len, out, 0);
+}
+
+int sk_frames_gather(sk_frames *d, const char *in, size_t len)
+{
+	if (d->failure)
+		return SK_FRAMES_FAILED;
+	if (d->binary) {
+		sk_frame unused;
+		return decode_binary(d, &in, &len, &unused, 1);
+	}
+	if (d->line_len + len > d->max_line)
+		return fail(d, SK_FRAMES_TOO_LONG, "an output frame did not parse: %s (%ld bytes)",
+		            "a line exceeded the decoder's limit", (long)d->max_line);
+	if (reserve((void **)&d->line, &d->line_cap, d->line_len + len, d->line_hint) < 0)
+		return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+	memcpy(d->line + d->line_len, in, len);
+	d->line_len += len;
 	return SK_FRAMES_AGAIN;
 }

@@ -132,6 +132,21 @@ void sk_frames_free(sk_frames *d);
 int sk_frames_decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out);
 
 /*
+ * As sk_frames_decode, except that a frame still arriving at the end of the input is left there,
+ * *in pointing at it, when SK_FRAMES_AGAIN is returned (unless it is already over the bound,
+ * which fails now): for a caller that keeps it where it lies while it waits for the rest, and
+ * hands it over with sk_frames_gather when more input comes.
+ */
+int sk_frames_decode_whole(sk_frames *d, const char **in, size_t *in_len, sk_frame *out);
+
+/*
+ * Takes len bytes at in, which end no frame (sk_frames_decode_whole left them, or
+ * sk_frames_whole found none), into the frame being gathered without looking for its end in
+ * them again. SK_FRAMES_AGAIN, or SK_FRAMES_FAILED (past the bound, out of memory).
+ */
+int sk_frames_gather(sk_frames *d, const char *in, size_t len);
+
+/*
  * Once the frame last returned was taken (its pointers are not used any more), gives back the
  * room past SK_FRAMES_KEPT that its payload was decoded in and that a line split across reads
  * was gathered in (unless a line is being gathered now). Streams spend most of their life

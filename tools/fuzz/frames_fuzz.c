@@ -51,9 +51,11 @@ static size_t last_whole(const sk_frames *d, const sk_frames *fresh, const char 
 	return at;
 }
 
-/* Feeds body in pieces of chunk bytes, checking every frame as it comes. */
+/* Feeds body in pieces of chunk bytes, checking every frame as it comes. held: as the Lua
+ * decoder does, a frame still arriving is left in its piece (sk_frames_decode_whole) and
+ * gathered when the next piece comes (sk_frames_gather). */
 static struct outcome run(const char *body, size_t left, size_t chunk, int keep, int release,
-                          int keepalive, int watch, int binary)
+                          int keepalive, int watch, int binary, int held_back)
 {
 	struct outcome o = { 0xcbf29ce484222325ULL, 0, 0 };
 	sk_frames *d = sk_frames_new(FUZZ_MAX_LINE);
@@ -77,10 +79,15 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 	if (watch)
 		sk_frames_expect(d, SK_FRAMES_KIND(SK_FRAME_EVENT) | SK_FRAMES_KIND(SK_FRAME_END) |
 				    SK_FRAMES_KIND(SK_FRAME_ERROR));
+	const char *tail = NULL;
+	size_t tail_len = 0;
 	while (left > 0) {
 		size_t n = left < chunk ? left : chunk;
 		const char *in = body;
 		size_t in_len = n;
+		if (tail_len > 0 && sk_frames_gather(d, tail, tail_len) != SK_FRAMES_AGAIN)
+			abort(); /* it was under the bound, or decoding it would have failed */
+		tail_len = 0;
 		/* What the decoder says ends frames here ends exactly where decoding them does:
 		 * what it holds back afterwards is what lies past that (checked below). */
 		size_t held = sk_frames_pending(d);
@@ -91,7 +98,8 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 		left -= n;
 		for (;;) {
 			sk_frame f;
-			int r = sk_frames_decode(d, &in, &in_len, &f);
+			int r = held_back ? sk_frames_decode_whole(d, &in, &in_len, &f)
+					  : sk_frames_decode(d, &in, &in_len, &f);
 			if (r == SK_FRAMES_FRAME) {
 				if (o.failed)
 					abort(); /* nothing may follow a failure */
@@ -145,9 +153,16 @@ static struct outcome run(const char *body, size_t left, size_t chunk, int keep,
 			}
 			break;
 		}
-		if (sk_frames_pending(d) > max_pending)
+		if (held_back && !o.failed) {
+			/* Only a frame still arriving is left behind. */
+			if (in_len > 0 && sk_frames_whole(d, in, in_len, 0) > 0)
+				abort();
+			tail = in;
+			tail_len = in_len;
+		}
+		if (sk_frames_pending(d) + tail_len > max_pending)
 			abort();
-		if (!o.failed && sk_frames_pending(d) != (whole ? n - whole : held + n))
+		if (!o.failed && sk_frames_pending(d) + tail_len != (whole ? n - whole : held + n))
 			abort();
 		if (release)
 			sk_frames_release(d);
@@ -172,11 +187,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int binary = size > 1 && (data[1] == SK_FRAMES_BINARY_STDOUT || data[1] == SK_FRAMES_BINARY_STDERR ||
 				  data[1] == SK_FRAMES_BINARY_JSON);
 	struct outcome split = run((const char *)data + 1, size - 1, chunk, keep, release, keepalive, watch,
-				   binary);
-	/* However the body was cut and whenever room was given back, it decodes as it does
-	 * in one piece. */
-	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0, keepalive, watch, binary);
+				   binary, 0);
+	struct outcome held = run((const char *)data + 1, size - 1, chunk, keep, release, keepalive, watch,
+				  binary, 1);
+	/* However the body was cut, whenever room was given back and wherever a frame still
+	 * arriving waited, it decodes as it does in one piece. */
+	struct outcome whole = run((const char *)data + 1, size - 1, size, keep, 0, keepalive, watch, binary, 0);
 	if (split.digest != whole.digest || split.frames != whole.frames || split.failed != whole.failed)
+		abort();
+	if (held.digest != whole.digest || held.frames != whole.frames || held.failed != whole.failed)
 		abort();
 	return 0;
 }
