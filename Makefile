@@ -6,9 +6,10 @@
 #   make agent               builds build/sandkit-agent alone: a C compiler, libevent's,
 #                            libcrypto's and libarchive's headers, no Lua or libcurl
 #                            (deploy/agent/Containerfile)
-#   make check               installs missing Debian packages, lints, builds, runs the busted suite
-#                            under Lua 5.4 and, where the interpreter matters, under LuaJIT, its
-#                            spec files concurrently (test-parallel)
+#   make check               installs missing Debian packages, lints, builds, replays the fuzz
+#                            targets' seeds (fuzz-seeds), runs the busted suite under Lua 5.4
+#                            and, where the interpreter matters, under LuaJIT, its spec files
+#                            concurrently (test-parallel)
 #   make test                the Lua 5.4 pass alone, one file after another (BUSTED_ARGS: files)
 #   make test-luajit         the LuaJIT pass alone, likewise (TEST_LUAJIT_ARGS: files)
 #   make test-times          both passes one after the other, with each spec file's and case's time
@@ -128,7 +129,7 @@ LUA_FILES := $(shell find lua -name '*.lua' 2>/dev/null | sort)
 LUA_DIRS := $(sort $(dir $(LUA_FILES)))
 lua_files_in = $(foreach f,$(LUA_FILES),$(if $(filter $(1),$(dir $(f))),$(f)))
 
-.PHONY: all agent kube-example deps test test-luajit test-parallel once-specs-exist test-times check check-asan demo bench fuzz abuse soak install clean lint rock \
+.PHONY: all agent kube-example deps test test-luajit test-parallel once-specs-exist test-times check check-asan demo bench fuzz fuzz-seeds abuse soak install clean lint rock \
         jit-core
 
 all: $(CORE_SO) $(TAR_SO) $(AGENT_BIN) $(INIT_BIN) $(JIT_CORE)
@@ -245,11 +246,11 @@ test-parallel: once-specs-exist
 	  --pass $(notdir $(LUA)) "$(call busted_for,$(LUA),$(MODDIR))" $(sort $(wildcard spec/*_spec.lua)) \
 	  --pass luajit "$(call busted_for,luajit,$(JIT_MODDIR))" $(BOTH_SPECS)
 
-# The build runs a compiler a core, and the lint, which needs no build, as one of them; the
-# tests run as test-parallel.
+# The build runs a compiler a core, and the lint and the fuzz targets' seeds, which need no
+# build, as one of them each; the tests run as test-parallel.
 CHECK_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 check: deps
-	$(MAKE) -j$(CHECK_JOBS) lint all
+	$(MAKE) -j$(CHECK_JOBS) lint fuzz-seeds all
 	$(MAKE) test-parallel
 
 # Both passes of check, each reporting how long each spec file and each case took, and their CPU
@@ -310,6 +311,18 @@ FUZZ_TARGETS ?= $(patsubst tools/fuzz/%_fuzz.c,%,$(wildcard tools/fuzz/*_fuzz.c)
 FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE \
                 $(SRC_CFLAGS)
 fuzz_field = $(shell sed -n 's/^ \* $(2): //p' tools/fuzz/$(1)_fuzz.c)
+# Every target built by the C compiler without libFuzzer (tools/fuzz/replay.c calls it once
+# per file) and run over its committed corpus, which holds the inputs that once found
+# something: part of check, so that a target no longer building or rejecting one of them fails
+# there. Unoptimised: the seeds take moments, the compiles most of the time.
+FUZZ_SEEDS_DIR := $(BUILD)/fuzz-seeds
+fuzz-seeds:
+	@mkdir -p $(FUZZ_SEEDS_DIR)
+	@$(foreach t,$(FUZZ_TARGETS),\
+	  $(CC) -std=c99 -g -O0 -Wall -Wextra $(WERROR) -D_GNU_SOURCE $(SRC_CFLAGS) $(call fuzz_field,$(t),defines) \
+	    -o $(FUZZ_SEEDS_DIR)/$(t) tools/fuzz/replay.c tools/fuzz/$(t)_fuzz.c $(call fuzz_field,$(t),sources) \
+	    $(call fuzz_field,$(t),libs) && \
+	  $(FUZZ_SEEDS_DIR)/$(t) tools/fuzz/corpus/$(t)/* &&) true
 fuzz:
 	mkdir -p $(BUILD)/fuzz
 	$(foreach t,$(FUZZ_TARGETS),\

@@ -13,7 +13,8 @@
  * NDJSON fails at once) is read in the binary syntax of docs/protocol.md §6 binaryFrames. Checked on top of the sanitizers: the decoder never hands back more payload
  * than the line could encode, never a frame after a failure, never holds back more than one
  * line, base64 it kept as checked is base64 the decoder would decode, and the frames (and
- * whether it failed) are those of the same body fed in one piece.
+ * whether it failed) are those of the same body fed in one piece — whether a frame still
+ * arriving is gathered at once or, as the Lua decoder does, left in its piece until the next.
  */
 #include <stdint.h>
 #include <stdlib.h>

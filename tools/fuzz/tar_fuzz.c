@@ -53,15 +53,23 @@ static int count_names(int dirfd, const char *prefix, int *prefixed)
 }
 
 static int private_fd = -1;
+static char private_dir[] = "/tmp/sandkit-tar-fuzz-XXXXXX";
+
+/* Each input's tree is gone after it; the folder goes when the run ends, so that runs leave
+ * nothing in /tmp (make check replays the seeds every time). */
+static void remove_private_dir(void)
+{
+	rmdir(private_dir);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size < 1)
 		return 0;
 	if (private_fd < 0) {
-		char dir[] = "/tmp/sandkit-tar-fuzz-XXXXXX";
-		if (mkdtemp(dir) == NULL || (private_fd = open(dir, O_PATH | O_DIRECTORY)) < 0)
+		if (mkdtemp(private_dir) == NULL || (private_fd = open(private_dir, O_PATH | O_DIRECTORY)) < 0)
 			abort();
+		atexit(remove_private_dir);
 	}
 	if (mkdirat(private_fd, "t", 0700) < 0)
 		abort();
