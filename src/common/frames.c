@@ -630,6 +630,24 @@ static int blank(const char *p, size_t len)
 	return 1;
 }
 
+static int line_too_long(sk_frames *d)
+{
+	return fail(d, SK_FRAMES_TOO_LONG, "an output frame did not parse: %s (%ld bytes)",
+	            "a line exceeded the decoder's limit", (long)d->max_line);
+}
+
+/* Adds len bytes of a line to the one being gathered, within the decoder's bound. */
+static int gather_line(sk_frames *d, const char *in, size_t len)
+{
+	if (d->line_len + len > d->max_line)
+		return line_too_long(d);
+	if (reserve((void **)&d->line, &d->line_cap, d->line_len + len, d->line_hint) < 0)
+		return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
+	memcpy(d->line + d->line_len, in, len);
+	d->line_len += len;
+	return SK_FRAMES_AGAIN;
+}
+
 /* sk_frames_decode (gather) and sk_frames_decode_whole (not): whether a frame still arriving
  * at the end of the input is taken into the decoder or left where it lies. */
 static int decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out, int gather)
@@ -642,8 +660,7 @@ static int decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out, 
 		const char *nl = memchr(*in, '\n', *in_len);
 		size_t take = nl ? (size_t)(nl - *in) + 1 : *in_len;
 		if (d->line_len + take > d->max_line)
-			return fail(d, SK_FRAMES_TOO_LONG, "an output frame did not parse: %s (%ld bytes)",
-			            "a line exceeded the decoder's limit", (long)d->max_line);
+			return line_too_long(d);
 		if (!nl && !gather)
 			return SK_FRAMES_AGAIN;
 		const char *line;
@@ -652,10 +669,8 @@ static int decode(sk_frames *d, const char **in, size_t *in_len, sk_frame *out, 
 			line = *in; /* the whole line is in the caller's buffer: no copy */
 			len = take - 1;
 		} else {
-			if (reserve((void **)&d->line, &d->line_cap, d->line_len + take, d->line_hint) < 0)
-				return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
-			memcpy(d->line + d->line_len, *in, take);
-			d->line_len += take;
+			if (gather_line(d, *in, take) == SK_FRAMES_FAILED)
+				return SK_FRAMES_FAILED;
 			if (!nl) {
 				*in += take;
 				*in_len -= take;
@@ -693,12 +708,5 @@ int sk_frames_gather(sk_frames *d, const char *in, size_t len)
 		sk_frame unused;
 		return decode_binary(d, &in, &len, &unused, 1);
 	}
-	if (d->line_len + len > d->max_line)
-		return fail(d, SK_FRAMES_TOO_LONG, "an output frame did not parse: %s (%ld bytes)",
-		            "a line exceeded the decoder's limit", (long)d->max_line);
-	if (reserve((void **)&d->line, &d->line_cap, d->line_len + len, d->line_hint) < 0)
-		return fail(d, SK_FRAMES_NO_MEMORY, "%s", "out of memory", -1);
-	memcpy(d->line + d->line_len, in, len);
-	d->line_len += len;
-	return SK_FRAMES_AGAIN;
+	return gather_line(d, in, len);
 }
