@@ -305,7 +305,7 @@ describe("an interactive job of a confined local session", function()
     end), "the job ends")
     stalled:close()
     -- The job keeps its latest 4 MiB; the stalled reader 128 KiB; far below what went by.
-    assert.is_true(peak < 64 * 1024, "agent RSS peaked at " .. peak .. " KiB")
+    if not files.SANITIZED then assert.is_true(peak < 64 * 1024, "agent RSS peaked at " .. peak .. " KiB") end
     local page = assert(p:poll())
     local kept = 0
     for _, frame in ipairs(page.frames) do kept = kept + #frame.data end

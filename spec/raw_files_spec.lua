@@ -17,12 +17,8 @@ local function temp_path()
   return path
 end
 
---- AddressSanitizer's quarantine keeps freed memory resident on purpose: peaks measured under
--- it (make check-asan) say nothing about sandkit's own bounds.
-local SANITIZED = (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) ~= nil
-
 local function assert_peak(peak, bound, what)
-  if SANITIZED then return end
+  if files.SANITIZED then return end
   assert.is_true(peak < bound, "peak " .. peak .. " MiB to " .. what)
 end
 

@@ -14,10 +14,6 @@ local json = require "sandkit.json"
 
 local AGENT = os.getenv("SANDKIT_AGENT")
 
--- Under make check-asan the agent's memory is the sanitizer's: freed blocks wait in its
--- quarantine and shadow memory grows with every byte that passed, so resident-memory bounds
--- are measured by the plain build only.
-local SANITIZED = (os.getenv("LD_PRELOAD") or ""):find("asan", 1, true) ~= nil
 
 local DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -314,7 +310,7 @@ function Agent:printed_pid(s)
 end
 
 return {
-  AGENT = AGENT, SANITIZED = SANITIZED, DEFAULT_PATH = DEFAULT_PATH, run = run, tmpdir = tmpdir, exists = exists,
+  AGENT = AGENT, SANITIZED = files.SANITIZED, DEFAULT_PATH = DEFAULT_PATH, run = run, tmpdir = tmpdir, exists = exists,
   is_dir = is_dir, b64 = b64, unb64 = unb64, pid_alive = pid_alive, within = within,
   new_token = new_token, decode_lines = decode_lines, is_terminal = is_terminal,
   check_stream = check_stream, start_agent = start_agent, vm_rss_kb = vm_rss_kb, wchar = wchar,

@@ -138,6 +138,11 @@ end
 -- the C module built with it needs them; other programs (curl, Chromium) must not get them.
 files.SANITIZER_ENV = { "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS" }
 
+--- Whether this is `make check-asan`. Its memory is the sanitizer's: freed blocks wait in its
+-- quarantine and shadow memory grows with every byte that passed, so resident-memory bounds
+-- are measured by the plain build only.
+files.SANITIZED = (os.getenv("LD_PRELOAD") or ""):find("libasan", 1, true) ~= nil
+
 --- The environment of a Lua child process that loads this checkout's sandkit: its paths, and
 -- the sanitizer runtime when `make check-asan` preloads it; `extra` is added.
 function files.child_env(extra)

@@ -21,9 +21,16 @@ end
 local shell_quote = files.shell_quote
 local_state.shell_quote = shell_quote
 
---- The environment a child Lua process needs to find this checkout's sandkit.
+--- The environment a child Lua process needs to find this checkout's sandkit, and the
+-- sanitizer runtime when `make check-asan` preloads it (a child started under `env -i` would
+-- otherwise load the instrumented C module without it).
 function local_state.lua_env()
-  return "LUA_PATH=" .. shell_quote(package.path) .. " LUA_CPATH=" .. shell_quote(package.cpath)
+  local words = { "LUA_PATH=" .. shell_quote(package.path), "LUA_CPATH=" .. shell_quote(package.cpath) }
+  for _, name in ipairs(files.SANITIZER_ENV) do
+    local value = os.getenv(name)
+    if value then words[#words + 1] = name .. "=" .. shell_quote(value) end
+  end
+  return table.concat(words, " ")
 end
 
 --- The gigabyte writer of the backpressure specs: writes up to 1 GiB in blocks of `block`
