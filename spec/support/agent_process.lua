@@ -14,7 +14,6 @@ local json = require "sandkit.json"
 
 local AGENT = os.getenv("SANDKIT_AGENT")
 
-
 local DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 ---------------------------------------------------------------------------------------------

@@ -280,7 +280,7 @@ end
 --- mmdebstrap's hook that makes the system merged-/usr itself where the suite has Debian's
 -- usr-is-merged package (bookworm on), as debootstrap does: otherwise the Essential set's
 -- init-system-helpers pulls in usrmerge, and with it perl, which then converts the tree —
--- 51 MB more in the image and 5 s more a build here. Debian's package keeps its hooks in
+-- 51 MB more in the image and 4-8 s more a build here. Debian's package keeps its hooks in
 -- /usr/share; a checkout of mmdebstrap beside the script. Without the hook, the build is
 -- Debian's plain one.
 local MERGED_USR_HOOK = "hooks/maybe-merged-usr"
