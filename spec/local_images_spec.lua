@@ -491,6 +491,36 @@ describe("a local image", function()
       assert.equal(4, #argv)
     end)
 
+    --- A stand-in mmdebstrap in its own folder, running `script` (sh).
+    local function stand_in(script)
+      local tool = work .. "/fake"
+      assert(core.mkdir(tool, 493))
+      files.write(tool .. "/mmdebstrap", "#!/bin/sh\n" .. script)
+      assert(os.execute("chmod 755 " .. q(tool .. "/mmdebstrap")))
+      return tool .. "/mmdebstrap"
+    end
+
+    it("failing with INVALID_INPUT that quotes mmdebstrap's errors, leaving nothing", function()
+      local tool = stand_in("echo 'I: fetching'\necho 'E: cannot reach the mirror' >&2\nexit 1\n")
+      local image, err = sandbox:image_build("deb", { mmdebstrap = tool })
+      assert.is_nil(image)
+      assert.equal("INVALID_INPUT", err.code)
+      assert.truthy(err.message:find("status 1): cannot reach the mirror", 1, true), err.message)
+      assert_no_image_left(root, "deb")
+    end)
+
+    it("stopped at its timeout, mmdebstrap killed and nothing left", function()
+      local pid_file = work .. "/pid"
+      local tool = stand_in("echo $$ > " .. q(pid_file) .. "\nexec sleep 60\n")
+      local image, err = sandbox:image_build("deb", { mmdebstrap = tool, timeout = 0.5 })
+      assert.is_nil(image)
+      assert.equal("INVALID_INPUT", err.code)
+      assert.equal("timeout", err.field)
+      local pid = assert(tonumber(files.read(pid_file)))
+      assert.is_false(core.alive(pid), "mmdebstrap is gone")
+      assert_no_image_left(root, "deb")
+    end)
+
     it("refusing a suite, package or mirror that is no such name", function()
       for _, opts in ipairs{ { suite = "Book worm" }, { packages = { "ok", "bad name" } }, { packages = 5 },
         { mirror = "not a url" }, { variant = "everything" } } do

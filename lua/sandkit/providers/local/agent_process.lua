@@ -1,5 +1,6 @@
 --- The sandkit-agent processes of the local provider: where the binary is, the command line a
--- session's agent starts with, its report that it listens, and stopping it.
+-- session's agent starts with, its report that it listens, how requests reach it, and stopping
+-- it.
 
 local core = require "sandkit.core"
 local wait = require "sandkit.wait"
@@ -12,6 +13,18 @@ agent_process.START_TIMEOUT = 10
 local STOP_TIMEOUT = 5
 
 local file_exists, read_file = state.file_exists, state.read_file
+
+--- How requests reach the agent of `record`: its Unix socket, or its port on 127.0.0.1. The
+-- URL's host and port then only name the request.
+function agent_process.transport(record, token)
+  local base = "http://127.0.0.1:" .. (record.socket and 80 or record.port)
+  return {
+    prepare = function(_, _, path)
+      return { url = base .. path, unix_socket = record.socket,
+        headers = { Authorization = "Bearer " .. token } }
+    end,
+  }
+end
 
 --- The agent binary: the option, $SANDKIT_AGENT, next to this installation's bin/, or $PATH;
 -- nil and where it was looked for when it is nowhere.

@@ -43,11 +43,12 @@
 --   agent.log    the agent's stderr
 -- The record is what lets get, list and terminate work from another process, and what a
 -- revived session is built again from (its isolation, network and host uid). Its parts:
--- state.lua (the state folder and the records in it), agent_process.lua (the agents).
+-- state.lua (the state folder and the records in it), agent_process.lua (the agents),
+-- launch.lua (an agent started for a session and waited for), images.lua and mmdebstrap.lua
+-- (images), limits.lua.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
-local json = require "sandkit.json"
 local options_check = require "sandkit.options"
 local oserror = require "sandkit.oserror"
 local protocol = require "sandkit.protocol"
@@ -55,13 +56,13 @@ local wait = require "sandkit.wait"
 local agent_process = require "sandkit.providers.local.agent_process"
 local state = require "sandkit.providers.local.state"
 
--- Loaded by the first call that needs them: images, limits and the wait for a new agent serve
--- only creating sessions and keeping images, and a command that lists sessions or runs in one
+-- Loaded by the first call that needs them: images, limits and an agent's start serve only
+-- creating sessions and keeping images, and a command that lists sessions or runs in one
 -- (most of what `sandkit` is started for) would compile a third of this provider's source for
 -- nothing.
 local function images() return require "sandkit.providers.local.images" end
 local function limits() return require "sandkit.providers.local.limits" end
-local function readiness() return require "sandkit.readiness" end
+local function launch() return require "sandkit.providers.local.launch" end
 
 local provider_local = {}
 
@@ -197,104 +198,13 @@ function provider_mt:dir(id)
   return self.sessions .. "/" .. id
 end
 
---- How requests reach the agent of `record`: its Unix socket, or its port on 127.0.0.1. The
--- URL's host and port then only name the request.
-local function transport_for(record, token)
-  local base = "http://127.0.0.1:" .. (record.socket and 80 or record.port)
-  return {
-    prepare = function(_, _, path)
-      return { url = base .. path, unix_socket = record.socket,
-        headers = { Authorization = "Bearer " .. token } }
-    end,
-  }
-end
-
---- Starts an agent for the session directory and waits until it serves. `fields`: generation,
--- env, expires_at (os.time seconds, or nil: it ends the agent's life), isolate, network and
--- host_uid (the session's, kept in its record).
+--- Starts the session's agent and waits until it serves: its record, or nil and an error.
 function provider_mt:start_agent(id, dir, fields)
-  local agent, missing = agent_process.find(self.options)
-  if not agent then
-    -- Not OPERATION_NOT_SUPPORTED: the provider does this; the installation is what is amiss.
-    return nil, errors.invalid_input("sandbox.create", "agent_path", missing)
-  end
-  local token_path = dir .. "/token"
-  os.remove(token_path)
-  local token = core.b64encode(core.random(32))
-  local ok, err = core.write_private(token_path, token)
-  if ok then ok, err = agent_process.write_end(dir, fields.expires_at) end
-  if not ok then return nil, errors.invalid_input("sandbox.create", "root", err) end
-  -- Inside nginx the agent listens on 127.0.0.1: there a Unix socket woke the worker for
-  -- smaller reads and cost a stream 10-20% of its rate (bench/RESULTS.md "The agent's start,
-  -- and local sessions over a Unix socket"). A socket left by an agent that was killed would
-  -- refuse the next one its name.
-  local socket = not wait.check_nginx() and state.socket_path(dir) or nil
-  if socket then os.remove(socket) end
-  local argv = agent_process.argv(agent, dir, fields, self.options, self.bwrap, socket)
-  if fields.image then
-    for _, word in ipairs{ "--image", self:image_store().dir .. "/" .. fields.image .. "/rootfs",
-      "--image-work", dir .. "/work" } do argv[#argv + 1] = word end
-  end
-  if fields.limits then limits().argv(argv, fields.limits) end
-  if fields.limits and fields.limits.disk then
-    argv[#argv + 1] = "--disk"
-    argv[#argv + 1] = dir .. "/disk.img"
-  end
-  local pid, reader = core.spawn(argv, { ready_fd = 3, setsid = true,
-    stderr = dir .. "/agent.log", stdout = dir .. "/agent.log" })
-  if not pid then
-    return nil, errors.invalid_input("sandbox.create", "agent_path", "cannot start sandkit-agent: " .. reader)
-  end
-
-  -- Whatever fails once the agent runs, the agent goes with it: a session without its record
-  -- is one no get, list or terminate could find again.
-  local done, record, failure = pcall(self.await_agent, self, id, dir, pid, reader, token, fields,
-    socket)
-  if not done then
-    failure = errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
-      .. " was started, then: " .. tostring(record), { retryable = false })
-    record = nil
-  end
-  if not record then
-    reader:close()
-    -- SIGTERM first: the agent kills its commands' process groups before it goes.
-    agent_process.stop(pid, dir)
-    return nil, failure
-  end
-  return record
+  return launch().start_agent(self, id, dir, fields)
 end
 
---- Waits until the agent started as `pid` listens and serves, then writes its record: the
--- record, or nil and an error (the caller stops the agent).
-function provider_mt:await_agent(id, dir, pid, reader, token, fields, socket)
-  -- The agent writes one line when it listens; its closing without one means it failed.
-  local line, closed = agent_process.ready_line(reader, core.now() + self.ready_timeout)
-  local ready = line and json.decode(line)
-  if type(ready) ~= "table" or type(ready.port) ~= "number" then
-    local log = (read_file(dir .. "/agent.log") or ""):sub(-600)
-    -- An agent that closed the pipe without its line is leaving: its status says why.
-    local refusal = closed and agent_process.refusal(select(2, core.reap(pid, true)))
-    if refusal then
-      local said = log:match("sandkit%-agent: ([^\n]*)\n?$") or log
-      return nil, errors.invalid_input("sandbox.create", refusal.field, said .. "; " .. refusal.instead)
-    end
-    return nil, errors.unreachable("sandbox.create", "sandkit-agent for session " .. id
-      .. " did not report that it listens: " .. log)
-  end
-  local record = { id = id, pid = pid, socket = socket, port = not socket and json.integer(ready.port) or nil,
-    boot_id = ready.bootId,
-    generation = fields.generation, isolate = fields.isolate, network = fields.network,
-    host_uid = fields.host_uid, env = fields.env, created_at = os.time(),
-    expires_at = fields.expires_at, labels = fields.labels, image = fields.image, limits = fields.limits }
-  local conn = protocol.connection(transport_for(record, token), self.options)
-  local health, herr = readiness().wait(conn, { timeout = self.ready_timeout })
-  if not health then return nil, herr end
-  local written, werr = state.write_record(dir, record)
-  if not written then return nil, errors.invalid_input("sandbox.create", "root", tostring(werr)) end
-  record.state = "running"
-  record.token = token
-  record.features = health.features
-  return record
+function provider_mt:await_agent(...)
+  return launch().await_agent(self, ...)
 end
 
 function provider_mt:create(opts)
@@ -386,7 +296,7 @@ function provider_mt:get(id)
   core.reap(record.pid)
   record.state = "terminated"
   if record.token and core.alive(record.pid) and agent_process.is_agent_of(record.pid, dir) then
-    local conn = protocol.connection(transport_for(record, record.token),
+    local conn = protocol.connection(agent_process.transport(record, record.token),
       { header_timeout = PROBE_TIMEOUT })
     local health = protocol.health(conn)
     -- The boot id tells this agent from another that took the port after it died.
@@ -501,7 +411,7 @@ function provider_mt:connection(record)
     return nil, errors.new("SANDBOX_UNREACHABLE", { operation = "sandbox.connect",
       message = "session " .. record.id .. " is " .. tostring(record.state) })
   end
-  local conn = protocol.connection(transport_for(record, record.token), self.options)
+  local conn = protocol.connection(agent_process.transport(record, record.token), self.options)
   conn.features = record.features or {}
   conn.default_env = record.env
   return conn
