@@ -191,7 +191,7 @@ describe("sandkit-agent --isolate bwrap", function()
           "/nonexistent/slirp4netns" }, status = 4, says = "Debian package passt" },
       }
       -- A stack that fails says why last, after lines of its own noise (pasta's, without syslog).
-      local stack = os.tmpname()
+      local stack = files.temp_name()
       defer(function() os.remove(stack) end)
       files.write(stack, "#!/bin/sh\necho 'Failed to send 45 bytes to syslog' >&2\n"
         .. "echo 'Failed to open tun socket in namespace' >&2\nexit 1\n")

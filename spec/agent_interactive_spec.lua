@@ -5,6 +5,7 @@
 local cjson = require "cjson"
 local raw = require "support.raw_http"
 local agent_process = require "support.agent_process"
+local files = require "support.files"
 
 local start_agent, within = agent_process.start_agent, agent_process.within
 
@@ -147,7 +148,7 @@ describe("sandkit-agent's interactive jobs", function()
     local parts = {}
     for i = 1, 6 * 1024 * 1024 / 8 do parts[i] = string.format("%08x", i) end
     local input = table.concat(parts)
-    local path = os.tmpname()
+    local path = files.temp_name()
     local f = assert(io.open(path, "wb"))
     f:write(input)
     f:close()

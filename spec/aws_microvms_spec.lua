@@ -63,7 +63,7 @@ end
 
 --- Runs `code` in a child Lua with exactly `env` (plus the module paths) and returns its stdout.
 local function run_child(code, env)
-  local out = os.tmpname()
+  local out = files.temp_name()
   local pid = assert(core.spawn({ LUA, "-e", code }, { env = files.child_env(env), stdout = out,
     stderr = out }))
   core.reap(pid, true)

@@ -82,7 +82,7 @@ local VECTORS = {
 
 --- Runs a Python program with args; its stdout, or the spec fails with its stderr.
 local function python(program, args)
-  local dir = os.tmpname()
+  local dir = files.temp_name()
   files.write(dir .. ".py", program)
   local quoted = {}
   for i, a in ipairs(args or {}) do quoted[i] = files.shell_quote(a) end

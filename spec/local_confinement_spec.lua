@@ -135,7 +135,7 @@ describe("a local session", function()
           pending("this machine cannot make the user namespace the test needs")
           return
         end
-        local script = os.tmpname()
+        local script = files.temp_name()
         defer(function() os.remove(script) end)
         files.write(script, string.format([[
           local sandkit = require "sandkit"
@@ -182,7 +182,7 @@ describe("a local session", function()
       local session = create()
       if not session then return end
       assert(session:write_files{ ["/app/a"] = "from the API" })
-      local src = os.tmpname()
+      local src = files.temp_name()
       defer(function() os.remove(src) end)
       files.write(src, "put\n")
       assert(session:write_file_from("/x.txt", src))
@@ -494,7 +494,7 @@ describe("a local session", function()
     --- Runs a create in a child Lua whose agent finds pasta and slirp4netns where `env` says;
     -- returns what the child printed.
     local function create_elsewhere(env, then_run)
-      local script = os.tmpname()
+      local script = files.temp_name()
       defer(function() os.remove(script) end)
       files.write(script, string.format([[
         local sandkit = require "sandkit"

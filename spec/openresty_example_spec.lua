@@ -23,7 +23,7 @@ end
 local function start_example()
   local build = assert(os.getenv("SANDKIT_NGINX_CPATH"), "make test sets SANDKIT_NGINX_CPATH")
     :match("^(.*)/luajit/%?%.so$")
-  local log = os.tmpname()
+  local log = files.temp_name()
   for _ = 1, 3 do
     local port = processes.free_port()
     local pid = assert(core.spawn({ "sh", "examples/openresty/run.sh" }, { setsid = true, stderr = log,
@@ -91,11 +91,12 @@ describe("the OpenResty example", function()
     local url = string.format("http://127.0.0.1:%d/#token=%s&run=%s", port, TOKEN,
       (command:gsub("[^%w]", function(c) return string.format("%%%02X", c:byte()) end)))
     -- Virtual time stands still while a fetch is pending, so the budget outlasts the stream.
+    -- Chromium makes its singleton socket's folder in $TMPDIR: the profile's, removed with it.
     local browser = assert(core.spawn({ CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
       "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update",
       "--disable-sync", "--user-data-dir=" .. profile .. "/profile", "--virtual-time-budget=20000",
       "--dump-dom", url }, { stdout = dom, stderr = profile .. "/chromium.log", setsid = true,
-      env = processes.env({ HOME = profile }) }))
+      env = processes.env({ HOME = profile, TMPDIR = profile }) }))
     local finished = reaped(browser, BROWSER_TIMEOUT)
     if not finished then
       -- Its own session (setsid): the renderers and the zygote go with it.
@@ -122,7 +123,8 @@ describe("the OpenResty example", function()
       local out = profile .. "/report.json"
       local driver = assert(core.spawn({ "/usr/bin/python3", "spec/support/cdp_terminal.py", CHROMIUM,
         profile .. "/profile", "http://127.0.0.1:" .. port, TOKEN },
-        { stdout = out, stderr = profile .. "/driver.log", setsid = true, env = processes.env({ HOME = profile }) }))
+        { stdout = out, stderr = profile .. "/driver.log", setsid = true,
+          env = processes.env({ HOME = profile, TMPDIR = profile }) }))
       local finished = reaped(driver, 2 * BROWSER_TIMEOUT)
       if not finished then
         os.execute("kill -KILL -- -" .. driver)

@@ -12,7 +12,7 @@ local local_state = require "support.local_state"
 local RAW = { "jobIdempotency", "rawFiles" }
 
 local function temp_path()
-  local path = os.tmpname()
+  local path = files.temp_name()
   os.remove(path)
   return path
 end

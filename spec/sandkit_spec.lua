@@ -34,16 +34,19 @@ describe("sandkit.sandbox", function()
 end)
 
 describe("loading sandkit", function()
+  local files = require "support.files"
   local local_state = require "support.local_state"
 
   it("leaves the modules a command needs only when it runs unloaded until then", function()
     -- In a process of its own: this one may have loaded any of them for another case.
     local out, status = local_state.run_lua([[
       require "sandkit.cli"
-      local sandbox = assert(require("sandkit").sandbox{ provider = "local", root = os.tmpname() })
+      local sandbox = assert(require("sandkit").sandbox{ provider = "local", root = ]]
+        .. string.format("%q", files.temp_dir()) .. [[ })
       for _, name in ipairs{ "sandkit.session_fs", "sandkit.protocol_fs", "sandkit.session_jobs",
         "sandkit.protocol_jobs", "sandkit.lines", "sandkit.cli_files", "sandkit.cli_jobs",
-        "sandkit.providers.local.images", "sandkit.providers.local.limits", "sandkit.readiness" } do
+        "sandkit.providers.local.images", "sandkit.providers.local.mmdebstrap",
+        "sandkit.providers.local.launch", "sandkit.providers.local.limits", "sandkit.readiness" } do
         if package.loaded[name] then print("loaded: " .. name) end
       end
       assert(sandbox:capabilities().limits, "capabilities() lists the limits")

@@ -8,6 +8,7 @@
 
 local core = require "sandkit.core"
 local cjson = require "cjson"
+local files = require "support.files"
 
 local fake_http = {}
 
@@ -18,11 +19,7 @@ local START_TIMEOUT = 10
 local server_mt = {}
 server_mt.__index = server_mt
 
-local function temp_path(suffix)
-  local name = os.tmpname()
-  os.remove(name)
-  return name .. suffix
-end
+local temp_path = files.temp_name
 
 --- Waits for one line on a reader from core.spawn (the child's ready descriptor).
 local function read_line(reader, timeout)

@@ -118,11 +118,41 @@ function files.umask_keeps(mode)
   return true
 end
 
+--- The temporary files and folders this busted process made through temp_name and temp_dir,
+-- removed when it ends (busted's "exit" event), whatever its specs did or failed to do: a run
+-- of the suite leaves nothing in /tmp. os.tmpname, under both interpreters, names
+-- /tmp/lua_XXXXXX whatever $TMPDIR says. A helper process a spec starts (a fake cluster's
+-- controller, say) is no busted: what it makes is inside a folder of its spec's, or its own to
+-- remove.
+local made = {}
+
+local function remember(path)
+  if #made == 0 then
+    local found, busted = pcall(require, "busted")
+    if not (found and busted.subscribe) then return path end
+    busted.subscribe({ "exit" }, function()
+      local core = require "sandkit.core"
+      for i = #made, 1, -1 do core.remove_tree(made[i]) end
+      made = {}
+    end)
+  end
+  made[#made + 1] = path
+  return path
+end
+
+--- A fresh name under the system's temporary folder: an empty file of that name, or with
+-- `suffix` a name nothing has (os.tmpname's file removed, the suffix added).
+function files.temp_name(suffix)
+  local name = os.tmpname()
+  if not suffix then return remember(name) end
+  os.remove(name)
+  return remember(name .. suffix)
+end
+
 --- A fresh private directory under the system's temporary folder (mode 0700, or `mode`).
 function files.temp_dir(mode)
   local core = require "sandkit.core"
-  local dir = os.tmpname()
-  os.remove(dir)
+  local dir = files.temp_name("")
   assert(core.mkdir(dir, mode or 448))
   return dir
 end

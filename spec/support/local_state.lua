@@ -50,7 +50,7 @@ end
 --- Runs a shell command line and returns stdout, stderr and the exit status. The status is
 -- written by the shell: a popen's close reports it under Lua 5.4 but not under LuaJIT.
 function local_state.sh(cmdline)
-  local err_path, status_path = os.tmpname(), os.tmpname()
+  local err_path, status_path = files.temp_name(), files.temp_name()
   local p = assert(io.popen("(" .. cmdline .. ") 2>" .. err_path .. "; echo $? >" .. status_path))
   local out = p:read("*a")
   p:close()
@@ -63,7 +63,7 @@ end
 
 --- Runs a Lua chunk in a separate process and returns its output and exit status.
 function local_state.run_lua(source)
-  local path = os.tmpname()
+  local path = files.temp_name()
   files.write(path, source)
   local out, _, status = local_state.sh(local_state.lua_env() .. " " .. LUA .. " " .. path .. " 2>&1")
   os.remove(path)

@@ -56,9 +56,7 @@ end
 
 --- A temp directory nginx's workers can use whoever they run as.
 function nginx.temp_dir()
-  local dir = os.tmpname()
-  os.remove(dir)
-  assert(core.mkdir(dir, tonumber("755", 8)))
+  local dir = files.temp_dir(tonumber("755", 8))
   -- Whatever the umask took away.
   if not files.umask_keeps(tonumber("755", 8)) then
     assert(files.execute("chmod 755 " .. files.shell_quote(dir)))
