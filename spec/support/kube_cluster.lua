@@ -124,7 +124,11 @@ function kube_cluster.start(opts)
     c.key_id = kube_cluster.KEY_ID
     local keys = { ring_entry(c.key_id, c.key_path) }
     for _, extra in ipairs(opts.extra_keys or {}) do keys[#keys + 1] = ring_entry(extra[1], extra[2]) end
-    local config = { agent = agent, public_keys = table.concat(keys, ","), pools = opts.pools or {},
+    -- The pods' agents keep their folders in the cluster's, which goes with the spec's process
+    -- whatever the fake managed to stop.
+    assert(core.mkdir(c.dir .. "/pods", 448))
+    local config = { agent = agent, pods_dir = c.dir .. "/pods", public_keys = table.concat(keys, ","),
+      pools = opts.pools or {},
       faults = opts.faults or {}, tokens = opts.tokens or { [kube_cluster.TOKEN] = "admin" },
       client_cns = { [kube_cluster.CLIENT_CN] = true }, router_token = opts.router_token,
       claims = opts.claims, namespace = c.namespace, api_versions = opts.api_versions,

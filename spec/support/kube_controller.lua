@@ -110,7 +110,14 @@ function ctl_mt:start_agent(pod_uid, ip)
       addr = string.format("127.%d.%d.%d", self.net_a, self.net_b, self.next_host)
       self.next_host = self.next_host % 253 + 2
     end
-    local dir = files.temp_dir()
+    local dir
+    if self.config.pods_dir then
+      self.dirs_made = (self.dirs_made or 0) + 1
+      dir = self.config.pods_dir .. "/" .. self.dirs_made
+      assert(core.mkdir(dir, 448))
+    else
+      dir = files.temp_dir()
+    end
     assert(core.mkdir(dir .. "/root", 448))
     local apid, reader = core.spawn({ self.config.agent, "--root", dir .. "/root", "--auth", "capability",
       "--session-id", pod_uid, "--public-keys", self.config.public_keys,
