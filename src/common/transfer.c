@@ -50,6 +50,7 @@ struct sk_transfer {
 	struct header_span header[SK_TRANSFER_MAX_HEADERS];
 	int header_count;
 	size_t header_used;
+	/* Last: sk_transfer_start zeroes everything before it. */
 	char header_bytes[SK_TRANSFER_MAX_HEADER_BYTES];
 };
 
@@ -568,11 +569,14 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 		snprintf(err, errlen, "a Unix socket's path over %zu bytes", SK_UNIX_SOCKET_PATH_MAX);
 		return NULL;
 	}
-	sk_transfer *t = calloc(1, sizeof *t);
+	/* Zeroed but for the head's bytes, last in the struct: header_used says how many hold
+	 * anything, and zeroing all 16 KiB was a tenth of a round trip's instructions. */
+	sk_transfer *t = malloc(sizeof *t);
 	if (t == NULL) {
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
+	memset(t, 0, offsetof(sk_transfer, header_bytes));
 	t->max_body = req->max_body;
 	t->max_error_body = req->max_error_body;
 	t->buffer_size = req->buffer_size ? req->buffer_size : SK_TRANSFER_BUFFER;
