@@ -170,15 +170,8 @@ describe("sandkit-agent --isolate bwrap", function()
     assert.are.equal(200, res.status, res.body)
     -- The input is sent once the terminal's name is out: the terminal echoes it as it arrives,
     -- which would otherwise land between the two lines this case reads.
-    local early, since = {}, nil
-    assert.is_true(within(10, function()
-      local polled, page = U:poll(job.jobId, since)
-      assert.are.equal(200, polled.status, polled.body)
-      for _, f in ipairs(page.frames) do
-        early[#early + 1] = f
-        since = f.seq
-      end
-      return agent_process.frames_data(early, "stdout"):find("/dev/pts/%d+\r\n") ~= nil
+    assert.is_true(U:poll_until(job.jobId, 10, function(_, frames)
+      return agent_process.frames_data(frames, "stdout"):find("/dev/pts/%d+\r\n") ~= nil
     end), "the job did not print its terminal")
     res = U:req("POST", "/v1/jobs/stdin?jobId=" .. job.jobId .. "&offset=0", "hello\n")
     assert.are.equal(200, res.status, res.body)

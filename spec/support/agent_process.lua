@@ -249,11 +249,11 @@ function Agent:poll(id, since)
   return self:json("POST", "/v1/jobs/poll", body)
 end
 
--- Polls with an advancing cursor until the job reports its ending (bounded); returns the last
--- page and every frame seen, in order.
-function Agent:poll_until_done(id, seconds)
+-- Polls with an advancing cursor until reached(page, frames) holds (bounded): true, the last
+-- page and every frame seen, in order; false once the bound passed.
+function Agent:poll_until(id, seconds, reached)
   local frames, since, page = {}, nil, nil
-  local done = within(seconds or 20, function()
+  local done = within(seconds, function()
     local res
     res, page = self:poll(id, since)
     assert.are.equal(200, res.status, res.body)
@@ -261,8 +261,14 @@ function Agent:poll_until_done(id, seconds)
       frames[#frames + 1] = f
       since = f.seq
     end
-    return page.running == false
+    return reached(page, frames)
   end)
+  return done, page, frames
+end
+
+-- Polls until the job reports its ending (bounded); returns the last page and every frame.
+function Agent:poll_until_done(id, seconds)
+  local done, page, frames = self:poll_until(id, seconds or 20, function(p) return p.running == false end)
   assert.is_true(done, "the job did not end in time")
   return page, frames
 end
