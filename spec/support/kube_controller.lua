@@ -35,7 +35,6 @@
 local cqueues = require "cqueues"
 local core = require "sandkit.core"
 local time = require "sandkit.time"
-local files = require "support.files"
 
 local kube_controller = {}
 
@@ -110,14 +109,9 @@ function ctl_mt:start_agent(pod_uid, ip)
       addr = string.format("127.%d.%d.%d", self.net_a, self.net_b, self.next_host)
       self.next_host = self.next_host % 253 + 2
     end
-    local dir
-    if self.config.pods_dir then
-      self.dirs_made = (self.dirs_made or 0) + 1
-      dir = self.config.pods_dir .. "/" .. self.dirs_made
-      assert(core.mkdir(dir, 448))
-    else
-      dir = files.temp_dir()
-    end
+    self.dirs_made = (self.dirs_made or 0) + 1
+    local dir = assert(self.config.pods_dir, "the cluster names its pods' folder") .. "/" .. self.dirs_made
+    assert(core.mkdir(dir, 448))
     assert(core.mkdir(dir .. "/root", 448))
     local apid, reader = core.spawn({ self.config.agent, "--root", dir .. "/root", "--auth", "capability",
       "--session-id", pod_uid, "--public-keys", self.config.public_keys,
