@@ -11,11 +11,8 @@ local local_state = require "support.local_state"
 
 local RAW = { "jobIdempotency", "rawFiles" }
 
-local function temp_path()
-  local path = files.temp_name()
-  os.remove(path)
-  return path
-end
+--- A fresh path under /tmp that nothing has yet.
+local function temp_path() return files.temp_name("") end
 
 local function assert_peak(peak, bound, what)
   if files.SANITIZED then return end
