@@ -94,10 +94,6 @@ struct conn {
 	int owed_fd;
 	off_t owed_off;
 	size_t owed;
-	/* http_reply_hold: while held, the reply's head waits in the output for its first piece
-	 * or for hold_ev (made on first use, kept with the connection), whichever comes first. */
-	struct event *hold_ev;
-	int held;
 };
 
 struct http_request {
@@ -291,11 +287,8 @@ static void settle_body(struct http_request *req)
 	req->body_done = 1;
 }
 
-static void release_hold(struct conn *c);
-
 static void finish(struct http_request *req)
 {
-	release_hold(req->conn);
 	req->finished = 1;
 	settle_body(req);
 	kick(req->conn);
@@ -335,35 +328,6 @@ int http_reply_start(struct http_request *req, int status, const char *content_t
 	return 0;
 }
 
-static void release_hold(struct conn *c)
-{
-	if (!c->held)
-		return;
-	c->held = 0;
-	event_del(c->hold_ev);
-	enable_writes(c);
-}
-
-static void on_hold_over(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	release_hold(arg);
-}
-
-void http_reply_hold(struct http_request *req, unsigned ms)
-{
-	struct conn *c = req->conn;
-	struct timeval tv = timeval_of(ms);
-	/* Without the timer the head goes at once: one more wake-up for the caller, no more. */
-	if (c->held || (c->hold_ev == NULL &&
-			(c->hold_ev = evtimer_new(srv.cfg.base, on_hold_over, c)) == NULL) ||
-	    evtimer_add(c->hold_ev, &tv) < 0)
-		return;
-	bufferevent_disable(c->bev, EV_WRITE);
-	c->held = 1;
-}
-
 void http_reply_cut(struct http_request *req)
 {
 	req->cut = 1;
@@ -378,7 +342,6 @@ int http_reply_chunk(struct http_request *req, struct evbuffer *b)
 		goto cut; /* a piece after a lost one would hide the gap */
 	if (n == 0)
 		return 0;
-	release_hold(req->conn);
 	if (req->reply_chunked) {
 		if (evbuffer_add_printf(out, "%zx\r\n", n) < 0 || evbuffer_add_buffer(out, b) < 0 ||
 		    evbuffer_add(out, "\r\n", 2) < 0)
@@ -704,8 +667,6 @@ static void conn_free(struct conn *c)
 	owed_clear(c);
 	if (c->owed_ev)
 		event_free(c->owed_ev);
-	if (c->hold_ev)
-		event_free(c->hold_ev);
 	listener_remove(&c->entry);
 	event_free(c->timer);
 	bufferevent_free(c->bev);

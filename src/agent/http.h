@@ -122,12 +122,6 @@ void http_reply_end(struct http_request *req);
  * does it itself when it fails): no more pieces go out, http_reply_end writes no ending, and
  * the connection closes, so that no caller takes what it got for a whole body. */
 void http_reply_cut(struct http_request *req);
-/*
- * Holds a streamed reply's head back until its first piece or its end, or for at most ms: a
- * caller then learns of a short command's start and end from one read, not two, while a
- * silent command's caller still hears the start within ms.
- */
-void http_reply_hold(struct http_request *req, unsigned ms);
 
 /*
  * The next len bytes of a reply of a known length (never chunked), taken from the regular file

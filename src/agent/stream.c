@@ -16,12 +16,6 @@
 
 #include <event2/buffer.h>
 
-/* How long the reply's head waits for the command's first frame (http_reply_hold). A command
- * that prints or ends within it (most short ones: the spawn alone is 1-4 ms here) reaches its
- * caller in one write and one wake-up instead of two; the head tells a caller nothing but that
- * the command started, which a silent one's caller learns this much later. */
-#define HEAD_HOLD_MS 20
-
 /*
  * Backpressure (docs/protocol.md §3.3 "a bounded number"): frames go to the connection until
  * HTTP_OUTPUT_HIGH bytes wait for the caller; then the agent stops reading the command's pipes
@@ -166,10 +160,8 @@ void stream_exec(struct http_request *req)
 		uint64_t cap = !r.has_output_cap ? 0 : r.output_cap ? r.output_cap : UINT64_MAX;
 		struct command_spec spec = { r.argv, r.envp, cwd_fd, r.timeout_ms, 0, cap, 0, 0, 0 };
 		s->cmd = command_start(&spec, &stream_sink, s, &early);
-		if (s->cmd) {
+		if (s->cmd)
 			http_reply_watch(req, on_drained, on_gone, s);
-			http_reply_hold(req, HEAD_HOLD_MS);
-		}
 		else
 			finish(s, &early);
 	}
