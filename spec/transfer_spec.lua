@@ -268,6 +268,41 @@ describe("a transfer", function()
     end, "PEM text over " .. limits.MAX_PEM .. " bytes")
   end)
 
+  it("reads large while its client's read buffers stay within their budget, small beyond it", function()
+    local limits = core.LIMITS
+    assert.is_true(limits.READ_BUDGET >= limits.READ_MAX and limits.READ_SIZE < limits.READ_MAX)
+    local client = core.client()
+    -- What the client's open transfers hold, and so what the next one must read at once.
+    local open, held = {}, 0
+    local function expected()
+      return held + limits.READ_MAX <= limits.READ_BUDGET and limits.READ_MAX or limits.READ_SIZE
+    end
+    -- Nothing listens on port 9: the transfers fail, but each holds its read size until closed.
+    local function request()
+      local want = expected()
+      local t = client:request{ method = "GET", url = "http://127.0.0.1:9/" }
+      assert.equal(want, t:state().read_size, #open + 1)
+      open[#open + 1], held = t, held + want
+      return t
+    end
+    local function close(i)
+      held = held - open[i]:state().read_size
+      open[i]:close()
+      table.remove(open, i)
+    end
+    local large = math.floor(limits.READ_BUDGET / limits.READ_MAX)
+    for _ = 1, large + 3 do request() end
+    assert.equal(limits.READ_SIZE, open[#open]:state().read_size)
+    -- Closed transfers give their share back, small ones and large ones.
+    for _ = 1, 3 do close(#open) end
+    close(1)
+    assert.equal(limits.READ_MAX, request():state().read_size)
+    assert.equal(limits.READ_SIZE, request():state().read_size)
+    for _ = 1, 4 do close(1) end
+    for _ = 1, 5 do request() end
+    assert.is_true(held <= limits.READ_BUDGET + #open * limits.READ_SIZE)
+  end)
+
   it("refuses a request with both a body and a body stream", function()
     local client = core.client()
     assert.has_error(function()

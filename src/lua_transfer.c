@@ -14,7 +14,7 @@
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
- *                        uploaded= }
+ *                        uploaded=, read_size= }
  *   t:headers()     -- { [lower-case name] = value }
  *   t:progress()    -- a counter that moves whenever headers, body bytes or the end arrive
  *   t:step()        -- client:step() for the transfer's client (a scheduler holds transfers)
@@ -412,6 +412,8 @@ static int transfer_state(lua_State *L)
 	lua_setfield(L, -2, "received");
 	lua_pushinteger(L, (lua_Integer)st.uploaded);
 	lua_setfield(L, -2, "uploaded");
+	lua_pushinteger(L, (lua_Integer)st.read_size);
+	lua_setfield(L, -2, "read_size");
 	return 1;
 }
 

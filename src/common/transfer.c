@@ -35,6 +35,7 @@ struct sk_transfer {
 	/* Unread body bytes are buf[start, start + len); cap is the bound (see transfer.h). */
 	char *buf;
 	size_t cap, start, len, buffer_size;
+	long read_size;              /* libcurl's read buffer (transfer.h), counted by its client */
 
 	/* A streamed request body: fed bytes libcurl has not read yet are
 	 * send_buf[send_start, send_start + send_len), at most SK_TRANSFER_SEND_BUFFER. */
@@ -60,6 +61,7 @@ struct sk_client {
 	int64_t timer_deadline_ms; /* monotonic; -1 when libcurl wants no timer */
 	sk_transfer *transfers;
 	int transfer_count;
+	size_t read_buffers;        /* the read sizes of its transfers, summed (transfer.h) */
 	char *user_agent;
 };
 
@@ -172,6 +174,7 @@ static void detach(sk_transfer *t)
 	if (t->next)
 		t->next->prev = t->prev;
 	c->transfer_count--;
+	c->read_buffers -= (size_t)t->read_size;
 	t->client = NULL;
 	t->prev = t->next = NULL;
 }
@@ -635,7 +638,9 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 		curl_easy_setopt(e, CURLOPT_USERAGENT, c->user_agent);
 	curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
 	curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, SK_TRANSFER_READ_SIZE);
+	t->read_size = c->read_buffers + SK_TRANSFER_READ_MAX <= SK_TRANSFER_READ_BUDGET ?
+		SK_TRANSFER_READ_MAX : SK_TRANSFER_READ_SIZE;
+	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, t->read_size);
 	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->request_headers);
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
@@ -674,6 +679,7 @@ sk_transfer *sk_transfer_start(sk_client *c, const struct sk_request *req, char 
 		c->transfers->prev = t;
 	c->transfers = t;
 	c->transfer_count++;
+	c->read_buffers += (size_t)t->read_size;
 	return t;
 nomem:
 	snprintf(err, errlen, "out of memory");
@@ -710,6 +716,7 @@ void sk_transfer_state(const sk_transfer *t, struct sk_transfer_state *st)
 	st->error = t->done && !st->ok ? t->errbuf : NULL;
 	st->received = t->received;
 	st->uploaded = t->uploaded;
+	st->read_size = t->read_size;
 	st->progress = t->progress;
 }
 

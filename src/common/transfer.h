@@ -30,13 +30,18 @@
 /* libcurl hands the write callback at most CURL_MAX_WRITE_SIZE (16 KiB) at once; a buffer
  * must hold at least one such chunk or a paused transfer could never resume. */
 #define SK_TRANSFER_MIN_BUFFER ((size_t)16 * 1024)
-/* What libcurl reads from the socket at once (CURLOPT_BUFFERSIZE; its default is 16 KiB).
- * A stream at full speed is a recv per read, each with a poll of the socket and a wake-up of
- * the agent's writer behind it: 16 KiB reads cost a stream four of each per 64 KiB frame, 32
- * KiB two. Each transfer holds one such buffer: at 64 KiB, 128 streams held 8 MiB of them and
- * their client peaked within 4 MiB of its 64 MiB target; 32 KiB keeps most of the gain. It
- * still reaches the write callback in pieces of at most CURL_MAX_WRITE_SIZE. */
+/* What libcurl reads from the socket at once (CURLOPT_BUFFERSIZE; its default is 16 KiB), a
+ * buffer each transfer holds until it is freed. Every read is a recv, a poll of the socket and,
+ * on a Unix socket, a wake-up of the agent's writer for the room it made: a transfer reads
+ * SK_TRANSFER_READ_MAX at once while its client's transfers hold at most
+ * SK_TRANSFER_READ_BUDGET of read buffers between them (one 1 GiB stream or get then costs
+ * the client a fifth less CPU than at 32 KiB), and SK_TRANSFER_READ_SIZE beyond that, so that
+ * 128 streams hold 4 MiB of them (64 KiB reads put 128 streams' client within 4 MiB of its 64
+ * MiB target). A client holds at most the budget plus SK_TRANSFER_READ_SIZE a transfer. Either
+ * reaches the write callback in pieces of at most CURL_MAX_WRITE_SIZE. */
 #define SK_TRANSFER_READ_SIZE ((long)32 * 1024)
+#define SK_TRANSFER_READ_MAX ((long)256 * 1024)
+#define SK_TRANSFER_READ_BUDGET ((size_t)4 * 1024 * 1024)
 /* Response headers kept per transfer, names and values together; more is dropped, not kept. */
 #define SK_TRANSFER_MAX_HEADER_BYTES ((size_t)16 * 1024)
 #define SK_TRANSFER_MAX_HEADERS 64
@@ -112,6 +117,7 @@ struct sk_transfer_state {
 	const char *error; /* libcurl's message when done and not ok */
 	uint64_t received; /* body bytes accepted so far */
 	uint64_t uploaded; /* streamed request body bytes libcurl has taken */
+	long read_size;    /* what libcurl reads from the socket at once (SK_TRANSFER_READ_*) */
 	/* Counts events a waiter may care about (headers, body bytes, the end): a scheduler that
 	 * saw it unchanged knows this transfer has nothing new for its reader. */
 	uint64_t progress;
