@@ -287,10 +287,28 @@ static void settle_body(struct http_request *req)
 	req->body_done = 1;
 }
 
+/* Writes what the output holds now rather than a loop turn later, when libevent's write event
+ * would (an epoll_ctl, an epoll_wait and then the same writev): a reply's last bytes, the exit
+ * frame of a short command above all, are what its caller waits for. It is the write libevent's
+ * own write callback makes, front unfrozen for it as there; the write event, already added,
+ * then finds less or nothing to write and moves the connection on as before, or meets the
+ * write's error again and closes it. */
+static void write_now(struct conn *c)
+{
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+	if (c->owed > 0 || evbuffer_get_length(out) == 0 ||
+	    !(bufferevent_get_enabled(c->bev) & EV_WRITE))
+		return;
+	evbuffer_unfreeze(out, 1);
+	evbuffer_write_atmost(out, bufferevent_getfd(c->bev), SINGLE_IO_MAX);
+	evbuffer_freeze(out, 1);
+}
+
 static void finish(struct http_request *req)
 {
 	req->finished = 1;
 	settle_body(req);
+	write_now(req->conn);
 	kick(req->conn);
 }
 
