@@ -59,6 +59,29 @@ describe("a file sent with rawFiles", function()
     assert.same({ #data, #data }, seen[#seen], "the last progress call is the whole file")
   end)
 
+  it("from a path is read by the transport itself, a reader's pieces never becoming Lua strings", function()
+    session, server = agent_session.open([[function(req, conn)
+      respond.status(conn, "204 No Content") end]], nil, RAW)
+    local http = require "sandkit.http"
+    local send, handed = http.send, {}
+    http.send = function(spec)
+      handed[#handed + 1] = io.type(spec.body_file) or "none"
+      return send(spec)
+    end
+    local data = files.pattern(70 * 1024)
+    local src = temp_path()
+    files.write(src, data)
+    local ok, sent, err = pcall(session.write_file_from, session, "/f", src)
+    local from_reader = ok and session:write_file_from("/g", function() return nil end)
+    http.send = send
+    assert(ok, sent)
+    assert.equal(#data, sent, err)
+    assert.equal(0, from_reader)
+    -- The open file went to the transport beside its reader; a reader alone has none.
+    assert.same({ "file", "none" }, handed)
+    assert.equal(data, server:requests_to("/v1/files/raw")[1].body)
+  end)
+
   it("from a reader of unknown length goes chunked", function()
     session, server = agent_session.open([[function(req, conn)
       respond.status(conn, "204 No Content") end]], nil, RAW)

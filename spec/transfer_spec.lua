@@ -5,6 +5,7 @@ local core = require "sandkit.core"
 local http = require "sandkit.http"
 local agent_process = require "support.agent_process"
 local fake_http = require "support.fake_http"
+local files = require "support.files"
 
 local function run_until(client, pred, limit)
   local deadline = core.now() + (limit or 10)
@@ -354,6 +355,76 @@ describe("a streamed request body over the libcurl transport", function()
     -- Refused when the source went wrong, not when a server gave up waiting for the rest.
     assert.is_true(core.now() - started < 5, "failed at once")
     assert.equal(0, #server:requests_to("/up"), "no request with a wrong body reached the server")
+  end)
+
+  --- A PUT of the file at `path` (length bytes announced), which the transfer reads itself; the
+  -- reader given beside it fails the request if it is ever called.
+  local function upload_file(path, length)
+    local f = assert(io.open(path, "rb"))
+    local progress = {}
+    local resp, failure = http.send{ method = "PUT", url = server.url .. "/up", body_length = length,
+      stall_timeout = 5, header_timeout = 5, body_file = f,
+      on_body = function(n) progress[#progress + 1] = n end,
+      body_reader = function() return nil, "the reader was called beside its file" end }
+    f:close()
+    if resp then resp:close() end
+    return resp, failure, progress
+  end
+
+  it("reads a body_file itself, whole and in order, past its send buffer, reporting its progress", function()
+    -- Two and a half send buffers of a pattern that shows a piece sent twice or out of order.
+    local size = 640 * 1024 + 7
+    local path = files.temp_name(".put")
+    files.write_pattern(path, size)
+    local resp, failure, progress = upload_file(path, size)
+    assert.is_nil(failure)
+    assert.equal(204, resp.status)
+    assert.equal(files.pattern(size), server:requests_to("/up")[1].body)
+    assert.is_true(#progress >= 3, "progress heard as the buffer refilled")
+    assert.equal(size, progress[#progress])
+    for i = 2, #progress do assert.is_true(progress[i] > progress[i - 1]) end
+  end)
+
+  it("refuses a body_file that holds more or fewer bytes than announced, sending nothing", function()
+    local path = files.temp_name(".put")
+    files.write(path, "abcdefg")
+    local _, longer = upload_file(path, 5)
+    assert.matches("gave more than the 5 bytes announced", longer and longer.detail or "", 1, true)
+    local _, shorter = upload_file(path, 9)
+    assert.matches("gave 7 bytes, not the 9 announced", shorter and shorter.detail or "", 1, true)
+    assert.equal(0, #server:requests_to("/up"), "no request with a wrong body reached the server")
+  end)
+
+  it("fails a body_file that cannot be read with the read's own error", function()
+    local dir = files.temp_dir()
+    local _, failure = upload_file(dir, 5)
+    assert.matches("the request body's source failed", failure and failure.detail or "", 1, true)
+    assert.matches("directory", tostring(failure and failure.source_error), 1, true)
+    assert.equal(0, #server:requests_to("/up"))
+  end)
+
+  it("refuses feed_file on a closed file or a transfer without a streamed body", function()
+    local path = files.temp_name(".put")
+    files.write(path, "abc")
+    local client = core.client()
+    local streamed = client:request{ method = "PUT", url = server.url .. "/up", body_stream = true,
+      body_length = 3 }
+    local closed = assert(io.open(path, "rb"))
+    closed:close()
+    local ok, err = pcall(streamed.feed_file, streamed, closed)
+    assert.is_false(ok)
+    assert.matches("file is closed", err, 1, true)
+    local f = assert(io.open(path, "rb"))
+    local plain = client:request{ method = "GET", url = server.url .. "/up" }
+    ok, err = pcall(plain.feed_file, plain, f)
+    assert.is_false(ok)
+    assert.matches("takes no more body bytes", err, 1, true)
+    assert.equal(3, streamed:feed_file(f))
+    streamed:finish()
+    assert.is_false((pcall(streamed.feed_file, streamed, f)))
+    f:close()
+    streamed:close()
+    plain:close()
   end)
 end)
 

@@ -6,6 +6,8 @@
 #ifndef SANDKIT_COMPAT_H
 #define SANDKIT_COMPAT_H
 
+#include <stdio.h>
+
 #include <lua.h>
 #include <lauxlib.h>
 
@@ -57,6 +59,28 @@ static inline void *skc_testudata(lua_State *L, int ud, const char *tname)
 }
 #define luaL_setmetatable skc_setmetatable
 #define luaL_testudata skc_testudata
+#endif
+
+/* The stdio stream of an open Lua file handle (io.open's), or a Lua error. Both interpreters
+ * keep it as the userdata's first member under the registry's LUA_FILEHANDLE metatable; 5.4
+ * marks a closed handle by its close function, LuaJIT by the stream itself. */
+#if LUA_VERSION_NUM >= 502
+static inline FILE *skc_checkfile(lua_State *L, int idx)
+{
+	luaL_Stream *p = luaL_checkudata(L, idx, LUA_FILEHANDLE);
+	if (p->closef == NULL)
+		luaL_argerror(L, idx, "file is closed");
+	return p->f;
+}
+#else
+#include <lualib.h>
+static inline FILE *skc_checkfile(lua_State *L, int idx)
+{
+	FILE **p = luaL_checkudata(L, idx, LUA_FILEHANDLE);
+	if (*p == NULL)
+		luaL_argerror(L, idx, "file is closed");
+	return *p;
+}
 #endif
 
 /* A result string of known maximum size, written in place: luaL_buffinitsize on 5.2+, a

@@ -20,11 +20,16 @@
  *   t:step()        -- client:step() for the transfer's client (a scheduler holds transfers)
  *   t:feed(bytes)   -- with body_stream: bytes of the body taken (0: the buffer is full, wait
  *                      on the transfer and feed the rest)
+ *   t:feed_file(f)  -- with body_stream: the next bytes of the body read from the open file f
+ *                      (io.open's, a regular file) straight into the send buffer: the bytes
+ *                      taken (0: full), nil at the file's end, false when it holds more than
+ *                      body_length, or nil and the read's error
  *   t:finish()      -- with body_stream: the body is complete
  *   t:close()       -- stops it; also __close and __gc
  * A transfer is pollable too (it answers for its client), so cqueues.poll(t) works.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <string.h>
 
 #include "common/frames.h"
@@ -430,6 +435,29 @@ static int transfer_feed(lua_State *L)
 	return 1;
 }
 
+static int transfer_feed_file(lua_State *L)
+{
+	struct transfer_ud *u = check_transfer(L, 1);
+	long n = sk_transfer_feed_fd(u->t, fileno(skc_checkfile(L, 2)));
+	if (n == SK_FEED_END) {
+		lua_pushnil(L);
+		return 1;
+	}
+	if (n == SK_FEED_PAST) {
+		lua_pushboolean(L, 0);
+		return 1;
+	}
+	if (n == SK_FEED_REFUSED)
+		return luaL_error(L, "the transfer takes no more body bytes (no body_stream, or finished)");
+	if (n < 0) {
+		lua_pushnil(L);
+		lua_pushstring(L, strerror(errno));
+		return 2;
+	}
+	lua_pushinteger(L, (lua_Integer)n);
+	return 1;
+}
+
 static int transfer_finish(lua_State *L)
 {
 	sk_transfer_finish(check_transfer(L, 1)->t);
@@ -493,6 +521,7 @@ void skl_open_transfer(lua_State *L)
 		{ "events", events },
 		{ "timeout", transfer_timeout },
 		{ "feed", transfer_feed },
+		{ "feed_file", transfer_feed_file },
 		{ "finish", transfer_finish },
 		{ "close", transfer_close },
 		{ NULL, NULL },

@@ -44,7 +44,10 @@ response_mt.__index = response_mt
 -- without it the body is chunked. It goes out on a fresh connection, in bounded memory, while
 -- this waits; the wait is then bounded by `stall_timeout` (seconds the body may stop moving)
 -- until it is all sent and by `header_timeout` (seconds) after that — a deadline fixed before
--- a large upload would cut it — and `on_body(bytes_sent)` hears its progress.
+-- a large upload would cut it — and `on_body(bytes_sent)` hears its progress. With it may
+-- come `body_file`, the open file (io.open's, seekable) the reader reads: the libcurl transport
+-- then reads the file itself, straight into its send buffer (no Lua string a piece), and the
+-- reader is left unused; cosockets take the reader's pieces.
 -- Returns a response, or nil and a failure: { kind = "refused" (nothing was sent) |
 -- "timeout" (no headers in time) | "failed" (the connection failed after sending),
 -- sent = bool, detail = the transport's sentence, source_error = the reader's error when it failed }.
@@ -60,6 +63,15 @@ response_mt.__index = response_mt
 -- time with their coming.
 function http.let_go(bytes)
   collectgarbage("step", math.floor(bytes / 1024))
+end
+
+--- What a streamed body's source may not do, worded once for both kinds of source.
+local function past_length(length)
+  return string.format("the request body's source gave more than the %d bytes announced", length)
+end
+
+local function short_of_length(sent, length)
+  return string.format("the request body's source gave %d bytes, not the %d announced", sent, length)
 end
 
 --- The body_reader a transport calls: spec.body_reader's pieces, held to spec.body_length, with
@@ -78,26 +90,61 @@ local function counted_reader(spec)
     local piece, err = reader()
     if piece == nil then
       if err ~= nil then return nil, "the request body's source failed: " .. tostring(err), err end
-      if length and sent ~= length then
-        return nil, string.format("the request body's source gave %d bytes, not the %d announced", sent, length)
-      end
+      if length and sent ~= length then return nil, short_of_length(sent, length) end
       return nil
     end
-    if length and sent + #piece > length then
-      return nil, string.format("the request body's source gave more than the %d bytes announced", length)
-    end
+    if length and sent + #piece > length then return nil, past_length(length) end
     handed = #piece
     return piece
   end
 end
 
+--- Feeders of a libcurl transfer's streamed body. Each call feeds what fits and returns the
+-- bytes taken and whether the send buffer is full (wait for the transfer, then call again); nil
+-- at the body's end; or nil, nil, detail, the source's own error when the source failed.
+
+--- From a reader's pieces (counted_reader's), keeping the part of a piece that did not fit.
+local function piece_feeder(t, reader)
+  local pending
+  return function()
+    if not pending then
+      local chunk, why, source_error = reader()
+      if chunk == nil then return nil, nil, why, source_error end
+      pending = chunk
+    end
+    local taken = t:feed(pending)
+    local full = taken < #pending
+    pending = full and pending:sub(taken + 1) or nil
+    return taken, full
+  end
+end
+
+--- From an open file the transfer reads itself (t:feed_file), held to length as a reader is.
+local function file_feeder(t, file, length, on_body)
+  local sent = 0
+  return function()
+    local taken, err = t:feed_file(file)
+    if taken == false then return nil, nil, past_length(length) end
+    if taken == nil then
+      if err ~= nil then return nil, nil, "the request body's source failed: " .. err, err end
+      if length and sent ~= length then return nil, nil, short_of_length(sent, length) end
+      return nil
+    end
+    if taken > 0 then
+      sent = sent + taken
+      if on_body then on_body(sent) end
+    end
+    return taken, taken == 0
+  end
+end
+
 function http.send(spec)
-  local reader
+  local reader, file, on_body = nil, spec.body_file, spec.on_body
   if spec.body_reader then
     local request = {}
     for k, v in pairs(spec) do request[k] = v end
     reader = counted_reader(spec)
-    request.body_reader, request.on_body = reader, nil
+    request.body_reader, request.on_body, request.body_file = reader, nil, nil
     spec = request
   end
   if wait.check_nginx() then
@@ -119,34 +166,31 @@ function http.send(spec)
   local client = http.client()
   if reader then spec.body_reader, spec.body_stream = nil, true end
   local t = client:request(spec)
+  local feed
+  if reader and file then
+    feed = file_feeder(t, file, spec.body_length, on_body)
+  elseif reader then
+    feed = piece_feeder(t, reader)
+  end
   local deadline = spec.header_deadline
-  local pending, feeding = nil, reader ~= nil
-  if feeding then deadline = core.now() + spec.stall_timeout end
+  if feed then deadline = core.now() + spec.stall_timeout end
   while true do
-    while feeding do
-      if not pending then
-        local chunk, why, source_error = reader()
-        if chunk == nil then
-          if why ~= nil then
-            local st = t:state()
-            t:close()
-            return nil, { kind = st.sent and "failed" or "refused", sent = st.sent, detail = why,
-              source_error = source_error }
-          end
-          t:finish()
-          feeding = false
-          deadline = core.now() + spec.header_timeout
-          break
+    while feed do
+      local taken, full, detail, source_error = feed()
+      if taken == nil then
+        if detail ~= nil then
+          local st = t:state()
+          t:close()
+          return nil, { kind = st.sent and "failed" or "refused", sent = st.sent, detail = detail,
+            source_error = source_error }
         end
-        pending = chunk
-      end
-      local taken = t:feed(pending)
-      if taken > 0 then deadline = core.now() + spec.stall_timeout end
-      if taken < #pending then
-        pending = pending:sub(taken + 1)
+        t:finish()
+        feed = nil
+        deadline = core.now() + spec.header_timeout
         break
       end
-      pending = nil
+      if taken > 0 then deadline = core.now() + spec.stall_timeout end
+      if full then break end
     end
     client:step()
     local st = t:state()

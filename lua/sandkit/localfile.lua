@@ -3,6 +3,8 @@
 --
 --   local src, err = localfile.source(path_or_reader, operation)
 --     src.read() -> chunk | nil (the end) | nil, err;  src.length (bytes, or nil);  src.close()
+--     src.file: for a path that can seek (a regular file), the open file read() reads, which a
+--     transport may read itself instead (sandkit.http's body_file); nil otherwise
 --   local dst, err = localfile.sink(path_or_writer, operation)
 --     dst.write(bytes) -> true | nil, err;  dst.commit() -> true | nil, err;  dst.abort()
 --
@@ -97,6 +99,7 @@ function localfile.source(source, operation)
   f:seek("set")
   return {
     length = length,
+    file = length and f,
     read = function()
       local chunk, rerr = f:read(localfile.CHUNK)
       if chunk then return chunk end

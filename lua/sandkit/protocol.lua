@@ -117,7 +117,8 @@ local PEER = "the agent"
 
 --- One attempt: sends the request and waits for its headers. A 2xx comes back as the
 -- response; anything else becomes the error §4 says it is, with the agent's own text kept.
--- `body` is JSON text, or a raw byte stream { reader =, length =, on_body = } (rawFiles).
+-- `body` is JSON text, or a raw byte stream { reader =, length =, on_body =, file = } (rawFiles;
+-- file: the open file the reader reads, which the libcurl transport reads itself).
 local function attempt(conn, target, operation, method, body, max_body)
   local headers = {}
   for k, v in pairs(target.headers or {}) do headers[k] = v end
@@ -144,6 +145,7 @@ local function attempt(conn, target, operation, method, body, max_body)
   elseif type(body) == "table" then
     headers["Content-Type"] = body.content_type or "application/octet-stream"
     spec.body_reader, spec.body_length, spec.on_body = body.reader, body.length, body.on_body
+    spec.body_file = body.file
     -- The bytes may take long to send; what bounds the wait is their stopping.
     spec.stall_timeout, spec.header_timeout = conn.body_timeout, conn.header_timeout
   elseif body then
@@ -747,14 +749,17 @@ function protocol.read_file_raw(conn, path, write, progress)
   return protocol.read_body_into(conn, READ_FILE, resp, write, progress, "the file's bytes")
 end
 
---- Writes the bytes read() returns (chunks, then nil; or nil and an error) to a file of the
--- session; `length` (bytes, or nil: chunked) goes out as Content-Length. The agent renames the
--- file into place only once the whole body arrived. Returns the byte count, or nil and an error.
-function protocol.write_file_raw(conn, path, read, length, progress)
+--- Writes the bytes source.read() returns (chunks, then nil; or nil and an error) to a file of
+-- the session; `source.length` (bytes, or nil: chunked) goes out as Content-Length, and
+-- `source.file`, when given, is the open file read() reads (sandkit.localfile's sources). The
+-- agent renames the file into place only once the whole body arrived. Returns the byte count,
+-- or nil and an error.
+function protocol.write_file_raw(conn, path, source, progress)
   check_path(path)
   local sent = 0
+  local length = source.length
   local resp, err = send(conn, WRITE_FILES, "PUT", RAW_FILES .. query_escape(path), {
-    reader = read, length = length,
+    reader = source.read, length = length, file = source.file,
     on_body = function(n)
       sent = n
       if progress then progress(n, length) end

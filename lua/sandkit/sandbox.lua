@@ -611,7 +611,7 @@ function session_mt:write_file_from(path, source, opts)
   if not src then return nil, err end
   local sent
   if raw_files(conn) then
-    sent, err = protocol.write_file_raw(conn, path, src.read, src.length, topts.progress)
+    sent, err = protocol.write_file_raw(conn, path, src, topts.progress)
   else
     local parts, size = {}, 0
     while true do

@@ -764,30 +764,83 @@ void sk_transfer_consume(sk_transfer *t, size_t n)
 	}
 }
 
-long sk_transfer_feed(sk_transfer *t, const char *data, size_t len)
+/* The send buffer, made at the first feed, with its unsent bytes moved to its front when
+ * `wanted` more would not fit behind them. 0, or -1 when memory ran out. */
+static int send_room(sk_transfer *t, size_t wanted)
 {
-	if (!t->streaming || t->send_finished)
-		return -1;
-	if (t->send_length >= 0 && len > (uint64_t)t->send_length - t->fed)
-		return -1;
 	if (t->send_buf == NULL) {
 		t->send_buf = malloc(SK_TRANSFER_SEND_BUFFER);
 		if (t->send_buf == NULL)
 			return -1;
 	}
-	if (t->send_start > 0 && len > SK_TRANSFER_SEND_BUFFER - t->send_start - t->send_len) {
+	if (t->send_start > 0 && wanted > SK_TRANSFER_SEND_BUFFER - t->send_start - t->send_len) {
 		memmove(t->send_buf, t->send_buf + t->send_start, t->send_len);
 		t->send_start = 0;
 	}
-	size_t room = SK_TRANSFER_SEND_BUFFER - t->send_start - t->send_len;
-	size_t n = len < room ? len : room;
-	memcpy(t->send_buf + t->send_start + t->send_len, data, n);
+	return 0;
+}
+
+static void fed(sk_transfer *t, size_t n)
+{
 	t->send_len += n;
 	t->fed += n;
 	if (n > 0 && t->send_paused) {
 		t->send_paused = 0;
 		resume_direction(t);
 	}
+}
+
+long sk_transfer_feed(sk_transfer *t, const char *data, size_t len)
+{
+	if (!t->streaming || t->send_finished)
+		return -1;
+	if (t->send_length >= 0 && len > (uint64_t)t->send_length - t->fed)
+		return -1;
+	if (send_room(t, len) < 0)
+		return -1;
+	size_t room = SK_TRANSFER_SEND_BUFFER - t->send_start - t->send_len;
+	size_t n = len < room ? len : room;
+	memcpy(t->send_buf + t->send_start + t->send_len, data, n);
+	fed(t, n);
+	return (long)n;
+}
+
+long sk_transfer_feed_fd(sk_transfer *t, int fd)
+{
+	if (!t->streaming || t->send_finished)
+		return SK_FEED_REFUSED;
+	if (send_room(t, SK_TRANSFER_SEND_BUFFER) < 0) {
+		errno = ENOMEM;
+		return -1;
+	}
+	size_t want = SK_TRANSFER_SEND_BUFFER - t->send_start - t->send_len;
+	if (want == 0)
+		return 0;
+	/* At the announced length one byte more is asked for, into a byte of its own: a file
+	 * that grew since its length was taken is a body the server would misread, not one to
+	 * cut silently. */
+	char past;
+	char *into = t->send_buf + t->send_start + t->send_len;
+	if (t->send_length >= 0) {
+		uint64_t left = (uint64_t)t->send_length - t->fed;
+		if (left == 0) {
+			into = &past;
+			want = 1;
+		} else if (want > left) {
+			want = (size_t)left;
+		}
+	}
+	ssize_t n;
+	do
+		n = pread(fd, into, want, (off_t)t->fed);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -1;
+	if (n == 0)
+		return SK_FEED_END;
+	if (into == &past)
+		return SK_FEED_PAST;
+	fed(t, (size_t)n);
 	return (long)n;
 }
 

@@ -160,6 +160,17 @@ int sk_transfer_paused(const sk_transfer *t);
  * rest); -1 when the transfer has no streamed body, its body was finished, the bytes would
  * pass its body_length, or memory ran out. A body finished short of its body_length fails. */
 long sk_transfer_feed(sk_transfer *t, const char *data, size_t len);
+/* The same from a file (a local file put into a session): the next bytes are read straight
+ * into the send buffer, at the offset of the bytes fed so far (pread), so the descriptor's own
+ * position and a stdio buffer over it do not matter; no copy passes through the caller. The
+ * file must not block a read (a regular file; the caller reads a pipe with its own waits).
+ * Returns the bytes taken (0 when full), SK_FEED_END when the file holds no more,
+ * SK_FEED_PAST when it holds more than body_length, SK_FEED_REFUSED when the transfer has no
+ * streamed body or it was finished, or -1 with errno set (ENOMEM, or the read's own). */
+#define SK_FEED_END (-2L)
+#define SK_FEED_PAST (-3L)
+#define SK_FEED_REFUSED (-4L)
+long sk_transfer_feed_fd(sk_transfer *t, int fd);
 /* Marks the end of the streamed body; libcurl ends it once the buffer drained. */
 void sk_transfer_finish(sk_transfer *t);
 
