@@ -174,6 +174,55 @@ describe("a file read with rawFiles", function()
     os.remove(dst)
   end)
 
+  --- Runs fn with localfile.sink's path sinks changed by change(dst); returns what fn returned.
+  local function with_sinks(change, fn)
+    local localfile = require "sandkit.localfile"
+    local sink = localfile.sink
+    localfile.sink = function(...)
+      local dst, err = sink(...)
+      if dst and dst.file then change(dst) end
+      return dst, err
+    end
+    local result = table.pack(pcall(fn))
+    localfile.sink = sink
+    assert(result[1], result[2])
+    return table.unpack(result, 2, result.n)
+  end
+
+  it("into a path is written by the transport itself, its bytes never handed to a writer", function()
+    session, server = serving(700 * 1024 + 5)
+    local dst = temp_path()
+    local handed = 0
+    local got, err = with_sinks(function(sink)
+      local write = sink.write
+      sink.write = function(bytes)
+        handed = handed + #bytes
+        return write(bytes)
+      end
+    end, function() return session:read_file_to("/out.bin", dst) end)
+    assert.equal(700 * 1024 + 5, got, tostring(err))
+    assert.equal(files.pattern(700 * 1024 + 5), files.read(dst))
+    assert.equal(0, handed)
+    os.remove(dst)
+  end)
+
+  it("into a file whose write fails is an error with the write's reason, and leaves no file", function()
+    session, server = serving(300 * 1024)
+    local dst = temp_path()
+    local got, err = with_sinks(function(sink)
+      -- A write to /dev/full fails as a full disk does.
+      sink.file = assert(io.open("/dev/full", "wb"))
+    end, function() return session:read_file_to("/out.bin", dst) end)
+    assert.is_nil(got)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.matches("could not be written: No space left on device", err.message, 1, true)
+    assert.is_nil(io.open(dst), "nothing is renamed into place")
+    local leftovers = core.listdir(dst:match("^(.*)/")) or {}
+    for _, name in ipairs(leftovers) do
+      assert.is_nil(name:find(dst:match("[^/]+$") .. ".sandkit-", 1, true), "no partial file is left")
+    end
+  end)
+
   it("that stops short is an error and never replaces the file it was to become", function()
     session, server = serving(300 * 1024, 100 * 1024)
     local dst = temp_path()

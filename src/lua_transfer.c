@@ -12,6 +12,9 @@
  *                             ca_pem =, client_cert_pem =, client_key_pem =,  -- PEM text
  *                             tls_server_name = }                             -- see transfer.h
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
+ *   t:read_to_file(f) -- the same into the open file f (io.open's, a regular file), written
+ *                      from the transfer's buffer: the bytes written | false | nil, or nil and
+ *                      the write's error
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
  *                        uploaded=, read_size= }
@@ -345,6 +348,30 @@ static int transfer_read(lua_State *L)
 	}
 }
 
+static int transfer_read_to_file(lua_State *L)
+{
+	struct transfer_ud *u = check_transfer(L, 1);
+	FILE *f = skc_checkfile(L, 2);
+	/* Bytes the stream still holds would land after these: written first. */
+	if (fflush(f) != 0)
+		goto failed;
+	for (int stepped = 0;; stepped = 1) {
+		long n = sk_transfer_drain_fd(u->t, fileno(f));
+		if (n < 0)
+			goto failed;
+		if (n > 0) {
+			lua_pushinteger(L, (lua_Integer)n);
+			return 1;
+		}
+		if (nothing_buffered(L, u, stepped))
+			return 1;
+	}
+failed:
+	lua_pushnil(L);
+	lua_pushstring(L, strerror(errno));
+	return 2;
+}
+
 static int transfer_decode(lua_State *L)
 {
 	struct transfer_ud *u = check_transfer(L, 1);
@@ -522,6 +549,7 @@ void skl_open_transfer(lua_State *L)
 		{ "timeout", transfer_timeout },
 		{ "feed", transfer_feed },
 		{ "feed_file", transfer_feed_file },
+		{ "read_to_file", transfer_read_to_file },
 		{ "finish", transfer_finish },
 		{ "close", transfer_close },
 		{ NULL, NULL },

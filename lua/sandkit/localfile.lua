@@ -7,6 +7,8 @@
 --     transport may read itself instead (sandkit.http's body_file); nil otherwise
 --   local dst, err = localfile.sink(path_or_writer, operation)
 --     dst.write(bytes) -> true | nil, err;  dst.commit() -> true | nil, err;  dst.abort()
+--     dst.file: for a path, the open file write() writes, which a transport may write itself
+--     instead; nil otherwise
 --
 -- A source is a path (a regular file, or a pipe: `sandkit put <(tar c .) /x.tar` reads one on
 -- purpose, bounded by the transfer's own deadlines), an object with :read(n) (io.stdin, any file
@@ -137,6 +139,7 @@ function localfile.sink(sink, operation)
   local f, err = io.open(partial, "wb")
   if not f then return refuse(operation, "destination", tostring(err)) end
   return {
+    file = f,
     write = writer_of(f),
     commit = function()
       local closed, cerr = f:close()

@@ -695,30 +695,42 @@ end
 
 local RAW_FILES = "/v1/files/raw?path="
 
+--- One step of a body's read into its sink: the byte count that went to it, false (none has
+-- come yet), nil (the body is over), or nil and the sink's error. A transfer that can write its
+-- buffer to a file itself (libcurl's; a cosocket's has no buffer of its own to write) is given
+-- the open file and leaves Lua out of the bytes' way.
+local function body_step(t, write, file)
+  if file and t.read_to_file then return t:read_to_file(file) end
+  local chunk = t:read()
+  if not chunk then return chunk end
+  local ok, werr = write(chunk)
+  if ok == false or (ok == nil and werr ~= nil) then return nil, tostring(werr) end
+  http.let_go(#chunk)
+  return #chunk
+end
+
 --- Reads the rest of a 2xx body into write(bytes) (a false or nil-and-error result stops it),
--- a chunk at a time; progress(done, total) hears each chunk (total from Content-Length, nil for
--- a chunked body); `what` names the bytes in errors ("the file's bytes"). Returns the byte
--- count, or nil and an error. The wait is bounded by the bytes stopping for body_timeout
--- seconds, not by the whole transfer, whose length is the sender's.
-function protocol.read_body_into(conn, operation, resp, write, progress, what)
+-- a chunk at a time, or into `file` when given (the open file write writes to); progress(done,
+-- total) hears each chunk (total from Content-Length, nil for a chunked body); `what` names the
+-- bytes in errors ("the file's bytes"). Returns the byte count, or nil and an error. The wait
+-- is bounded by the bytes stopping for body_timeout seconds, not by the whole transfer, whose
+-- length is the sender's.
+function protocol.read_body_into(conn, operation, resp, write, progress, what, file)
   local t = resp.transfer
   local total = to_integer(tonumber(resp:headers()["content-length"]))
   local done = 0
   local idle = core.now() + conn.body_timeout
   while true do
-    local chunk = t:read()
-    if chunk then
-      done = done + #chunk
-      local ok, werr = write(chunk)
-      if ok == false or (ok == nil and werr ~= nil) then
-        t:close()
-        return nil, errors.invalid_input(operation, "destination",
-          what .. " could not be written: " .. tostring(werr))
-      end
+    local got, werr = body_step(t, write, file)
+    if got then
+      done = done + got
       if progress then progress(done, total) end
-      http.let_go(#chunk)
       idle = core.now() + conn.body_timeout
-    elseif chunk == nil then
+    elseif werr then
+      t:close()
+      return nil, errors.invalid_input(operation, "destination",
+        what .. " could not be written: " .. werr)
+    elseif got == nil then
       local st = t:state()
       t:close()
       if not st.ok then
@@ -740,13 +752,13 @@ function protocol.read_body_into(conn, operation, resp, write, progress, what)
   end
 end
 
---- Reads a file out of the session into write(bytes), as protocol.read_body_into. Returns the
--- byte count, or nil and an error.
-function protocol.read_file_raw(conn, path, write, progress)
+--- Reads a file out of the session into write(bytes), or into `file` when given (as
+-- protocol.read_body_into). Returns the byte count, or nil and an error.
+function protocol.read_file_raw(conn, path, write, progress, file)
   check_path(path)
   local resp, err = send(conn, READ_FILE, "GET", RAW_FILES .. query_escape(path), nil, nil)
   if not resp then return nil, err end
-  return protocol.read_body_into(conn, READ_FILE, resp, write, progress, "the file's bytes")
+  return protocol.read_body_into(conn, READ_FILE, resp, write, progress, "the file's bytes", file)
 end
 
 --- Writes the bytes source.read() returns (chunks, then nil; or nil and an error) to a file of

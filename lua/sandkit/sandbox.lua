@@ -654,7 +654,7 @@ function session_mt:read_file_to(path, sink, opts)
   if not dst then return nil, err end
   local done
   if raw_files(conn) then
-    done, err = protocol.read_file_raw(conn, path, dst.write, topts.progress)
+    done, err = protocol.read_file_raw(conn, path, dst.write, topts.progress, dst.file)
   else
     local bytes
     bytes, err = ops(conn).read_file(conn, path)

@@ -1490,6 +1490,38 @@ case("read back with contentsBase64 given twice are an unexpected format", {
   end,
 })
 
+case("of any size go out from a path as one raw PUT and come back into a path whole, with rawFiles", {
+  health = '{ features = { "rawFiles" } }',
+  route = [[function(req, conn)
+    if req.method == "PUT" then return respond.status(conn, "204 No Content", "") end
+    local size = 300 * 1024 + 11
+    conn:write("HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: "
+      .. size .. "\r\n\r\n")
+    for piece in require("support.files").pattern_pieces(size) do conn:write(piece) end
+  end]],
+  act = function(session)
+    local files = require "support.files"
+    local dir = files.temp_dir()
+    files.write(dir .. "/out.bin", files.pattern(200 * 1024 + 3))
+    local sent, err = session:write_file_from("/f.bin", dir .. "/out.bin")
+    local got, gerr = session:read_file_to("/f.bin", dir .. "/back.bin")
+    local back = files.read(dir .. "/back.bin")
+    core.remove_tree(dir)
+    return { sent = sent, err = plain(err), got = got, gerr = plain(gerr),
+      back_whole = back == files.pattern(300 * 1024 + 11) }
+  end,
+  check = function(r, server)
+    assert.is_nil(r.err)
+    assert.is_nil(r.gerr)
+    assert.equal(200 * 1024 + 3, r.sent)
+    assert.equal(300 * 1024 + 11, r.got)
+    assert.is_true(r.back_whole, "the file came back byte for byte")
+    local put = server:requests_to("/v1/files/raw")[1]
+    assert.equal("PUT", put.method)
+    assert.equal(require("support.files").pattern(200 * 1024 + 3), put.body)
+  end,
+})
+
 -- Files as a filesystem --------------------------------------------------------------------------
 
 group = "files as a filesystem"

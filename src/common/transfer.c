@@ -764,6 +764,22 @@ void sk_transfer_consume(sk_transfer *t, size_t n)
 	}
 }
 
+long sk_transfer_drain_fd(sk_transfer *t, int fd)
+{
+	size_t n;
+	const char *p = sk_transfer_peek(t, &n);
+	if (n == 0)
+		return 0;
+	ssize_t written;
+	do
+		written = write(fd, p, n);
+	while (written < 0 && errno == EINTR);
+	if (written < 0)
+		return -1;
+	sk_transfer_consume(t, (size_t)written);
+	return (long)written;
+}
+
 /* The send buffer, made at the first feed, with its unsent bytes moved to its front when
  * `wanted` more would not fit behind them. 0, or -1 when memory ran out. */
 static int send_room(sk_transfer *t, size_t wanted)

@@ -151,6 +151,11 @@ int sk_transfer_header(const sk_transfer *t, int i, const char **name, size_t *n
 const char *sk_transfer_peek(const sk_transfer *t, size_t *len);
 /* Marks n bytes of the view as read; resumes a paused transfer once there is room. */
 void sk_transfer_consume(sk_transfer *t, size_t n);
+/* The same read into a file (a session's file got into a local one): the unread body bytes are
+ * written to fd as they lie in the buffer, with no copy through the caller, and consumed as far
+ * as they were written. The file must not block a write (a regular file). Returns the bytes
+ * written (0 when none are buffered), or -1 with errno set by the write. */
+long sk_transfer_drain_fd(sk_transfer *t, int fd);
 /* Whether the transfer waits for its reader: its buffer could not take the last chunk, and
  * nothing more arrives until bytes are consumed. */
 int sk_transfer_paused(const sk_transfer *t);
