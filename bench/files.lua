@@ -20,12 +20,22 @@ local function quote(s)
   return "'" .. tostring(s):gsub("'", "'\\''") .. "'"
 end
 
---- Seconds fn took, started on a settled disk: what an earlier step left dirty is written out
--- first, outside the clock, so no step pays for the writeback of the one before it: without
--- it, sandkit's get ran while curl's put was still going to the disk, and curl's get after a
--- file whose removal dropped its dirty pages.
+local SETTLE = common.out .. "/files-settle.bin"
+
+--- Seconds fn took, started on a settled disk and settled memory, both outside the clock.
+-- What an earlier step left dirty is written out first, so no step pays for the writeback of
+-- the one before it: without it, sandkit's get ran while curl's put was still going to the
+-- disk, and curl's get after a file whose removal dropped its dirty pages. Then a little more
+-- than the step's bytes is written to a file and removed again (its pages dropped unwritten):
+-- this VM hands memory the kernel frees back to its host after a few seconds (the balloon's
+-- free page reporting), and the step that touches it first pays to have it back, 1-2 CPU s a
+-- GiB. Without this, whichever step came first after the sync paid it: the first get of a
+-- round ran at 450-1200 MB/s, the second at 2300-2600.
 local function timed(fn)
   assert(os.execute("sync"))
+  assert(os.execute("dd if=/dev/zero of=" .. quote(SETTLE) .. " bs=1M count=" .. (BYTES // 1048576 + 64)
+    .. " status=none"))
+  os.remove(SETTLE)
   local t0 = common.now()
   fn()
   return common.now() - t0
