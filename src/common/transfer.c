@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -404,8 +405,25 @@ static void resume_direction(sk_transfer *t)
 		curl_easy_pause(t->easy, (t->paused ? CURLPAUSE_RECV : 0) | (t->send_paused ? CURLPAUSE_SEND : 0));
 }
 
+/* A request body's Unix socket gets SK_TRANSFER_UNIX_SEND_BUFFER of room; TCP's is the
+ * kernel's to size, as it grows it with the connection. */
+static int on_stream_socket(void *data, curl_socket_t fd, curlsocktype purpose)
+{
+	(void)data;
+	struct sockaddr_storage addr;
+	socklen_t len = sizeof addr;
+	if (purpose == CURLSOCKTYPE_IPCXN && getsockname(fd, (struct sockaddr *)&addr, &len) == 0 &&
+	    addr.ss_family == AF_UNIX) {
+		int size = SK_TRANSFER_UNIX_SEND_BUFFER;
+		/* Advice: a kernel that caps it lower (net.core.wmem_max) still sends, slower. */
+		(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+	}
+	return CURL_SOCKOPT_OK;
+}
+
 static void set_stream_body(CURL *e, sk_transfer *t, const struct sk_request *req)
 {
+	curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, on_stream_socket);
 	curl_off_t length = req->body_length >= 0 ? (curl_off_t)req->body_length : -1;
 	curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read);
 	curl_easy_setopt(e, CURLOPT_READDATA, t);
