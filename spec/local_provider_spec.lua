@@ -88,7 +88,9 @@ while True:
     local sent = files.read(heard)
     assert.is_nil(sent, "the planted socket was sent " .. tostring(sent and (sent:find(token, 1, true)
       and "the session's token" or sent)))
+    -- A record refused for serving still names the agent that terminate must stop.
     assert(session:terminate())
+    assert.is_false(core.alive(session.record.pid), "the agent outlived its terminated session")
   end)
 
   it("serves a session on 127.0.0.1 where its socket's path would pass 107 bytes", function()

@@ -365,8 +365,8 @@ local REMOVAL_MAY_SUCCEED = { ENOTEMPTY = true, ENOMEM = true, EMFILE = true, EN
 function provider_mt:terminate(id)
   wait.check_nginx()
   local dir = self:dir(id)
-  local record = state.load_record(dir)
-  if record then agent_process.stop(record.pid, dir) end
+  local pid = state.recorded_pid(dir)
+  if pid then agent_process.stop(pid, dir) end
   local ok, err, errno = core.remove_tree(dir)
   if not ok then
     return nil, errors.unreachable("sandbox.terminate", "the session's files could not be removed: "

@@ -75,6 +75,17 @@ function state.socket_path(dir)
   return path
 end
 
+--- The agent's pid a session's record names, whether or not the record is one to serve (a
+-- record edited to name another socket is refused by load_record, yet its agent still runs and
+-- terminate must stop it). Only a pid: agent_process.stop checks that it is this folder's agent
+-- before it signals anything.
+function state.recorded_pid(dir)
+  local text = state.read_file(dir .. "/record.json")
+  local record = text and json.decode(text)
+  if type(record) ~= "table" then return nil end
+  return json.integer(record.pid)
+end
+
 --- A session's record as its provider wrote it, or nil when there is none, or not a whole one.
 function state.load_record(dir)
   local text = state.read_file(dir .. "/record.json")
