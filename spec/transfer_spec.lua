@@ -470,4 +470,36 @@ describe("a request with unix_socket", function()
     assert.equal("refused", failure.kind)
     assert.is_false(failure.sent)
   end)
+
+  --- The send buffers (`ss`'s tb) of this process's connected Unix stream sockets.
+  local function own_send_buffers()
+    local pid = assert(files.read("/proc/self/stat")):match("^(%d+)")
+    local listing = assert(io.popen("ss -xmpH state established 2>&1"))
+    local sizes = {}
+    for line in listing:lines() do
+      if line:find("pid=" .. pid .. ",", 1, true) then sizes[#sizes + 1] = tonumber(line:match("tb(%d+)")) end
+    end
+    listing:close()
+    return sizes
+  end
+
+  it("gives a request body's socket UNIX_SEND_BUFFER of send room, within the kernel's cap", function()
+    -- Linux doubles what it is asked for, after capping it at net.core.wmem_max.
+    local cap = tonumber(assert(files.read("/proc/sys/net/core/wmem_max")))
+    local wanted = 2 * math.min(core.LIMITS.UNIX_SEND_BUFFER, cap)
+    local function count(sizes, size)
+      local n = 0
+      for _, s in ipairs(sizes) do if s == size then n = n + 1 end end
+      return n
+    end
+    local before = count(own_send_buffers(), wanted)
+    local client = core.client()
+    -- A body announced and never fed: the agent holds the connection open, waiting for it.
+    local held = client:request{ method = "PUT", url = "http://127.0.0.1:1/v1/files/raw?path=/held",
+      unix_socket = path, body_stream = true, body_length = 3,
+      headers = { Authorization = "Bearer " .. agent.token } }
+    run_until(client, function() return count(own_send_buffers(), wanted) > before end)
+    held:close()
+    client:close()
+  end)
 end)

@@ -179,6 +179,7 @@ static void push_limits(lua_State *L)
 		{ "MAX_REQUEST_HEADERS", SK_TRANSFER_MAX_REQUEST_HEADERS },
 		{ "MAX_PEM", SK_TRANSFER_MAX_PEM },
 		{ "MAX_UNIX_SOCKET", SK_UNIX_SOCKET_PATH_MAX },
+		{ "UNIX_SEND_BUFFER", SK_TRANSFER_UNIX_SEND_BUFFER },
 	};
 	lua_createtable(L, 0, (int)(sizeof limits / sizeof limits[0]));
 	for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
