@@ -371,6 +371,18 @@ time.sleep(120)
       assert.are.equal("2\n", run("stat -c %h " .. shell_quote(A.root .. "/t3/b")))
     end)
 
+    it("removes what a refused archive made before it answers, however much that is", function()
+      -- 3,000 files land before the entry that is refused: their removal takes long enough that
+      -- an answer sent ahead of it would be read while they were still there.
+      local entries = {}
+      for i = 1, 3000 do entries[i] = tar.entry({ name = "d" .. (i % 30) .. "/f" .. i }, "x") end
+      entries[#entries + 1] = tar.entry({ name = "../" .. outside_name }, "x")
+      local status, body = put_archive(A, "/undone", tar.archive(table.unpack(entries)))
+      assert.are.equal(400, status, body)
+      assert.matches("^ARCHIVE_REFUSED: ", body)
+      assert.is_false(exists(A.root .. "/undone"), "the target it made was there when the answer came")
+    end)
+
     it("refuses a ten-million-entry archive at its million-entry bound, long before its end", function()
       local read, taken = tar.repeated(tar.header({ name = "d/", type = "5", mode = 493 }), 10000000)
       local status, body = put_stream(A, "/v1/fs/tar?path=/many", read)

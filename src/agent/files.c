@@ -287,10 +287,23 @@ static void recv_free(struct file_recv *fr)
 	free(fr);
 }
 
-/* Writing the temporary file failed with err: the answer says why, and the upload goes. */
+/* The temporary file goes before the answer does: the answer is written the moment it is
+ * complete, and whoever reads it must find no trace of the upload. */
+static void recv_discard(struct file_recv *fr)
+{
+	if (fr->fd >= 0)
+		close(fr->fd);
+	fr->fd = -1;
+	if (fr->tmp[0])
+		unlinkat(fr->dirfd, fr->tmp, 0);
+	fr->tmp[0] = '\0';
+}
+
+/* Writing the temporary file failed with err: the upload goes, and the answer says why. */
 static void recv_failed(void *ctx, int err)
 {
 	struct file_recv *fr = ctx;
+	recv_discard(fr);
 	reply_fs_errno(fr->req, err, fr->p, fr->plen, "write a file", 1);
 	recv_free(fr);
 }
@@ -323,10 +336,12 @@ static void recv_end(void *ctx, int complete)
 	int fd = fr->fd;
 	fr->fd = -1;
 	if (close(fd) < 0 || renameat(fr->dirfd, fr->tmp, fr->dirfd, fr->last) < 0) {
-		if (errno == EISDIR || errno == ENOTEMPTY || errno == EEXIST)
+		int err = errno;
+		recv_discard(fr);
+		if (err == EISDIR || err == ENOTEMPTY || err == EEXIST)
 			reply_not_regular(fr->req, fr->p, fr->plen);
 		else
-			reply_fs_errno(fr->req, errno, fr->p, fr->plen, "write a file", 1);
+			reply_fs_errno(fr->req, err, fr->p, fr->plen, "write a file", 1);
 		recv_free(fr);
 		return;
 	}
@@ -388,7 +403,9 @@ void files_raw_put(struct http_request *req)
 		goto fail;
 	}
 	if (keep_mode && fchmod(fr->fd, st.st_mode & 07777) < 0) {
-		reply_fs_errno(req, errno, fr->p, fr->plen, "write a file", 1);
+		int err = errno;
+		recv_discard(fr);
+		reply_fs_errno(req, err, fr->p, fr->plen, "write a file", 1);
 		goto fail;
 	}
 	http_body_stream_to_fd(req, recv_data, recv_end, recv_failed, fr, fr->fd);

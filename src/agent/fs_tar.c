@@ -161,33 +161,47 @@ static void recv_free(struct tar_recv *r, int failed)
 	free(r);
 }
 
-static void reply_failure(struct tar_recv *r)
+static void reply_failure(struct http_request *req, enum sk_tar_failure kind, int err, const char *why,
+			  const char *shown)
 {
-	char why[REPLY_SHOWN_PATH_MAX * 2];
-	const char *text = sk_untar_error(r->untar);
-	util_printable(text, strlen(text), why, sizeof why);
-	switch (sk_untar_failure(r->untar)) {
+	switch (kind) {
 	case SK_TAR_REFUSED:
-		reply_error(r->req, 400, "ARCHIVE_REFUSED", "Archive refused for '%s': %s", r->shown, why);
+		reply_error(req, 400, "ARCHIVE_REFUSED", "Archive refused for '%s': %s", shown, why);
 		return;
 	case SK_TAR_INVALID:
-		reply_error(r->req, 400, "ARCHIVE_INVALID", "Archive invalid for '%s': %s", r->shown, why);
+		reply_error(req, 400, "ARCHIVE_INVALID", "Archive invalid for '%s': %s", shown, why);
 		return;
 	case SK_TAR_TOO_LARGE:
-		reply_error(r->req, 413, "ARCHIVE_TOO_LARGE", "Archive too large for '%s': %s", r->shown, why);
+		reply_error(req, 413, "ARCHIVE_TOO_LARGE", "Archive too large for '%s': %s", shown, why);
 		return;
 	case SK_TAR_ERRNO: {
-		const struct fs_error *e = fs_error(sk_untar_errno(r->untar), 1);
+		const struct fs_error *e = fs_error(err, 1);
 		if (e->status != 500) {
-			reply_error(r->req, e->status, e->code, "Extracting into '%s' failed: %s", r->shown, why);
+			reply_error(req, e->status, e->code, "Extracting into '%s' failed: %s", shown, why);
 			return;
 		}
 	}
 		/* fallthrough */
 	default:
-		reply_error(r->req, 500, "AGENT_OPERATION_FAILED", "Agent operation 'extract an archive' "
-			    "failed for '%s': %s", r->shown, why);
+		reply_error(req, 500, "AGENT_OPERATION_FAILED", "Agent operation 'extract an archive' "
+			    "failed for '%s': %s", shown, why);
 	}
+}
+
+/* The extraction failed: what it made goes before the answer does, as the answer is written the
+ * moment it is complete, and whoever reads it must find the target as the failure left it. */
+static void fail_extraction(struct tar_recv *r)
+{
+	struct http_request *req = r->req;
+	enum sk_tar_failure kind = sk_untar_failure(r->untar);
+	int err = sk_untar_errno(r->untar);
+	const char *text = sk_untar_error(r->untar);
+	char why[REPLY_SHOWN_PATH_MAX * 2];
+	char shown[REPLY_SHOWN_PATH_MAX];
+	util_printable(text, strlen(text), why, sizeof why);
+	memcpy(shown, r->shown, sizeof shown);
+	recv_free(r, 1);
+	reply_failure(req, kind, err, why, shown);
 }
 
 static int recv_data(void *ctx, const char *data, size_t n)
@@ -195,8 +209,7 @@ static int recv_data(void *ctx, const char *data, size_t n)
 	struct tar_recv *r = ctx;
 	if (sk_untar_write(r->untar, data, n) == 0)
 		return 0;
-	reply_failure(r);
-	recv_free(r, 1);
+	fail_extraction(r);
 	return -1;
 }
 
@@ -209,8 +222,7 @@ static void recv_end(void *ctx, int complete)
 		return;
 	}
 	if (sk_untar_finish(r->untar) < 0) {
-		reply_failure(r);
-		recv_free(r, 1);
+		fail_extraction(r);
 		return;
 	}
 	reply_empty(r->req, 204);
@@ -291,13 +303,19 @@ void fs_tar_put(struct http_request *req)
 		r->created = 1;
 	}
 	if (paths_open_at(parentfd, last, O_PATH | O_DIRECTORY, 0, &r->targetfd) != PATH_OK) {
+		int err = errno;
 		r->targetfd = -1;
-		reply_fs_errno(req, errno, p, plen, "extract an archive", 1);
+		/* A target made here goes before the answer, as in fail_extraction. */
+		recv_free(r, 1);
+		r = NULL;
+		reply_fs_errno(req, err, p, plen, "extract an archive", 1);
 		goto fail;
 	}
 	close(parentfd);
 	parentfd = -1;
 	if ((r->untar = sk_untar_new(r->targetfd, fs_open_beneath, max_entries, max_bytes)) == NULL) {
+		recv_free(r, 1);
+		r = NULL;
 		reply_out_of_memory(req, "extract an archive");
 		goto fail;
 	}
