@@ -199,6 +199,7 @@ test:
 #     for Lua 5.4 and for the 5.1 ABI by name.
 #   local_image_build_spec.lua: mmdebstrap builds a Debian system, a minute or two, and the
 #     interpreter only asks for it.
+#   suite_spec.lua: reads the spec files' text.
 ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agent_confine_spec.lua \
               spec/agent_containerfile_spec.lua \
               spec/agent_containment_spec.lua spec/agent_errors_spec.lua spec/agent_extensions_spec.lua \
@@ -208,7 +209,7 @@ ONCE_SPECS := spec/agent_abuse_spec.lua spec/agent_capability_spec.lua spec/agen
               spec/nginx_providers_spec.lua spec/nginx_text_stream_spec.lua spec/nginx_transport_spec.lua \
               spec/nginx_worker_spec.lua spec/openresty_example_spec.lua \
               spec/packaging_spec.lua spec/packaging_rock_spec.lua spec/packaging_rock_luajit_spec.lua \
-              spec/local_image_build_spec.lua
+              spec/local_image_build_spec.lua spec/suite_spec.lua
 BOTH_SPECS := $(filter-out $(ONCE_SPECS),$(sort $(wildcard spec/*_spec.lua)))
 
 # The specs of both passes under LuaJIT (Debian's luajit2, the LuaJIT nginx's Lua module runs);

@@ -4,6 +4,7 @@
 -- is looked for can only be this spec's.
 
 local agent_process = require "support.agent_process"
+local cleanups = require "support.cleanups"
 local files = require "support.files"
 
 local within, pid_alive, processes = agent_process.within, agent_process.pid_alive,
@@ -91,9 +92,10 @@ describe("sandkit-agent containment", function()
 
   it("kills what commands left behind, setsid escapees included, when stopped with SIGTERM", function()
     local A = assert(start_agent())
-    finally(function() A:stop() end)
+    local defer = cleanups.of(finally)
+    defer(function() A:stop() end)
     local lengths, stream = start_commands(A)
-    finally(function() kill_survivors(lengths) end)
+    defer(function() kill_survivors(lengths) end)
     assert.are.equal(0, A:stop())
     assert.is_true(within(5, function() return #survivors(lengths) == 0 end),
       "left running after SIGTERM: " .. table.concat(survivors(lengths), " "))

@@ -7,6 +7,7 @@ local sandkit = require "sandkit"
 local core = require "sandkit.core"
 local tar_module = require "sandkit.tar"
 local agent_session = require "support.agent_session"
+local cleanups = require "support.cleanups"
 local files = require "support.files"
 local fs_roundtrip = require "support.fs_roundtrip"
 local local_state = require "support.local_state"
@@ -43,7 +44,8 @@ describe("a local session's files as a filesystem", function()
 
   it("carries a tree both ways with modes and times, and tells the bytes as they go", function()
     local src = files.temp_dir()
-    finally(function() core.remove_tree(src) end)
+    local defer = cleanups.of(finally)
+    defer(function() core.remove_tree(src) end)
     assert(files.execute("cd " .. files.shell_quote(src) .. " && mkdir -p d/e && printf x > d/e/f"
       .. " && chmod 0700 d/e/f && touch -d @1234567890 d/e/f && head -c 200000 /dev/urandom > r && chmod 0555 d"))
     local heard = {}
@@ -51,7 +53,7 @@ describe("a local session's files as a filesystem", function()
       { progress = function(done) heard[#heard + 1] = done end }))
     assert.equal(sent, heard[#heard])
     local back = src .. "-back"
-    finally(function() core.remove_tree(back) end)
+    defer(function() core.remove_tree(back) end)
     local got = assert(session:read_dir_to("/copy", back, { progress = function(done) heard.out = done end }))
     assert.equal(got, heard.out)
     assert.equal(described(src), described(back))
@@ -85,7 +87,8 @@ describe("a local session's files as a filesystem", function()
   it("refuses a target that is a file, a source that is no directory, and keeps what was there", function()
     assert(session:write_files{ ["/plain"] = "file" })
     local src = fs_roundtrip.tree()
-    finally(function() core.remove_tree(src) end)
+    local defer = cleanups.of(finally)
+    defer(function() core.remove_tree(src) end)
     local ok, err = session:write_dir_from("/plain", src)
     assert.is_nil(ok)
     assert.equal("REQUEST_INVALID", err.reason)
@@ -95,7 +98,7 @@ describe("a local session's files as a filesystem", function()
     assert.equal("INVALID_INPUT", err.code)
     assert.equal("source", err.field)
     local dst = files.temp_name()
-    finally(function() os.remove(dst) end)
+    defer(function() os.remove(dst) end)
     ok, err = session:read_dir_to("/round-never", dst)
     assert.is_nil(ok)
     assert.equal("INVALID_INPUT", err.code)
@@ -252,9 +255,10 @@ describe("a session whose agent does not offer the extensions", function()
   it("refuses every filesystem call as OPERATION_NOT_SUPPORTED without sending it", function()
     local session, server = agent_session.open([[function(req, conn)
       respond.status(conn, "500 Internal Server Error", "never asked") end]], nil, { "rawFiles" })
-    finally(function() server:stop() end)
+    local defer = cleanups.of(finally)
+    defer(function() server:stop() end)
     local src = fs_roundtrip.tree()
-    finally(function() core.remove_tree(src) end)
+    defer(function() core.remove_tree(src) end)
     for _, call in ipairs{
       function() return session:list("/") end, function() return session:stat("/") end,
       function() return session:remove("/x") end, function() return session:rename("/a", "/b") end,

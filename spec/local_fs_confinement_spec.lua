@@ -6,6 +6,7 @@
 
 local sandkit = require "sandkit"
 local core = require "sandkit.core"
+local cleanups = require "support.cleanups"
 local files = require "support.files"
 local fs_roundtrip = require "support.fs_roundtrip"
 local local_state = require "support.local_state"
@@ -89,7 +90,8 @@ describe("a confined local session's files", function()
     local s = confined()
     if not s then return end
     local canary = host_canary()
-    finally(function() core.remove_tree(canary) end)
+    local defer = cleanups.of(finally)
+    defer(function() core.remove_tree(canary) end)
     sh("mkdir -p " .. HOME .. "/trap/d && cd " .. HOME .. "/trap && ln -s / root && ln -s /etc/shadow shadow"
       .. " && ln -s " .. q(canary) .. " host && ln -s " .. q(canary .. "/secret") .. " d/secret"
       .. " && ln -s / " .. HOME .. "/rootlink && ln -s " .. q(canary) .. " " .. HOME .. "/hostlink")
@@ -110,7 +112,7 @@ describe("a confined local session's files", function()
     assert.equal("PATH_REFUSED", refusal(s:stat(HOME .. "/hostlink/secret")))
 
     local out = files.temp_dir()
-    finally(function() core.remove_tree(out) end)
+    defer(function() core.remove_tree(out) end)
     assert(s:read_dir_to(trap, out .. "/trap"))
     local links = assert(io.popen("cd " .. q(out .. "/trap") .. " && find . -printf '%p %y %l\\n' | sort"))
     local listed = links:read("a")
