@@ -22,6 +22,10 @@
 -- file's result is printed as it ends; the logs of the files that failed are printed at the end,
 -- named, and the exit status is 1 if any failed.
 --
+-- A process a spec file started (one naming this tree, as its agents do, or spec/support/, as
+-- its fake servers do) that still runs LEFTOVER_SECONDS after the last file ended is listed,
+-- killed, and fails the run: a spec that forgot to stop what it started.
+--
 -- While the files run, the runner looks at the machine's idle time every TICK_SECONDS (the
 -- aggregate line of /proc/stat): where FILL_IDLE_CORES or more stayed idle for FILL_WINDOW
 -- seconds, the next file starts beyond --jobs (FILL_MAX such at once), as every file running
@@ -341,6 +345,42 @@ local function now()
   return t
 end
 
+--- Seconds the processes the spec files started get to end once the last file has: a stopped
+-- agent or server may still be on its way out, but not for longer than a stop waits for it.
+local LEFTOVER_SECONDS = 5
+
+--- The processes that belong to this suite: those naming this tree (an agent of its build) or
+-- its spec helpers (a fake server), by pid, with their command lines.
+local function suite_processes(tree)
+  local found = {}
+  local ps = assert(io.popen("ps -eo pid=,args="))
+  for line in ps:lines() do
+    local pid, args = line:match("^%s*(%d+)%s+(.*)$")
+    if pid and (args:find(tree, 1, true) or args:find("spec/support/", 1, true)) then found[pid] = args end
+  end
+  ps:close()
+  return found
+end
+
+--- The suite's processes that were not running at its start and still run after its last file,
+-- given LEFTOVER_SECONDS to go: a spec that forgot to stop what it started.
+local function leftovers(tree, before)
+  local deadline = now() + LEFTOVER_SECONDS
+  while true do
+    local left = {}
+    for pid, args in pairs(suite_processes(tree)) do
+      if not before[pid] then left[#left + 1] = pid .. " " .. args end
+    end
+    if #left == 0 or now() >= deadline then
+      table.sort(left)
+      return left
+    end
+    os.execute("sleep 0.2")
+  end
+end
+
+local tree_path = assert(io.popen("pwd -P")):read("l")
+local processes_before = suite_processes(tree_path)
 local clock, first_look = now(), cpu_sample()
 io.stdout:write(("%d spec files in %d passes, %d at once, and %d alone beside %d light one at most\n")
   :format(#shards, #o.passes, o.jobs, #alone, BESIDE_ALONE))
@@ -373,8 +413,16 @@ if first_look and last_look then
   io.stdout:write(("The machine's %d cores were idle %.1f s of %.1f (%.0f%%); %d files started on idle cores\n")
     :format(last_look.cores, idle, wall * last_look.cores, 100 * idle / (wall * last_look.cores), filled))
 end
+local left = leftovers(tree_path, processes_before)
+if #left > 0 then
+  io.stdout:write(("\n%d processes the spec files started are still running; stopped now:\n"):format(#left))
+  for _, line in ipairs(left) do
+    io.stdout:write("  ", line, "\n")
+    os.execute("kill -KILL " .. line:match("^%d+") .. " 2>/dev/null")
+  end
+end
 if #failures > 0 then
   io.stdout:write("Failed:\n")
   for _, job in ipairs(failures) do io.stdout:write(("  %s  %s\n"):format(job.pass.name, job.spec)) end
-  os.exit(1)
 end
+if #failures > 0 or #left > 0 then os.exit(1) end
