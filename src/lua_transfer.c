@@ -24,7 +24,9 @@
  *   t:feed(bytes)   -- with body_stream: bytes of the body taken (0: the buffer is full, wait
  *                      on the transfer and feed the rest)
  *   t:feed_file(f)  -- with body_stream: the next bytes of the body read from the open file f
- *                      (io.open's, a regular file) straight into the send buffer: the bytes
+ *                      (io.open's, a regular file; the body is the file from its start, at the
+ *                      offset of the bytes fed so far, whatever f's own position) straight
+ *                      into the send buffer: the bytes
  *                      taken (0: full), nil at the file's end, false when it holds more than
  *                      body_length, or nil and the read's error
  *   t:finish()      -- with body_stream: the body is complete
