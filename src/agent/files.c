@@ -275,20 +275,9 @@ struct file_recv {
 	char tmp[64];             /* the temporary file's name in dirfd; "" once gone or renamed */
 };
 
-static void recv_free(struct file_recv *fr)
-{
-	if (fr->fd >= 0)
-		close(fr->fd);
-	if (fr->tmp[0])
-		unlinkat(fr->dirfd, fr->tmp, 0);
-	if (fr->dirfd >= 0)
-		close(fr->dirfd);
-	free(fr->p);
-	free(fr);
-}
-
-/* The temporary file goes before the answer does: the answer is written the moment it is
- * complete, and whoever reads it must find no trace of the upload. */
+/* The temporary file goes, if it is still there. A failure calls this before it answers: the
+ * answer is written the moment it is complete, and whoever reads it must find no trace of the
+ * upload. */
 static void recv_discard(struct file_recv *fr)
 {
 	if (fr->fd >= 0)
@@ -297,6 +286,15 @@ static void recv_discard(struct file_recv *fr)
 	if (fr->tmp[0])
 		unlinkat(fr->dirfd, fr->tmp, 0);
 	fr->tmp[0] = '\0';
+}
+
+static void recv_free(struct file_recv *fr)
+{
+	recv_discard(fr);
+	if (fr->dirfd >= 0)
+		close(fr->dirfd);
+	free(fr->p);
+	free(fr);
 }
 
 /* Writing the temporary file failed with err: the upload goes, and the answer says why. */
