@@ -426,6 +426,20 @@ describe("a streamed request body over the libcurl transport", function()
     streamed:close()
     plain:close()
   end)
+
+  it("refuses read_to_file into a pipe, whose stalled reader would hold the client", function()
+    local client = core.client()
+    local t = client:request{ method = "GET", url = server.url .. "/up" }
+    -- Refused for what it is: were the pipe's reader to stall, a write past the pipe's 64 KiB
+    -- would wait for it.
+    local pipe = assert(io.popen("cat > /dev/null", "w"))
+    local ok, err = pcall(t.read_to_file, t, pipe)
+    assert.is_false(ok)
+    assert.matches("a pipe or a socket may block a write", err, 1, true)
+    t:close()
+    client:close()
+    pipe:close()
+  end)
 end)
 
 describe("a request with unix_socket", function()

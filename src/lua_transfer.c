@@ -12,9 +12,10 @@
  *                             ca_pem =, client_cert_pem =, client_key_pem =,  -- PEM text
  *                             tls_server_name = }                             -- see transfer.h
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
- *   t:read_to_file(f) -- the same into the open file f (io.open's, a regular file), written
- *                      from the transfer's buffer: the bytes written | false | nil, or nil and
- *                      the write's error
+ *   t:read_to_file(f) -- the same into the open file f (io.open's: a regular file or a device
+ *                      that never holds a write; a pipe or a socket is refused), written from
+ *                      the transfer's buffer: the bytes written | false | nil, or nil and the
+ *                      write's error
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
  *                        uploaded=, read_size= }
@@ -26,9 +27,8 @@
  *   t:feed_file(f)  -- with body_stream: the next bytes of the body read from the open file f
  *                      (io.open's, a regular file; the body is the file from its start, at the
  *                      offset of the bytes fed so far, whatever f's own position) straight
- *                      into the send buffer: the bytes
- *                      taken (0: full), nil at the file's end, false when it holds more than
- *                      body_length, or nil and the read's error
+ *                      into the send buffer: the bytes taken (0: full), nil at the file's end,
+ *                      false when it holds more than body_length, or nil and the read's error
  *   t:finish()      -- with body_stream: the body is complete
  *   t:close()       -- stops it; also __close and __gc
  * A transfer is pollable too (it answers for its client), so cqueues.poll(t) works.
@@ -36,6 +36,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/frames.h"
 #include "common/transfer.h"
@@ -354,6 +355,11 @@ static int transfer_read_to_file(lua_State *L)
 {
 	struct transfer_ud *u = check_transfer(L, 1);
 	FILE *f = skc_checkfile(L, 2);
+	/* A pipe or a socket whose reader stalls would hold the write, and the whole client with
+	 * it: the C core never blocks, so such a file takes the bytes through t:read(). */
+	struct stat st;
+	if (fstat(fileno(f), &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+		return luaL_argerror(L, 2, "a pipe or a socket may block a write: read the bytes instead");
 	/* Bytes the stream still holds would land after these: written first. */
 	if (fflush(f) != 0)
 		goto failed;
