@@ -75,23 +75,28 @@ function state.socket_path(dir)
   return path
 end
 
+--- The JSON object of dir's record file as it stands, or nil when there is none or it is no
+-- object.
+local function record_object(dir)
+  local text = state.read_file(dir .. "/record.json")
+  local record = text and json.decode(text)
+  if type(record) ~= "table" then return nil end
+  return record
+end
+
 --- The agent's pid a session's record names, whether or not the record is one to serve (a
 -- record edited to name another socket is refused by load_record, yet its agent still runs and
 -- terminate must stop it). Only a pid: agent_process.stop checks that it is this folder's agent
 -- before it signals anything.
 function state.recorded_pid(dir)
-  local text = state.read_file(dir .. "/record.json")
-  local record = text and json.decode(text)
-  if type(record) ~= "table" then return nil end
-  return json.integer(record.pid)
+  local record = record_object(dir)
+  return record and json.integer(record.pid)
 end
 
 --- A session's record as its provider wrote it, or nil when there is none, or not a whole one.
 function state.load_record(dir)
-  local text = state.read_file(dir .. "/record.json")
-  if not text then return nil end
-  local record = json.decode(text)
-  if type(record) ~= "table" then return nil end
+  local record = record_object(dir)
+  if not record then return nil end
   record.pid = json.integer(record.pid)
   record.port = json.integer(record.port)
   record.generation = json.integer(record.generation or 1)
