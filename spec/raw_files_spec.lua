@@ -223,6 +223,50 @@ describe("a file read with rawFiles", function()
     end
   end)
 
+  --- Runs fn with the partial file's random part fixed, so that a spec can plant a name there
+  -- first; returns what fn returned and that name.
+  local function with_partial_name(dst, fn)
+    local random = core.random
+    core.random = function(n) return ("\171"):rep(n) end
+    local result = table.pack(pcall(fn))
+    core.random = random
+    assert(result[1], result[2])
+    return dst .. ".sandkit-abababab.part", table.unpack(result, 2, result.n)
+  end
+
+  local function plant_link(target, name)
+    assert(os.execute("ln -s '" .. target .. "' '" .. name .. "'"))
+  end
+
+  it("into a path never writes through a link planted at the name its bytes land in first", function()
+    session, server = serving(300 * 1024)
+    local dst, victim = temp_path(), temp_path()
+    files.write(victim, "the victim's own bytes")
+    plant_link(victim, dst .. ".sandkit-abababab.part")
+    local planted, got, err = with_partial_name(dst, function()
+      return session:read_file_to("/out.bin", dst)
+    end)
+    os.remove(planted)
+    assert.is_nil(got)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.matches("File exists", err.message, 1, true)
+    assert.equal("the victim's own bytes", files.read(victim))
+    assert.is_nil(io.open(dst), "nothing is renamed into place")
+  end)
+
+  it("into a path never creates the file a dangling link planted at its partial name points to", function()
+    session, server = serving(300 * 1024)
+    local dst, elsewhere = temp_path(), temp_path()
+    plant_link(elsewhere, dst .. ".sandkit-abababab.part")
+    local planted, got, err = with_partial_name(dst, function()
+      return session:read_file_to("/out.bin", dst)
+    end)
+    os.remove(planted)
+    assert.is_nil(got)
+    assert.equal("INVALID_INPUT", err.code)
+    assert.is_nil(io.open(elsewhere), "the link's target was not made")
+  end)
+
   it("that stops short is an error and never replaces the file it was to become", function()
     session, server = serving(300 * 1024, 100 * 1024)
     local dst = temp_path()

@@ -66,6 +66,41 @@ describe("a transfer", function()
     assert.equal(64 * 1024 * 1024, total)
   end)
 
+  it("writes into a file core.create_new made only where no name was, and refuses it closed", function()
+    server = fake_http.start([[
+      local respond = require "support.respond"
+      return { handle = function(req, conn)
+        local body = string.rep("0123456789abcdef", 20000)
+        respond.raw(conn, "HTTP/1.1 200 OK\r\nContent-Length: " .. #body .. "\r\n\r\n" .. body)
+      end }
+    ]])
+    local path = files.temp_name(".got")
+    local f = assert(core.create_new(path))
+    assert.is_true(f:write("before "))
+    local client = core.client()
+    local t = client:request{ method = "GET", url = server.url .. "/body" }
+    local written = 0
+    repeat
+      local n = t:read_to_file(f)
+      if n == false then core.wait(client, 1) elseif n then written = written + n end
+    until n == nil
+    assert.is_true(t:state().ok)
+    assert.is_true(f:close())
+    assert.is_true(f:close(), "a second close is harmless")
+    assert.equal(320000, written)
+    assert.equal("before " .. string.rep("0123456789abcdef", 20000), files.read(path))
+    local ok, err = pcall(t.read_to_file, t, f)
+    assert.is_false(ok)
+    assert.matches("file is closed", err, 1, true)
+    assert.is_false((pcall(f.write, f, "more")))
+    local again, why, name = core.create_new(path)
+    assert.is_nil(again)
+    assert.matches("File exists", why, 1, true)
+    assert.equal("EEXIST", name)
+    t:close()
+    client:close()
+  end)
+
   it("stops a body past its bound and says so", function()
     server = fake_http.start([[
       local respond = require "support.respond"

@@ -12,10 +12,10 @@
  *                             ca_pem =, client_cert_pem =, client_key_pem =,  -- PEM text
  *                             tls_server_name = }                             -- see transfer.h
  *   t:read()        -- bytes | false (would block) | nil (the body is over: see t:state())
- *   t:read_to_file(f) -- the same into the open file f (io.open's: a regular file or a device
- *                      that never holds a write; a pipe or a socket is refused), written from
- *                      the transfer's buffer: the bytes written | false | nil, or nil and the
- *                      write's error
+ *   t:read_to_file(f) -- the same into the open file f (io.open's or core.create_new's: a
+ *                      regular file or a device that never holds a write; a pipe or a socket
+ *                      is refused), written from the transfer's buffer: the bytes written |
+ *                      false | nil, or nil and the write's error
  *   t:decode(dec)   -- frame | false | nil (over) | nil, kind, message (the decoder failed)
  *   t:state()       -- { sent=, headers=, status=, done=, ok=, too_long=, error=, received=,
  *                        uploaded=, read_size= }
@@ -354,17 +354,20 @@ static int transfer_read(lua_State *L)
 static int transfer_read_to_file(lua_State *L)
 {
 	struct transfer_ud *u = check_transfer(L, 1);
-	FILE *f = skc_checkfile(L, 2);
+	int fd = skl_new_file_fd(L, 2);
+	FILE *f = fd < 0 ? skc_checkfile(L, 2) : NULL;
+	if (f != NULL)
+		fd = fileno(f);
 	/* A pipe or a socket whose reader stalls would hold the write, and the whole client with
 	 * it: the C core never blocks, so such a file takes the bytes through t:read(). */
 	struct stat st;
-	if (fstat(fileno(f), &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+	if (fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
 		return luaL_argerror(L, 2, "a pipe or a socket may block a write: read the bytes instead");
 	/* Bytes the stream still holds would land after these: written first. */
-	if (fflush(f) != 0)
+	if (f != NULL && fflush(f) != 0)
 		goto failed;
 	for (int stepped = 0;; stepped = 1) {
-		long n = sk_transfer_drain_fd(u->t, fileno(f));
+		long n = sk_transfer_drain_fd(u->t, fd);
 		if (n < 0)
 			goto failed;
 		if (n > 0) {

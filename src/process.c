@@ -18,6 +18,12 @@
  *   core.mkdir(path, mode)      -- true | nil, err, errno_name
  *   core.write_private(path, s) -- creates path (must not exist) with mode 0600 and writes s;
  *                                  true | nil, err, errno_name
+ *   core.create_new(path)       -- a file for bytes to land in (a download's partial file),
+ *                                  made new with the mode io.open gives (0666 less the umask):
+ *                                  a name already there, a symbolic link included, is refused
+ *                                  rather than written through | nil, err, errno_name. Its
+ *                                  methods: f:write(s) -> true | nil, err; f:close() -> true |
+ *                                  nil, err; t:read_to_file(f) writes into it.
  *   core.listdir(path)          -- array of names | nil, err, errno_name
  *   core.is_directory(path)     -- whether path names a directory (links followed), looked at
  *                                  without opening it: a pipe named as a path (`<(tar c .)`)
@@ -54,6 +60,7 @@
 extern char **environ;
 
 #define READER_MT "sandkit.fdreader"
+#define NEW_FILE_MT "sandkit.newfile"
 /* argv and env entries a spawn accepts: far more than an agent's command line needs. */
 #define MAX_SPAWN_ARGS 256
 /* Bytes one reader:read() returns at most; a ready line is well under 200. */
@@ -368,6 +375,77 @@ static int core_write_private(lua_State *L)
 	return 1;
 }
 
+/* A file core.create_new made; fd is -1 once closed. */
+struct new_file {
+	int fd;
+};
+
+static int core_create_new(lua_State *L)
+{
+	const char *path = luaL_checkstring(L, 1);
+	struct new_file *f = lua_newuserdata(L, sizeof *f);
+	f->fd = -1;
+	luaL_setmetatable(L, NEW_FILE_MT);
+	/* O_EXCL also refuses a dangling link: a name planted beside the destination (a link to
+	 * a file of the caller's) must not be where a download's bytes go. */
+	f->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+	if (f->fd < 0)
+		return push_errno_named(L, path, errno);
+	return 1;
+}
+
+int skl_new_file_fd(lua_State *L, int idx)
+{
+	struct new_file *f = luaL_testudata(L, idx, NEW_FILE_MT);
+	if (f == NULL)
+		return -1;
+	if (f->fd < 0)
+		luaL_argerror(L, idx, "file is closed");
+	return f->fd;
+}
+
+static int new_file_write(lua_State *L)
+{
+	struct new_file *f = luaL_checkudata(L, 1, NEW_FILE_MT);
+	if (f->fd < 0)
+		return luaL_argerror(L, 1, "file is closed");
+	int fd = f->fd;
+	size_t len;
+	const char *data = luaL_checklstring(L, 2, &len);
+	for (size_t off = 0; off < len;) {
+		ssize_t n = write(fd, data + off, len - off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			lua_pushnil(L);
+			lua_pushstring(L, strerror(errno));
+			return 2;
+		}
+		off += (size_t)n;
+	}
+	lua_pushboolean(L, 1);
+	return 1;
+}
+
+static int new_file_close(lua_State *L)
+{
+	struct new_file *f = luaL_checkudata(L, 1, NEW_FILE_MT);
+	if (f->fd < 0) {
+		lua_pushboolean(L, 1);
+		return 1;
+	}
+	int fd = f->fd;
+	f->fd = -1;
+	/* Linux releases the descriptor whatever close returns: never closed twice. */
+	if (close(fd) < 0 && errno != EINTR) {
+		lua_pushnil(L);
+		lua_pushstring(L, strerror(errno));
+		return 2;
+	}
+	lua_pushboolean(L, 1);
+	return 1;
+}
+
 static int core_is_directory(lua_State *L)
 {
 	struct stat st;
@@ -462,6 +540,21 @@ void skl_open_process(lua_State *L)
 		lua_setfield(L, -2, "__close");
 	}
 	lua_pop(L, 1);
+	static const luaL_Reg new_file_methods[] = {
+		{ "write", new_file_write },
+		{ "close", new_file_close },
+		{ NULL, NULL },
+	};
+	if (luaL_newmetatable(L, NEW_FILE_MT)) {
+		lua_newtable(L);
+		skc_setfuncs(L, new_file_methods);
+		lua_setfield(L, -2, "__index");
+		lua_pushcfunction(L, new_file_close);
+		lua_setfield(L, -2, "__gc");
+		lua_pushcfunction(L, new_file_close);
+		lua_setfield(L, -2, "__close");
+	}
+	lua_pop(L, 1);
 	static const luaL_Reg functions[] = {
 		{ "spawn", core_spawn },
 		{ "kill", core_kill },
@@ -470,6 +563,7 @@ void skl_open_process(lua_State *L)
 		{ "isatty", core_isatty },
 		{ "mkdir", core_mkdir },
 		{ "write_private", core_write_private },
+		{ "create_new", core_create_new },
 		{ "listdir", core_listdir },
 		{ "read_regular", core_read_regular },
 		{ "is_directory", core_is_directory },

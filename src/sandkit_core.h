@@ -14,6 +14,9 @@
 void skl_open_frames(lua_State *L);   /* frames.c glue: decoder, base64, json_unique */
 void skl_open_transfer(lua_State *L); /* transfer.c glue: client, request, wait */
 void skl_open_process(lua_State *L);  /* process.c: spawn, signals, files */
+/* The descriptor of the core.create_new file at idx; -1 when idx holds something else (raises
+ * when it is one that was closed). */
+int skl_new_file_fd(lua_State *L, int idx);
 void skl_open_sigv4(lua_State *L);    /* sigv4.c glue: sigv4 */
 void skl_open_signals(lua_State *L);  /* signals.c: trap, caught */
 void skl_open_terminal(lua_State *L); /* terminal.c: raw mode, size, reading what is ready */

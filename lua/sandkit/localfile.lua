@@ -13,8 +13,9 @@
 -- A source is a path (a regular file, or a pipe: `sandkit put <(tar c .) /x.tar` reads one on
 -- purpose, bounded by the transfer's own deadlines), an object with :read(n) (io.stdin, any file
 -- handle), or a function returning the next chunk. A sink is a path, an object with :write(bytes)
--- (io.stdout), or a function(bytes). A path sink is written beside its target and renamed into
--- place only once every byte arrived, so a cut transfer never replaces a file.
+-- (io.stdout), or a function(bytes). A path sink is written beside its target, into a file made
+-- new there (a link already at its name is refused, never followed), and renamed into place only
+-- once every byte arrived, so a cut transfer never replaces a file.
 
 local core = require "sandkit.core"
 local errors = require "sandkit.errors"
@@ -135,8 +136,10 @@ function localfile.sink(sink, operation)
     end
     error("sandkit: a destination is a path, an object with :write(bytes), or a function", 3)
   end
+  -- Made new, never opened through a name that was already there: in a directory others may
+  -- write to, a link planted at this name would otherwise take the bytes to its target.
   local partial = sink .. ".sandkit-" .. hex(core.random(4)) .. ".part"
-  local f, err = io.open(partial, "wb")
+  local f, err = core.create_new(partial)
   if not f then return refuse(operation, "destination", tostring(err)) end
   return {
     file = f,
