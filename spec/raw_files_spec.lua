@@ -223,45 +223,36 @@ describe("a file read with rawFiles", function()
     end
   end)
 
-  --- Runs fn with the partial file's random part fixed, so that a spec can plant a name there
-  -- first; returns what fn returned and that name.
-  local function with_partial_name(dst, fn)
+  --- A get into a fresh path whose partial file's name (its random part fixed) already holds a
+  -- link to `target`; returns what read_file_to returned.
+  local function get_past_planted_link(target)
+    session, server = serving(300 * 1024)
+    local dst = temp_path()
+    local planted = dst .. ".sandkit-abababab.part"
+    assert(os.execute("ln -s '" .. target .. "' '" .. planted .. "'"))
     local random = core.random
     core.random = function(n) return ("\171"):rep(n) end
-    local result = table.pack(pcall(fn))
+    local result = table.pack(pcall(session.read_file_to, session, "/out.bin", dst))
     core.random = random
+    os.remove(planted)
     assert(result[1], result[2])
-    return dst .. ".sandkit-abababab.part", table.unpack(result, 2, result.n)
-  end
-
-  local function plant_link(target, name)
-    assert(os.execute("ln -s '" .. target .. "' '" .. name .. "'"))
+    assert.is_nil(io.open(dst), "nothing is renamed into place")
+    return result[2], result[3]
   end
 
   it("into a path never writes through a link planted at the name its bytes land in first", function()
-    session, server = serving(300 * 1024)
-    local dst, victim = temp_path(), temp_path()
+    local victim = temp_path()
     files.write(victim, "the victim's own bytes")
-    plant_link(victim, dst .. ".sandkit-abababab.part")
-    local planted, got, err = with_partial_name(dst, function()
-      return session:read_file_to("/out.bin", dst)
-    end)
-    os.remove(planted)
+    local got, err = get_past_planted_link(victim)
     assert.is_nil(got)
     assert.equal("INVALID_INPUT", err.code)
     assert.matches("File exists", err.message, 1, true)
     assert.equal("the victim's own bytes", files.read(victim))
-    assert.is_nil(io.open(dst), "nothing is renamed into place")
   end)
 
   it("into a path never creates the file a dangling link planted at its partial name points to", function()
-    session, server = serving(300 * 1024)
-    local dst, elsewhere = temp_path(), temp_path()
-    plant_link(elsewhere, dst .. ".sandkit-abababab.part")
-    local planted, got, err = with_partial_name(dst, function()
-      return session:read_file_to("/out.bin", dst)
-    end)
-    os.remove(planted)
+    local elsewhere = temp_path()
+    local got, err = get_past_planted_link(elsewhere)
     assert.is_nil(got)
     assert.equal("INVALID_INPUT", err.code)
     assert.is_nil(io.open(elsewhere), "the link's target was not made")

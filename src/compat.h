@@ -61,6 +61,24 @@ static inline void *skc_testudata(lua_State *L, int ud, const char *tname)
 #define luaL_testudata skc_testudata
 #endif
 
+/* Registers the metatable `name` (once per state): its methods as __index, and `close` as both
+ * __gc and __close, so a handle is released whether it is closed, goes out of scope or is
+ * collected. */
+static inline void skc_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
+				 lua_CFunction close)
+{
+	if (luaL_newmetatable(L, name)) {
+		lua_newtable(L);
+		skc_setfuncs(L, methods);
+		lua_setfield(L, -2, "__index");
+		lua_pushcfunction(L, close);
+		lua_setfield(L, -2, "__gc");
+		lua_pushcfunction(L, close);
+		lua_setfield(L, -2, "__close");
+	}
+	lua_pop(L, 1);
+}
+
 /* The stdio stream of an open Lua file handle (io.open's), or a Lua error. Both interpreters
  * keep it as the userdata's first member under the registry's LUA_FILEHANDLE metatable; 5.4
  * marks a closed handle by its close function, LuaJIT by the stream itself. */

@@ -181,20 +181,6 @@ static int unpack_close(lua_State *L)
 	return 0;
 }
 
-static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction close)
-{
-	if (luaL_newmetatable(L, name)) {
-		lua_newtable(L);
-		skc_setfuncs(L, methods);
-		lua_setfield(L, -2, "__index");
-		lua_pushcfunction(L, close);
-		lua_setfield(L, -2, "__gc");
-		lua_pushcfunction(L, close);
-		lua_setfield(L, -2, "__close");
-	}
-	lua_pop(L, 1);
-}
-
 int luaopen_sandkit_tar(lua_State *L);
 
 int luaopen_sandkit_tar(lua_State *L)
@@ -212,8 +198,8 @@ int luaopen_sandkit_tar(lua_State *L)
 		{ "close", unpack_close },
 		{ NULL, NULL },
 	};
-	new_class(L, PACK_MT, pack_methods, pack_close);
-	new_class(L, UNPACK_MT, unpack_methods, unpack_close);
+	skc_new_class(L, PACK_MT, pack_methods, pack_close);
+	skc_new_class(L, UNPACK_MT, unpack_methods, unpack_close);
 	static const luaL_Reg functions[] = {
 		{ "pack", pack_new },
 		{ "unpack", unpack_new },

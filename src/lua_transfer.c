@@ -565,26 +565,8 @@ void skl_open_transfer(lua_State *L)
 		{ "close", transfer_close },
 		{ NULL, NULL },
 	};
-	if (luaL_newmetatable(L, CLIENT_MT)) {
-		lua_newtable(L);
-		skc_setfuncs(L, client_methods);
-		lua_setfield(L, -2, "__index");
-		lua_pushcfunction(L, client_close);
-		lua_setfield(L, -2, "__gc");
-		lua_pushcfunction(L, client_close);
-		lua_setfield(L, -2, "__close");
-	}
-	lua_pop(L, 1);
-	if (luaL_newmetatable(L, TRANSFER_MT)) {
-		lua_newtable(L);
-		skc_setfuncs(L, transfer_methods);
-		lua_setfield(L, -2, "__index");
-		lua_pushcfunction(L, transfer_close);
-		lua_setfield(L, -2, "__gc");
-		lua_pushcfunction(L, transfer_close);
-		lua_setfield(L, -2, "__close");
-	}
-	lua_pop(L, 1);
+	skc_new_class(L, CLIENT_MT, client_methods, client_close);
+	skc_new_class(L, TRANSFER_MT, transfer_methods, transfer_close);
 	lua_pushcfunction(L, client_new);
 	lua_setfield(L, -2, "client");
 }

@@ -530,31 +530,13 @@ void skl_open_process(lua_State *L)
 		{ "close", reader_close },
 		{ NULL, NULL },
 	};
-	if (luaL_newmetatable(L, READER_MT)) {
-		lua_newtable(L);
-		skc_setfuncs(L, reader_methods);
-		lua_setfield(L, -2, "__index");
-		lua_pushcfunction(L, reader_close);
-		lua_setfield(L, -2, "__gc");
-		lua_pushcfunction(L, reader_close);
-		lua_setfield(L, -2, "__close");
-	}
-	lua_pop(L, 1);
+	skc_new_class(L, READER_MT, reader_methods, reader_close);
 	static const luaL_Reg new_file_methods[] = {
 		{ "write", new_file_write },
 		{ "close", new_file_close },
 		{ NULL, NULL },
 	};
-	if (luaL_newmetatable(L, NEW_FILE_MT)) {
-		lua_newtable(L);
-		skc_setfuncs(L, new_file_methods);
-		lua_setfield(L, -2, "__index");
-		lua_pushcfunction(L, new_file_close);
-		lua_setfield(L, -2, "__gc");
-		lua_pushcfunction(L, new_file_close);
-		lua_setfield(L, -2, "__close");
-	}
-	lua_pop(L, 1);
+	skc_new_class(L, NEW_FILE_MT, new_file_methods, new_file_close);
 	static const luaL_Reg functions[] = {
 		{ "spawn", core_spawn },
 		{ "kill", core_kill },
