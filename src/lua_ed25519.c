@@ -111,14 +111,7 @@ void skl_open_ed25519(lua_State *L)
 		{ "public", key_public },
 		{ NULL, NULL },
 	};
-	if (luaL_newmetatable(L, KEY_MT)) {
-		lua_newtable(L);
-		skc_setfuncs(L, methods);
-		lua_setfield(L, -2, "__index");
-		lua_pushcfunction(L, key_gc);
-		lua_setfield(L, -2, "__gc");
-	}
-	lua_pop(L, 1);
+	skc_new_class(L, KEY_MT, methods, key_gc);
 	lua_pushcfunction(L, key_new);
 	lua_setfield(L, -2, "ed25519_key");
 	lua_pushcfunction(L, verify);
