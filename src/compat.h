@@ -67,14 +67,15 @@ static inline void *skc_testudata(lua_State *L, int ud, const char *tname)
 static inline void skc_new_class(lua_State *L, const char *name, const luaL_Reg *methods,
 				 lua_CFunction close)
 {
+	static const char *const releases[] = { "__gc", "__close" };
 	if (luaL_newmetatable(L, name)) {
 		lua_newtable(L);
 		skc_setfuncs(L, methods);
 		lua_setfield(L, -2, "__index");
-		lua_pushcfunction(L, close);
-		lua_setfield(L, -2, "__gc");
-		lua_pushcfunction(L, close);
-		lua_setfield(L, -2, "__close");
+		for (size_t i = 0; i < sizeof releases / sizeof releases[0]; i++) {
+			lua_pushcfunction(L, close);
+			lua_setfield(L, -2, releases[i]);
+		}
 	}
 	lua_pop(L, 1);
 }
