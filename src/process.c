@@ -348,6 +348,20 @@ static int core_mkdir(lua_State *L)
 	return 1;
 }
 
+/* Writes all of data to fd, a regular file's descriptor; 0, or -1 with errno set. */
+static int write_whole(int fd, const char *data, size_t len)
+{
+	for (size_t off = 0; off < len;) {
+		ssize_t n = write(fd, data + off, len - off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -1;
+		off += (size_t)n;
+	}
+	return 0;
+}
+
 static int core_write_private(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
@@ -356,18 +370,11 @@ static int core_write_private(lua_State *L)
 	int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return push_errno_named(L, path, errno);
-	size_t off = 0;
-	while (off < len) {
-		ssize_t n = write(fd, data + off, len - off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			int e = errno;
-			close(fd);
-			unlink(path);
-			return push_errno_named(L, path, e);
-		}
-		off += (size_t)n;
+	if (write_whole(fd, data, len) < 0) {
+		int e = errno;
+		close(fd);
+		unlink(path);
+		return push_errno_named(L, path, e);
 	}
 	if (close(fd) < 0)
 		return push_errno_named(L, path, errno);
@@ -412,16 +419,10 @@ static int new_file_write(lua_State *L)
 	int fd = f->fd;
 	size_t len;
 	const char *data = luaL_checklstring(L, 2, &len);
-	for (size_t off = 0; off < len;) {
-		ssize_t n = write(fd, data + off, len - off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			lua_pushnil(L);
-			lua_pushstring(L, strerror(errno));
-			return 2;
-		}
-		off += (size_t)n;
+	if (write_whole(fd, data, len) < 0) {
+		lua_pushnil(L);
+		lua_pushstring(L, strerror(errno));
+		return 2;
 	}
 	lua_pushboolean(L, 1);
 	return 1;
