@@ -387,6 +387,18 @@ struct new_file {
 	int fd;
 };
 
+/* A file method's result: true, or nil and errno's text when it failed. */
+static int push_done(lua_State *L, int failed)
+{
+	if (!failed) {
+		lua_pushboolean(L, 1);
+		return 1;
+	}
+	lua_pushnil(L);
+	lua_pushstring(L, strerror(errno));
+	return 2;
+}
+
 static int core_create_new(lua_State *L)
 {
 	const char *path = luaL_checkstring(L, 1);
@@ -419,13 +431,7 @@ static int new_file_write(lua_State *L)
 	int fd = f->fd;
 	size_t len;
 	const char *data = luaL_checklstring(L, 2, &len);
-	if (write_whole(fd, data, len) < 0) {
-		lua_pushnil(L);
-		lua_pushstring(L, strerror(errno));
-		return 2;
-	}
-	lua_pushboolean(L, 1);
-	return 1;
+	return push_done(L, write_whole(fd, data, len) < 0);
 }
 
 static int new_file_close(lua_State *L)
@@ -438,13 +444,7 @@ static int new_file_close(lua_State *L)
 	int fd = f->fd;
 	f->fd = -1;
 	/* Linux releases the descriptor whatever close returns: never closed twice. */
-	if (close(fd) < 0 && errno != EINTR) {
-		lua_pushnil(L);
-		lua_pushstring(L, strerror(errno));
-		return 2;
-	}
-	lua_pushboolean(L, 1);
-	return 1;
+	return push_done(L, close(fd) < 0 && errno != EINTR);
 }
 
 static int core_is_directory(lua_State *L)
